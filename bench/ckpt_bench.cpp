@@ -1,0 +1,104 @@
+#include "bench/ckpt_bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "bench/synthetic.hpp"
+#include "ckpt/checksum.hpp"
+#include "ckpt/error.hpp"
+#include "ckpt/run_dir.hpp"
+#include "ckpt/save.hpp"
+#include "ckpt/shard_format.hpp"
+
+namespace shardkit::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+CkptBenchResult run_ckpt_bench(ckpt::Collective& group, const CkptBenchOptions& options) {
+  if (options.bytes < 1024) fail(ErrorKind::kInvalidInput, "bench ckpt: --size must be at least 1 KiB");
+  if (options.repeat < 1) fail(ErrorKind::kInvalidInput, "bench ckpt: --repeat must be at least 1");
+  constexpr int kStates = 3;
+  const ckpt::TensorTable table = synthetic_table(options.bytes / (kStates * int64_t{sizeof(float)}));
+  const ckpt::Layout layout(table, {group.size(), options.stage, ckpt::kDefaultAlignment});
+  const std::vector<std::string> names = {std::string(ckpt::kMasterWeights), std::string(ckpt::kExpAvg),
+                                          std::string(ckpt::kExpAvgSq)};
+  std::vector<std::vector<float>> buffers(kStates);
+  ckpt::SaveRequest request;
+  request.run_dir = options.dir;
+  request.table = &table;
+  request.layout = layout.spec();
+  request.shard = options.shard;
+  request.model = {{"synthetic", true}, {"seed", options.seed}};
+  for (int s = 0; s < kStates; ++s) {
+    buffers[s].resize(static_cast<size_t>(layout.flat_size()));
+    fill_synthetic(layout, group.rank(), options.seed, s, buffers[s]);
+    request.states.push_back({names[s], buffers[s]});
+  }
+
+  // Continue after the newest step already in the directory; agree on it through rank 0.
+  int64_t first_step = 1;
+  if (group.rank() == 0) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(options.dir, ec)) {
+      for (const auto& c : ckpt::list_checkpoints(options.dir)) first_step = std::max(first_step, c.step + 1);
+    }
+  }
+  first_step = std::stoll(group.broadcast(std::to_string(first_step)));
+
+  CkptBenchResult result;
+  result.durable = options.shard.durable;
+  std::filesystem::path previous;
+  for (int i = 0; i < options.repeat; ++i) {
+    request.step = first_step + i;
+    group.broadcast("");  // start together
+    const auto start = Clock::now();
+    const ckpt::SaveResult saved = ckpt::save_checkpoint(group, request);
+    result.all_seconds.push_back(seconds_since(start));
+    result.bytes = saved.bytes;
+    // Keep only the newest checkpoint this run wrote, so that repeats do not fill the disk.
+    if (group.rank() == 0 && !previous.empty()) std::filesystem::remove_all(previous);
+    previous = saved.step_dir;
+  }
+  result.seconds = median(result.all_seconds);
+  result.last_checkpoint = previous;
+  return result;
+}
+
+ChecksumBenchResult run_checksum_bench(int64_t bytes) {
+  if (bytes < 1024) fail(ErrorKind::kInvalidInput, "bench checksum: --size must be at least 1 KiB");
+  std::vector<unsigned char> data(static_cast<size_t>(bytes));
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 2654435761u >> 13);
+  std::vector<unsigned char> copy(data.size());
+  ChecksumBenchResult result;
+  result.bytes = bytes;
+  double best_hash = 1e30, best_copy = 1e30;
+  volatile uint64_t sink = 0;
+  for (int pass = 0; pass < 5; ++pass) {
+    auto start = Clock::now();
+    sink = sink + ckpt::xxh64(data.data(), data.size());
+    best_hash = std::min(best_hash, seconds_since(start));
+    start = Clock::now();
+    std::memcpy(copy.data(), data.data(), data.size());
+    best_copy = std::min(best_copy, seconds_since(start));
+    sink = sink + copy[static_cast<size_t>(pass)];
+  }
+  result.xxh64_gb_per_s = static_cast<double>(bytes) / best_hash / 1e9;
+  result.memcpy_gb_per_s = static_cast<double>(bytes) / best_copy / 1e9;
+  return result;
+}
+
+}  // namespace shardkit::bench

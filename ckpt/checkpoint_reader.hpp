@@ -1,0 +1,62 @@
+// Reads a committed checkpoint at any world size and stage: any element range of any tensor and
+// state, gathered from the shards that hold it, reading only the chunks it touches and verifying
+// each one. This is the primitive of load-time resharding and of the converters.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/layout.hpp"
+#include "ckpt/manifest.hpp"
+#include "ckpt/shard_reader.hpp"
+
+namespace shardkit::ckpt {
+
+// Called with (bytes done, bytes in all) as long operations advance.
+using ProgressFn = std::function<void(int64_t done, int64_t total)>;
+
+struct VerifyReport {
+  std::vector<std::string> problems;  // one line each, naming the file (and tensor where known)
+  int shards_checked = 0;
+  int64_t chunks_checked = 0;
+  int64_t bytes_checked = 0;
+  bool ok() const noexcept { return problems.empty(); }
+};
+
+class CheckpointReader {
+ public:
+  // `path`: a step directory, or a run directory whose `latest` is followed. Parses and validates the
+  // manifest; shards are opened (and validated) when first needed.
+  explicit CheckpointReader(const std::filesystem::path& path);
+  ~CheckpointReader();
+
+  const std::filesystem::path& step_dir() const noexcept { return step_dir_; }
+  const Manifest& manifest() const noexcept { return manifest_; }
+  const TensorTable& tensors() const noexcept { return manifest_.tensors; }
+  const Layout& layout() const noexcept { return layout_; }
+  // Index of a state in the manifest, or -1.
+  int find_state(std::string_view name) const;
+
+  // Elements [offset, offset + out.size()) of `tensor`'s `state`.
+  void read(int tensor, int state, int64_t offset, std::span<float> out);
+
+  // Opens every shard and checks every chunk of every state against its checksum. Never throws for
+  // a damaged checkpoint: the problems are in the report.
+  VerifyReport verify(const ProgressFn& progress = {});
+
+ private:
+  ShardReader& shard(int rank);
+
+  std::filesystem::path step_dir_;
+  Manifest manifest_;
+  Layout layout_;
+  std::vector<std::unique_ptr<ShardReader>> shards_;
+};
+
+}  // namespace shardkit::ckpt

@@ -1,0 +1,53 @@
+// POSIX file helpers with errors that name the file: an RAII file descriptor, exact positional
+// reads, fsync of files and directories, and the durable small-file write (temp file, fsync, rename,
+// fsync the directory) that commits manifests and `latest`.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace shardkit::ckpt {
+
+class FileDescriptor {
+ public:
+  FileDescriptor() = default;
+  // open(2) with `flags`; throws Error(kInvalidInput) for a missing file, Error(kIo) otherwise.
+  FileDescriptor(const std::filesystem::path& path, int flags, int mode = 0644);
+  ~FileDescriptor();
+  FileDescriptor(FileDescriptor&& other) noexcept;
+  FileDescriptor& operator=(FileDescriptor&& other) noexcept;
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+
+  int get() const noexcept { return fd_; }
+  const std::filesystem::path& path() const noexcept { return path_; }
+  // Size from fstat(2).
+  int64_t size() const;
+  // Reads exactly `size` bytes at `offset`; a short read is Error(kCorrupt) ("file ends at ...").
+  void pread_exact(void* buffer, size_t size, int64_t offset) const;
+  // Writes all of `data` at the current position.
+  void write_all(const void* data, size_t size) const;
+  void fsync() const;
+  // Closes and reports a failure of close(2) (a deferred write error on some filesystems).
+  void close();
+
+ private:
+  int fd_ = -1;
+  std::filesystem::path path_;
+};
+
+// fsync(2) of a file or of a directory (so that renames and creations in it are durable).
+void fsync_path(const std::filesystem::path& path);
+void fsync_directory(const std::filesystem::path& dir);
+
+// Writes `content` to `path` so that at any instant `path` holds either its old content or the new
+// one: writes `path.tmp`, fsyncs it, renames it over `path` and fsyncs the directory.
+void write_file_durable(const std::filesystem::path& path, std::string_view content);
+
+// Reads a whole file of at most `max_bytes` (Error(kCorrupt) when larger: a guard against garbage).
+std::string read_small_file(const std::filesystem::path& path, size_t max_bytes);
+
+}  // namespace shardkit::ckpt

@@ -1,0 +1,81 @@
+#include "ckpt/run_dir.hpp"
+
+#include <algorithm>
+
+#include "ckpt/error.hpp"
+#include "ckpt/file_util.hpp"
+#include "ckpt/shard_format.hpp"
+
+namespace shardkit::ckpt {
+
+std::optional<std::string> read_latest(const std::filesystem::path& run_dir) {
+  const std::filesystem::path path = run_dir / kLatestFileName;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;
+  std::string name = read_small_file(path, 4096);
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
+  if (parse_step_dir_name(name) < 0) {
+    fail(ErrorKind::kCorrupt, path.string() + ": does not name a step directory (expected step-NNNNNNNN)");
+  }
+  return name;
+}
+
+std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail(ErrorKind::kInvalidInput, path.string() + ": no such directory");
+  if (!std::filesystem::is_directory(path, ec)) {
+    fail(ErrorKind::kInvalidInput, path.string() + ": not a directory (expected a step or run directory)");
+  }
+  if (std::filesystem::exists(path / kManifestFileName, ec)) return path;
+  if (const auto latest = read_latest(path)) {
+    const std::filesystem::path step_dir = path / *latest;
+    if (!std::filesystem::exists(step_dir / kManifestFileName, ec)) {
+      fail(ErrorKind::kCorrupt, (path / kLatestFileName).string() + " names " + *latest +
+                                    ", which holds no committed checkpoint (no manifest.json)");
+    }
+    return step_dir;
+  }
+  if (parse_step_dir_name(path.filename().string()) >= 0) {
+    fail(ErrorKind::kInvalidInput, path.string() + ": no manifest.json: the checkpoint was never committed");
+  }
+  fail(ErrorKind::kInvalidInput, path.string() + ": not a shardkit checkpoint (expected manifest.json or latest)");
+}
+
+std::vector<CheckpointListing> list_checkpoints(const std::filesystem::path& run_dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(run_dir, ec)) {
+    fail(ErrorKind::kInvalidInput, run_dir.string() + ": not a directory");
+  }
+  std::optional<std::string> latest;
+  try {
+    latest = read_latest(run_dir);
+  } catch (const Error&) {
+    latest.reset();  // a damaged `latest` marks nothing; the listing still shows every checkpoint
+  }
+  std::vector<CheckpointListing> out;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const int64_t step = parse_step_dir_name(name);
+    if (step < 0 || !entry.is_directory()) continue;
+    CheckpointListing item;
+    item.name = name;
+    item.step = step;
+    item.latest = latest && *latest == name;
+    if (!std::filesystem::exists(entry.path() / kManifestFileName)) {
+      item.problem = "no manifest (incomplete save)";
+    } else {
+      try {
+        item.manifest = read_manifest(entry.path());
+        item.committed = true;
+      } catch (const Error& e) {
+        item.problem = e.what();
+      }
+    }
+    out.push_back(std::move(item));
+  }
+  if (ec) fail(ErrorKind::kIo, run_dir.string() + ": cannot list: " + ec.message());
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+  return out;
+}
+
+}  // namespace shardkit::ckpt

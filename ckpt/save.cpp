@@ -1,0 +1,144 @@
+#include "ckpt/save.hpp"
+
+#include "ckpt/checksum.hpp"
+#include "ckpt/error.hpp"
+#include "ckpt/file_util.hpp"
+#include "ckpt/shard_format.hpp"
+
+namespace shardkit::ckpt {
+namespace {
+
+using nlohmann::json;
+
+// Messages between ranks are small JSON objects; "error" is empty on success, and "kind" carries
+// the ErrorKind so that every rank throws what the failing rank threw.
+std::string message(json body) {
+  body["error"] = "";
+  return body.dump();
+}
+
+std::string message(const std::exception& e, const std::string& prefix = "") {
+  const auto* error = dynamic_cast<const Error*>(&e);
+  const ErrorKind kind = error ? error->kind() : ErrorKind::kInternal;
+  return json{{"error", prefix + e.what()}, {"kind", static_cast<int>(kind)}}.dump();
+}
+
+json parse_message(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("error")) {
+    fail(ErrorKind::kInternal, "save protocol: malformed message between ranks");
+  }
+  return j;
+}
+
+void throw_if_error(const json& msg) {
+  const std::string error = msg["error"].get<std::string>();
+  if (!error.empty()) fail(static_cast<ErrorKind>(msg.value("kind", static_cast<int>(ErrorKind::kIo))), error);
+}
+
+}  // namespace
+
+std::string writer_version() { return std::string("shardkit ") + SHARDKIT_VERSION; }
+
+void prepare_step_dir(const std::filesystem::path& step_dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(step_dir / kManifestFileName, ec)) {
+    fail(ErrorKind::kInvalidInput,
+         step_dir.string() + " already holds a committed checkpoint; remove it or save into another directory");
+  }
+  std::filesystem::create_directories(step_dir, ec);
+  if (ec) fail(ErrorKind::kIo, step_dir.string() + ": cannot create directory: " + ec.message());
+}
+
+void commit_checkpoint(const std::filesystem::path& step_dir, const Manifest& manifest, bool update_latest) {
+  write_manifest(step_dir, manifest);
+  if (update_latest) {
+    const std::filesystem::path run_dir = step_dir.parent_path().empty() ? "." : step_dir.parent_path();
+    write_file_durable(run_dir / kLatestFileName, step_dir.filename().string() + "\n");
+  } else {
+    fsync_directory(step_dir.parent_path().empty() ? "." : step_dir.parent_path());
+  }
+}
+
+SaveResult save_checkpoint(Collective& group, const SaveRequest& request) {
+  const int rank = group.rank();
+  if (request.layout.world_size != group.size()) {
+    fail(ErrorKind::kInternal, "save_checkpoint: layout world size " + std::to_string(request.layout.world_size) +
+                                   " differs from the group size " + std::to_string(group.size()));
+  }
+  const std::filesystem::path step_dir = request.run_dir / step_dir_name(request.step);
+
+  // 1. Rank 0 prepares the directory and names the checkpoint.
+  std::string begin;
+  if (rank == 0) {
+    try {
+      prepare_step_dir(step_dir);
+      begin = message({{"uid", make_checkpoint_uid()}});
+    } catch (const std::exception& e) {
+      begin = message(e);
+    }
+  }
+  const json start = parse_message(group.broadcast(begin));
+  throw_if_error(start);
+  const std::string uid = start["uid"].get<std::string>();
+
+  // 2. Every rank writes its shard.
+  std::string record;
+  try {
+    std::error_code ec;
+    std::filesystem::create_directories(step_dir, ec);  // visible already on a shared filesystem
+    const Layout layout(*request.table, request.layout);
+    std::vector<std::string> names;
+    for (const StateView& s : request.states) names.push_back(s.name);
+    ShardWriter writer(step_dir / shard_file_name(rank, group.size()), *request.table, layout,
+                       {uid, request.step, rank}, names, request.shard);
+    for (const StateView& s : request.states) writer.write_state(s.name, s.flat);
+    const ShardRecord r = writer.commit();
+    record = message({{"rank", r.rank}, {"file", r.file}, {"bytes", r.bytes}, {"digest", to_hex(r.digest)}});
+  } catch (const std::exception& e) {
+    record = message(e, "rank " + std::to_string(rank) + ": ");
+  }
+
+  // 3-4. Rank 0 collects the records and commits.
+  const std::vector<std::string> records = group.gather(record);
+  std::string outcome;
+  if (rank == 0) {
+    try {
+      Manifest m;
+      m.format_version = kFormatVersion;
+      m.checkpoint_uid = uid;
+      m.step = request.step;
+      m.created = utc_timestamp();
+      m.writer = writer_version();
+      m.tensors = *request.table;
+      m.layout = request.layout;
+      for (const StateView& s : request.states) m.states.push_back(s.name);
+      m.chunk_elems = request.shard.chunk_elems > 0 ? request.shard.chunk_elems : kDefaultChunkElems;
+      m.compression_level = request.shard.compression_level;
+      m.trainer_state = request.trainer_state;
+      m.model = request.model;
+      m.config = request.config;
+      for (const std::string& text : records) {
+        const json r = parse_message(text);
+        throw_if_error(r);
+        ShardRecord s;
+        s.rank = r["rank"].get<int>();
+        s.file = r["file"].get<std::string>();
+        s.bytes = r["bytes"].get<int64_t>();
+        from_hex(r["digest"].get<std::string>(), &s.digest);
+        m.shards.push_back(std::move(s));
+      }
+      commit_checkpoint(step_dir, m, request.update_latest);
+      outcome = message({{"bytes", m.total_bytes()}});
+    } catch (const std::exception& e) {
+      outcome = message(e, "checkpoint " + step_dir.string() + " not committed: ");
+    }
+  }
+
+  // 5. Everyone learns the outcome.
+  const json done = parse_message(group.broadcast(outcome));
+  throw_if_error(done);
+  return {step_dir, done["bytes"].get<int64_t>()};
+}
+
+}  // namespace shardkit::ckpt

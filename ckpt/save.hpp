@@ -1,0 +1,66 @@
+// The save protocol: every rank writes its own shard in parallel, nothing is gathered but a few
+// bytes of metadata, and the checkpoint appears atomically.
+//
+//   1. rank 0 checks the step directory (not already committed), creates it and broadcasts a fresh
+//      checkpoint uid;
+//   2. every rank writes shard-RRRRR-of-WWWWW.h5.tmp, fsyncs it, renames it, fsyncs the directory;
+//   3. the ranks' shard records (or errors) are gathered to rank 0;
+//   4. rank 0 writes manifest.json the same durable way, then replaces `latest`;
+//   5. rank 0 broadcasts the outcome, so every rank returns or throws the same error.
+// A crash at any instant leaves the previous committed checkpoint and `latest` intact: a step
+// directory without a manifest is never treated as a checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/collective.hpp"
+#include "ckpt/layout.hpp"
+#include "ckpt/manifest.hpp"
+#include "ckpt/shard_writer.hpp"
+#include "ckpt/tensor_table.hpp"
+
+namespace shardkit::ckpt {
+
+// One of this rank's flat buffers (layout.flat_size() elements), under its state name.
+struct StateView {
+  std::string name;
+  std::span<const float> flat;
+};
+
+struct SaveRequest {
+  std::filesystem::path run_dir;
+  int64_t step = 0;
+  const TensorTable* table = nullptr;
+  LayoutSpec layout;                 // layout.world_size must equal the group's size
+  std::vector<StateView> states;     // the same names, in the same order, on every rank
+  ShardOptions shard;
+  bool update_latest = true;
+  nlohmann::json trainer_state = nlohmann::json::object();
+  nlohmann::json model = nlohmann::json::object();
+  nlohmann::json config = nlohmann::json::object();
+};
+
+struct SaveResult {
+  std::filesystem::path step_dir;
+  int64_t bytes = 0;  // all shards together
+};
+
+// Runs the protocol above; collective over `group`. Throws Error on every rank when any rank fails.
+SaveResult save_checkpoint(Collective& group, const SaveRequest& request);
+
+// Building blocks for writers that produce all shards in one process (the converters):
+// prepares an empty step directory (Error(kInvalidInput) if it holds a committed checkpoint) ...
+void prepare_step_dir(const std::filesystem::path& step_dir);
+// ... and, once every shard is committed, writes the manifest and (optionally) points `latest` at it.
+void commit_checkpoint(const std::filesystem::path& step_dir, const Manifest& manifest, bool update_latest);
+
+// The version string written into manifests ("shardkit 0.1.0").
+std::string writer_version();
+
+}  // namespace shardkit::ckpt

@@ -1,0 +1,58 @@
+// Names and constants of the on-disk format (docs/FORMAT.md is the specification; keep them in step).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace shardkit::ckpt {
+
+inline constexpr int kFormatVersion = 1;
+inline constexpr std::string_view kShardFormatName = "shardkit-shard";
+inline constexpr std::string_view kManifestFormatName = "shardkit-checkpoint";
+inline constexpr std::string_view kManifestFileName = "manifest.json";
+inline constexpr std::string_view kLatestFileName = "latest";
+inline constexpr std::string_view kChecksumName = "xxh64";
+
+// The fp32 states a ZeRO/AdamW checkpoint holds for every parameter element.
+inline constexpr std::string_view kMasterWeights = "fp32";
+inline constexpr std::string_view kExpAvg = "exp_avg";
+inline constexpr std::string_view kExpAvgSq = "exp_avg_sq";
+
+inline constexpr int64_t kDefaultChunkElems = int64_t{1} << 18;  // 1 MiB of fp32 per chunk
+inline constexpr int64_t kMaxChunkElems = int64_t{1} << 28;      // 1 GiB
+inline constexpr size_t kMaxStates = 16;
+inline constexpr size_t kMaxManifestBytes = size_t{256} << 20;
+
+// Shard file of `rank` in a checkpoint of `world_size` ranks: "shard-00003-of-00008.h5".
+std::string shard_file_name(int rank, int world_size);
+
+// Step directory of a checkpoint: "step-00001000" (8 digits at least).
+std::string step_dir_name(int64_t step);
+// The step of a step directory name, or -1 when `name` is not one.
+int64_t parse_step_dir_name(std::string_view name) noexcept;
+
+// HDF5 paths and attribute names inside a shard.
+namespace shard_path {
+inline constexpr char kFragments[] = "fragments";
+inline constexpr char kTensorNames[] = "tensor_names";
+inline constexpr char kStateGroup[] = "state";
+inline constexpr char kChecksumGroup[] = "checksum";
+}  // namespace shard_path
+
+namespace shard_attr {
+inline constexpr char kFormat[] = "format";
+inline constexpr char kFormatVersion[] = "format_version";
+inline constexpr char kCheckpointUid[] = "checkpoint_uid";
+inline constexpr char kStep[] = "step";
+inline constexpr char kRank[] = "rank";
+inline constexpr char kWorldSize[] = "world_size";
+inline constexpr char kStage[] = "stage";
+inline constexpr char kAlignment[] = "alignment";
+inline constexpr char kFlatSize[] = "flat_size";
+inline constexpr char kChunkElems[] = "chunk_elems";
+inline constexpr char kLayoutFingerprint[] = "layout_fingerprint";
+inline constexpr char kStates[] = "states";
+}  // namespace shard_attr
+
+}  // namespace shardkit::ckpt

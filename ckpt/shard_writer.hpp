@@ -1,0 +1,86 @@
+// Writes one rank's shard: an HDF5 file holding the rank's flat buffers of fp32 master weights and
+// Adam moments, the fragment table that says which tensor elements they hold, and an XXH64
+// checksum per chunk. The file is written as "<name>.tmp" and appears under its final name only in
+// commit(), after it is durable.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/h5.hpp"
+#include "ckpt/layout.hpp"
+#include "ckpt/tensor_table.hpp"
+
+namespace shardkit::ckpt {
+
+class ThreadPool;
+
+struct ShardOptions {
+  int64_t chunk_elems = 0;    // elements per HDF5 chunk; 0 = kDefaultChunkElems
+  int compression_level = 0;  // 0 = store raw; 1..19 = zstd level (HDF5 filter 32015)
+  int threads = 0;            // compression threads; 0 = chosen from the hardware
+  bool durable = true;        // fsync the file and its directory before commit() returns
+};
+
+// What identifies the shard inside its checkpoint; written as attributes.
+struct ShardIdentity {
+  std::string checkpoint_uid;  // shared by all shards and the manifest of one checkpoint
+  int64_t step = 0;
+  int rank = 0;
+};
+
+// What commit() reports, and what the manifest lists for every shard.
+struct ShardRecord {
+  int rank = 0;
+  std::string file;   // file name inside the step directory
+  int64_t bytes = 0;  // file size
+  uint64_t digest = 0;  // XXH64 over the chunk checksums of every state (docs/FORMAT.md)
+};
+
+class ShardWriter {
+ public:
+  // Creates `path`.tmp and writes the attributes and the fragment table of `identity.rank`.
+  // `states` are the names of the flat buffers that write_state() will receive, in order.
+  ShardWriter(const std::filesystem::path& path, const TensorTable& table, const Layout& layout,
+              const ShardIdentity& identity, const std::vector<std::string>& states, const ShardOptions& options);
+  // Removes the temporary file unless commit() succeeded.
+  ~ShardWriter();
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  // Writes the rank's flat buffer of one state: layout.flat_size() elements, padding included.
+  void write_state(std::string_view state, std::span<const float> flat);
+
+  // Requires every state written. Closes the file, fsyncs it (options.durable), renames it to its
+  // final name and fsyncs the directory.
+  ShardRecord commit();
+
+ private:
+  void write_chunks(hid_t dataset, std::span<const float> flat, uint64_t* checksums);
+
+  std::filesystem::path path_;
+  std::filesystem::path tmp_path_;
+  std::string where_;
+  int64_t flat_size_;
+  int64_t chunk_elems_;
+  ShardOptions options_;
+  int rank_;
+  std::vector<std::string> states_;
+  std::vector<std::vector<uint64_t>> checksums_;  // per state, per chunk; empty until written
+  std::vector<bool> written_;
+  std::unique_ptr<ThreadPool> pool_;
+  h5::Id file_;
+  h5::Id state_group_;
+  h5::Id checksum_group_;
+  bool committed_ = false;
+};
+
+// The digest that ties a shard's chunk checksums to the manifest.
+uint64_t shard_digest(const std::vector<std::string>& states, const std::vector<std::vector<uint64_t>>& checksums);
+
+}  // namespace shardkit::ckpt

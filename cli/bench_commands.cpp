@@ -1,0 +1,110 @@
+// `shardkit bench ckpt | checksum`.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "bench/ckpt_bench.hpp"
+#include "cli/commands.hpp"
+#include "cli/console.hpp"
+#include "cli/ranks.hpp"
+
+namespace shardkit::cli {
+namespace {
+
+using nlohmann::json;
+
+struct CkptOptions {
+  std::string size = "1GiB";
+  std::string dir;
+  int stage = 1;
+  int repeat = 1;
+  int compress = 0;
+  int threads = 0;
+  int64_t chunk_elems = 0;
+  bool no_fsync = false;
+  bool json = false;
+};
+
+int run_bench_ckpt(const CkptOptions& o, int* argc, char*** argv) {
+  bench::CkptBenchOptions options;
+  options.bytes = parse_size(o.size, "--size");
+  options.dir = o.dir;
+  options.stage = o.stage;
+  options.repeat = o.repeat;
+  options.shard.compression_level = o.compress;
+  options.shard.threads = o.threads;
+  options.shard.chunk_elems = o.chunk_elems;
+  options.shard.durable = !o.no_fsync;
+  return run_on_ranks(argc, argv, [&](comm::MpiCollective& world) {
+    const bench::CkptBenchResult r = bench::run_ckpt_bench(world, options);
+    if (world.rank() != 0) return 0;
+    if (o.json) {
+      json out = {{"bytes", r.bytes},        {"seconds", r.seconds},       {"gb_per_s", r.gb_per_s()},
+                  {"durable", r.durable},    {"ranks", world.size()},      {"stage", o.stage},
+                  {"compression_level", o.compress}, {"all_seconds", r.all_seconds},
+                  {"checkpoint", r.last_checkpoint.string()}};
+      std::cout << out.dump() << "\n";
+    } else {
+      std::printf("bench ckpt: %d rank(s), stage %d, %s, %s\n", world.size(), o.stage,
+                  o.compress > 0 ? ("zstd level " + std::to_string(o.compress)).c_str() : "uncompressed",
+                  r.durable ? "durable (fsync)" : "page cache (no fsync)");
+      print_table({{"bytes", "seconds (median)", "GB/s", "repeats", "checkpoint"},
+                   {format_bytes(static_cast<double>(r.bytes)), std::to_string(r.seconds),
+                    std::to_string(r.gb_per_s()), std::to_string(r.all_seconds.size()), r.last_checkpoint.string()}});
+    }
+    return 0;
+  });
+}
+
+int run_bench_checksum(const std::string& size, bool as_json) {
+  const bench::ChecksumBenchResult r = bench::run_checksum_bench(parse_size(size, "--size"));
+  if (as_json) {
+    std::cout << json{{"bytes", r.bytes}, {"xxh64_gb_per_s", r.xxh64_gb_per_s}, {"memcpy_gb_per_s", r.memcpy_gb_per_s}}
+                     .dump()
+              << "\n";
+  } else {
+    print_table({{"bytes", "xxh64 GB/s (1 core)", "memcpy GB/s (1 core)"},
+                 {format_bytes(static_cast<double>(r.bytes)), std::to_string(r.xxh64_gb_per_s),
+                  std::to_string(r.memcpy_gb_per_s)}});
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_bench_commands(CLI::App& app, Action& action, int* argc, char*** argv) {
+  CLI::App* bench = app.add_subcommand("bench", "Measure checkpoint write and checksum speed");
+  bench->require_subcommand(1);
+
+  auto o = std::make_shared<CkptOptions>();
+  CLI::App* ckpt = bench->add_subcommand(
+      "ckpt", "Time the durable write of a synthetic sharded checkpoint (run under mpirun: every rank writes its share)");
+  ckpt->add_option("--size", o->size, "Payload of the whole checkpoint: fp32 weights + 2 Adam moments (default 1GiB)");
+  ckpt->add_option("--dir", o->dir, "Run directory to write into; the newest checkpoint written is kept")->required();
+  ckpt->add_option("--stage", o->stage, "ZeRO stage of the layout (default 1)")->check(CLI::Range(0, 3));
+  ckpt->add_option("--repeat", o->repeat, "Checkpoints to write; the median time is reported (default 1)")
+      ->check(CLI::Range(1, 1000));
+  ckpt->add_option("--compress", o->compress, "zstd level 1-19 for the shard datasets (default 0: none)")
+      ->check(CLI::Range(0, 19));
+  ckpt->add_option("--threads", o->threads, "Compression threads per rank (default: from the hardware)")
+      ->check(CLI::Range(0, 256));
+  ckpt->add_option("--chunk-elems", o->chunk_elems, "Elements per HDF5 chunk (default 262144 = 1 MiB)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 28));
+  ckpt->add_flag("--no-fsync", o->no_fsync, "Skip fsync: measures the write into the page cache");
+  ckpt->add_flag("--json", o->json, "Print {\"bytes\", \"seconds\", \"gb_per_s\", \"durable\", ...} on one line");
+  ckpt->footer("Example: mpirun -n 2 shardkit bench ckpt --size 1GiB --dir /tmp/bench --json");
+  ckpt->callback([&action, o, argc, argv] { action = [o, argc, argv] { return run_bench_ckpt(*o, argc, argv); }; });
+
+  auto size = std::make_shared<std::string>("1GiB");
+  auto as_json = std::make_shared<bool>(false);
+  CLI::App* checksum = bench->add_subcommand("checksum", "Measure the XXH64 checksum speed of one core");
+  checksum->add_option("--size", *size, "Buffer size (default 1GiB)");
+  checksum->add_flag("--json", *as_json, "Print JSON on one line");
+  checksum->footer("Example: shardkit bench checksum --size 256MiB");
+  checksum->callback([&action, size, as_json] { action = [size, as_json] { return run_bench_checksum(*size, *as_json); }; });
+}
+
+}  // namespace shardkit::cli

@@ -1,0 +1,30 @@
+# Third-party dependencies, all from the distribution's packages (Debian 12 / Ubuntu 24.04).
+# Nothing is vendored; scripts/setup-debian.sh installs them.
+
+find_package(Threads REQUIRED)
+
+# HDF5: the serial C API only (Debian installs it under hdf5/serial).
+set(HDF5_PREFER_PARALLEL OFF)
+find_package(HDF5 REQUIRED COMPONENTS C)
+if(HDF5_VERSION VERSION_LESS 1.10.3)
+  message(FATAL_ERROR "shardkit needs HDF5 >= 1.10.3 (H5Dwrite_chunk); found ${HDF5_VERSION}")
+endif()
+
+# zstd: prefer its CMake package, fall back to pkg-config (older distributions).
+find_package(zstd CONFIG QUIET)
+if(TARGET zstd::libzstd_shared)
+  add_library(shardkit_zstd INTERFACE)
+  target_link_libraries(shardkit_zstd INTERFACE zstd::libzstd_shared)
+else()
+  find_package(PkgConfig REQUIRED)
+  pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)
+  add_library(shardkit_zstd INTERFACE)
+  target_link_libraries(shardkit_zstd INTERFACE PkgConfig::ZSTD)
+endif()
+
+find_package(MPI REQUIRED COMPONENTS CXX)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(CLI11 2.1 REQUIRED)
+if(SHARDKIT_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()

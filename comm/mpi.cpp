@@ -1,0 +1,73 @@
+#include "comm/mpi.hpp"
+
+#include <cstdlib>
+
+#include "ckpt/error.hpp"
+
+namespace shardkit::comm {
+
+void check_mpi(int code, const char* call, const char* file, int line) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  fail(ErrorKind::kInternal, std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
+                                 std::string(text, static_cast<size_t>(length)));
+}
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int provided = 0;
+  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
+  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+}
+
+MpiRuntime::~MpiRuntime() { MPI_Finalize(); }
+
+void MpiRuntime::abort(int exit_code) {
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::exit(exit_code);  // MPI_Abort does not return; this only satisfies [[noreturn]]
+}
+
+MpiCollective::MpiCollective(MPI_Comm comm) : comm_(comm) {
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  MPI_CHECK(MPI_Comm_size(comm_, &size_));
+}
+
+std::vector<std::string> MpiCollective::gather(const std::string& mine) {
+  const int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(rank_ == 0 ? static_cast<size_t>(size_) : 0);
+  MPI_CHECK(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm_));
+  std::vector<int> displacements(lengths.size());
+  std::string all;
+  if (rank_ == 0) {
+    int offset = 0;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      displacements[i] = offset;
+      offset += lengths[i];
+    }
+    all.resize(static_cast<size_t>(offset));
+  }
+  MPI_CHECK(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displacements.data(), MPI_CHAR, 0,
+                        comm_));
+  std::vector<std::string> out;
+  if (rank_ == 0) {
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      out.push_back(all.substr(static_cast<size_t>(displacements[i]), static_cast<size_t>(lengths[i])));
+    }
+  }
+  return out;
+}
+
+std::string MpiCollective::broadcast(const std::string& from_root) {
+  int length = rank_ == 0 ? static_cast<int>(from_root.size()) : 0;
+  MPI_CHECK(MPI_Bcast(&length, 1, MPI_INT, 0, comm_));
+  std::string out = rank_ == 0 ? from_root : std::string(static_cast<size_t>(length), '\0');
+  MPI_CHECK(MPI_Bcast(out.data(), length, MPI_CHAR, 0, comm_));
+  return out;
+}
+
+void MpiCollective::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+
+}  // namespace shardkit::comm

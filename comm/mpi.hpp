@@ -1,0 +1,56 @@
+// MPI for shardkit's CPU ranks: initialisation and shutdown (RAII), error checking with file and
+// line, and the ckpt::Collective implementation that the save protocol runs on.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "ckpt/collective.hpp"
+
+namespace shardkit::comm {
+
+// Throws shardkit::Error(kInternal) naming the call, file, line and MPI's error string.
+void check_mpi(int code, const char* call, const char* file, int line);
+#define MPI_CHECK(call) ::shardkit::comm::check_mpi((call), #call, __FILE__, __LINE__)
+
+// Initialises MPI (MPI_THREAD_MULTIPLE, so that background checkpoint threads may communicate on
+// their own communicators) and finalises it on destruction. MPI errors return codes instead of
+// aborting, so that they become exceptions with context. A process started without mpirun is a
+// world of one rank.
+class MpiRuntime {
+ public:
+  MpiRuntime(int* argc, char*** argv);
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  // Ends every rank of the job after this one printed its error: a failure never leaves the others
+  // waiting in a collective.
+  [[noreturn]] static void abort(int exit_code);
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+// ckpt::Collective over an MPI communicator (not owned).
+class MpiCollective final : public ckpt::Collective {
+ public:
+  explicit MpiCollective(MPI_Comm comm);
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::vector<std::string> gather(const std::string& mine) override;
+  std::string broadcast(const std::string& from_root) override;
+  void barrier();
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace shardkit::comm

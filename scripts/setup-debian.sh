@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the system packages shardkit needs on a fresh Debian 12 (or Ubuntu 24.04) machine.
+# Idempotent: packages already present are left alone. Runs apt-get through sudo when not root.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git
+  libhdf5-dev hdf5-tools           # serial HDF5 C API + h5dump for interop checks
+  libzstd-dev                      # zstd for the HDF5 filter 32015
+  libopenmpi-dev openmpi-bin       # MPI ranks
+  libcli11-dev nlohmann-json3-dev  # command line, JSON
+  libgtest-dev libgmock-dev        # tests
+  libopenblas-dev                  # matrix products of the CPU trainer
+  python3 python3-h5py python3-numpy  # interop tests read shards with Debian's h5py
+  clang-format
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup-debian: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo_cmd=()
+[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "setup-debian: installed ${#missing[@]} package(s)"
