@@ -1,5 +1,7 @@
 #include "bench/ckpt_bench.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -39,14 +41,15 @@ CkptBenchResult run_ckpt_bench(ckpt::Collective& group, const CkptBenchOptions& 
   std::vector<std::vector<float>> buffers(kStates);
   ckpt::SaveRequest request;
   request.run_dir = options.dir;
-  request.table = &table;
-  request.layout = layout.spec();
-  request.shard = options.shard;
-  request.model = {{"synthetic", true}, {"seed", options.seed}};
+  request.meta.table = &table;
+  request.meta.layout = layout.spec();
+  request.meta.states = names;
+  request.meta.shard = options.shard;
+  request.meta.model = {{"synthetic", true}, {"seed", options.seed}};
   for (int s = 0; s < kStates; ++s) {
     buffers[s].resize(static_cast<size_t>(layout.flat_size()));
     fill_synthetic(layout, group.rank(), options.seed, s, buffers[s]);
-    request.states.push_back({names[s], buffers[s]});
+    request.buffers.push_back(buffers[s]);
   }
 
   // Continue after the newest step already in the directory; agree on it through rank 0.
@@ -61,20 +64,22 @@ CkptBenchResult run_ckpt_bench(ckpt::Collective& group, const CkptBenchOptions& 
 
   CkptBenchResult result;
   result.durable = options.shard.durable;
-  std::filesystem::path previous;
   for (int i = 0; i < options.repeat; ++i) {
-    request.step = first_step + i;
+    request.meta.step = first_step + i;
+    if (group.rank() == 0) {
+      // Keep only the newest checkpoint this run wrote, so that repeats do not fill the disk; and
+      // flush what earlier repeats left dirty, so that its write-back does not throttle this one.
+      if (!result.last_checkpoint.empty()) std::filesystem::remove_all(result.last_checkpoint);
+      ::sync();
+    }
     group.broadcast("");  // start together
     const auto start = Clock::now();
     const ckpt::SaveResult saved = ckpt::save_checkpoint(group, request);
     result.all_seconds.push_back(seconds_since(start));
     result.bytes = saved.bytes;
-    // Keep only the newest checkpoint this run wrote, so that repeats do not fill the disk.
-    if (group.rank() == 0 && !previous.empty()) std::filesystem::remove_all(previous);
-    previous = saved.step_dir;
+    result.last_checkpoint = saved.step_dir;
   }
   result.seconds = median(result.all_seconds);
-  result.last_checkpoint = previous;
   return result;
 }
 

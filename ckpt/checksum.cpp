@@ -101,7 +101,9 @@ uint64_t xxh64(const void* data, size_t size, uint64_t seed) noexcept {
   return finish(acc, size >= 32, seed, size, p + done, size - done);
 }
 
-Xxh64::Xxh64(uint64_t seed) noexcept : seed_(seed) { init_lanes(acc_, seed); }
+Xxh64::Xxh64(uint64_t seed) noexcept : seed_(seed) {
+  init_lanes(acc_, seed);
+}
 
 void Xxh64::update(const void* data, size_t size) noexcept {
   const auto* p = static_cast<const unsigned char*>(data);
@@ -121,7 +123,9 @@ void Xxh64::update(const void* data, size_t size) noexcept {
   buffered_ = size - done;
 }
 
-uint64_t Xxh64::digest() const noexcept { return finish(acc_, total_ >= 32, seed_, total_, buffer_, buffered_); }
+uint64_t Xxh64::digest() const noexcept {
+  return finish(acc_, total_ >= 32, seed_, total_, buffer_, buffered_);
+}
 
 std::string to_hex(uint64_t value) {
   static constexpr char kDigits[] = "0123456789abcdef";

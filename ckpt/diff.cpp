@@ -17,8 +17,7 @@ bool DiffReport::within(double tolerance) const noexcept {
   return only_in_a.empty() && only_in_b.empty() && shape_mismatch.empty() && max_abs_diff() <= tolerance;
 }
 
-DiffReport diff_checkpoints(CheckpointReader& a, CheckpointReader& b, const ProgressFn& progress,
-                            int64_t piece_elems) {
+DiffReport diff_checkpoints(CheckpointReader& a, CheckpointReader& b, const ProgressFn& progress, int64_t piece_elems) {
   DiffReport report;
   const TensorTable& ta = a.tensors();
   const TensorTable& tb = b.tensors();

@@ -14,13 +14,13 @@ struct StateDiff {
   std::string tensor;
   std::string state;
   int64_t numel = 0;
-  double max_abs_diff = 0;   // NaN against a number counts as infinity; NaN against NaN as equal
-  int64_t differing = 0;     // elements whose bits differ
+  double max_abs_diff = 0;  // NaN against a number counts as infinity; NaN against NaN as equal
+  int64_t differing = 0;    // elements whose bits differ
 };
 
 struct DiffReport {
-  std::vector<StateDiff> entries;        // tensors of equal shape present in both, states in both
-  std::vector<std::string> only_in_a;    // tensors (or "state:<name>") missing from B
+  std::vector<StateDiff> entries;      // tensors of equal shape present in both, states in both
+  std::vector<std::string> only_in_a;  // tensors (or "state:<name>") missing from B
   std::vector<std::string> only_in_b;
   std::vector<std::string> shape_mismatch;
   double max_abs_diff() const noexcept;

@@ -54,9 +54,9 @@ void FileDescriptor::pread_exact(void* buffer, size_t size, int64_t offset) cons
       fail_errno(path_.string() + ": read at offset " + std::to_string(offset + static_cast<int64_t>(done)), errno);
     }
     if (n == 0) {
-      fail(ErrorKind::kCorrupt, path_.string() + ": file ends at byte " +
-                                    std::to_string(offset + static_cast<int64_t>(done)) + ", expected data up to byte " +
-                                    std::to_string(offset + static_cast<int64_t>(size)) + " (truncated?)");
+      fail(ErrorKind::kCorrupt,
+           path_.string() + ": file ends at byte " + std::to_string(offset + static_cast<int64_t>(done)) +
+               ", expected data up to byte " + std::to_string(offset + static_cast<int64_t>(size)) + " (truncated?)");
     }
     done += static_cast<size_t>(n);
   }

@@ -52,14 +52,22 @@ namespace {
 
 herr_t close_id(hid_t id) {
   switch (H5Iget_type(id)) {
-    case H5I_FILE: return H5Fclose(id);
-    case H5I_GROUP: return H5Gclose(id);
-    case H5I_DATASET: return H5Dclose(id);
-    case H5I_ATTR: return H5Aclose(id);
-    case H5I_DATASPACE: return H5Sclose(id);
-    case H5I_DATATYPE: return H5Tclose(id);
-    case H5I_GENPROP_LST: return H5Pclose(id);
-    default: return H5Idec_ref(id) < 0 ? -1 : 0;
+    case H5I_FILE:
+      return H5Fclose(id);
+    case H5I_GROUP:
+      return H5Gclose(id);
+    case H5I_DATASET:
+      return H5Dclose(id);
+    case H5I_ATTR:
+      return H5Aclose(id);
+    case H5I_DATASPACE:
+      return H5Sclose(id);
+    case H5I_DATATYPE:
+      return H5Tclose(id);
+    case H5I_GENPROP_LST:
+      return H5Pclose(id);
+    default:
+      return H5Idec_ref(id) < 0 ? -1 : 0;
   }
 }
 
@@ -168,8 +176,7 @@ int64_t read_int_attribute(hid_t obj, const char* name, const std::string& where
     fail(ErrorKind::kCorrupt, where + ": attribute '" + std::string(name) + "' is not an integer");
   }
   int64_t value = 0;
-  check(H5Aread(attr.get(), H5T_NATIVE_INT64, &value), where + ": cannot read attribute " + name,
-        ErrorKind::kCorrupt);
+  check(H5Aread(attr.get(), H5T_NATIVE_INT64, &value), where + ": cannot read attribute " + name, ErrorKind::kCorrupt);
   return value;
 }
 

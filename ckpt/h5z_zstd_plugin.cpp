@@ -6,8 +6,12 @@
 
 extern "C" {
 
-H5PL_type_t H5PLget_plugin_type(void) { return H5PL_TYPE_FILTER; }
+H5PL_type_t H5PLget_plugin_type(void) {
+  return H5PL_TYPE_FILTER;
+}
 
-const void* H5PLget_plugin_info(void) { return &shardkit::ckpt::kZstdFilterClass; }
+const void* H5PLget_plugin_info(void) {
+  return &shardkit::ckpt::kZstdFilterClass;
+}
 
 }  // extern "C"

@@ -8,8 +8,12 @@
 namespace shardkit::ckpt {
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t align_up(int64_t x, int64_t a) { return ceil_div(x, a) * a; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+int64_t align_up(int64_t x, int64_t a) {
+  return ceil_div(x, a) * a;
+}
 
 }  // namespace
 

@@ -14,7 +14,7 @@ namespace {
 
 constexpr char kDigestKey[] = "manifest_digest";
 
-uint64_t canonical_digest(const nlohmann::json& body) { 
+uint64_t canonical_digest(const nlohmann::json& body) {
   const std::string canonical = body.dump();  // keys sorted, no whitespace
   return xxh64(canonical.data(), canonical.size());
 }
@@ -39,8 +39,8 @@ class Fields {
     }
     const int64_t x = v.get<int64_t>();
     if (x < lo || x > hi) {
-      bad(std::string("field '") + key + "' = " + std::to_string(x) + " is out of range [" + std::to_string(lo) +
-          ", " + std::to_string(hi) + "]");
+      bad(std::string("field '") + key + "' = " + std::to_string(x) + " is out of range [" + std::to_string(lo) + ", " +
+          std::to_string(hi) + "]");
     }
     return x;
   }
@@ -150,8 +150,7 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
 
   const nlohmann::json& shards = top.array("shards");
   if (shards.size() != static_cast<size_t>(m.layout.world_size)) {
-    top.bad("lists " + std::to_string(shards.size()) + " shards for world size " +
-            std::to_string(m.layout.world_size));
+    top.bad("lists " + std::to_string(shards.size()) + " shards for world size " + std::to_string(m.layout.world_size));
   }
   for (size_t r = 0; r < shards.size(); ++r) {
     Fields f(shards[r], where + ": shard " + std::to_string(r));

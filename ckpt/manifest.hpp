@@ -27,7 +27,7 @@ struct Manifest {
   LayoutSpec layout;
   std::vector<std::string> states;
   int64_t chunk_elems = 0;
-  int compression_level = 0;  // 0 = none, else zstd level
+  int compression_level = 0;        // 0 = none, else zstd level
   std::vector<ShardRecord> shards;  // one per rank, in rank order
   nlohmann::json trainer_state = nlohmann::json::object();
   nlohmann::json model = nlohmann::json::object();

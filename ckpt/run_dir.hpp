@@ -23,9 +23,9 @@ std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
 struct CheckpointListing {
   std::string name;  // step directory name
   int64_t step = 0;
-  bool committed = false;        // manifest present and valid
-  bool latest = false;           // `latest` names it
-  std::string problem;           // why it is not committed
+  bool committed = false;  // manifest present and valid
+  bool latest = false;     // `latest` names it
+  std::string problem;     // why it is not committed
   std::optional<Manifest> manifest;
 };
 

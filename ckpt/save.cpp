@@ -38,7 +38,9 @@ void throw_if_error(const json& msg) {
 
 }  // namespace
 
-std::string writer_version() { return std::string("shardkit ") + SHARDKIT_VERSION; }
+std::string writer_version() {
+  return std::string("shardkit ") + SHARDKIT_VERSION;
+}
 
 void prepare_step_dir(const std::filesystem::path& step_dir) {
   std::error_code ec;
@@ -48,6 +50,26 @@ void prepare_step_dir(const std::filesystem::path& step_dir) {
   }
   std::filesystem::create_directories(step_dir, ec);
   if (ec) fail(ErrorKind::kIo, step_dir.string() + ": cannot create directory: " + ec.message());
+}
+
+Manifest build_manifest(const CheckpointMeta& meta, const std::string& checkpoint_uid,
+                        std::vector<ShardRecord> shards) {
+  Manifest m;
+  m.format_version = kFormatVersion;
+  m.checkpoint_uid = checkpoint_uid;
+  m.step = meta.step;
+  m.created = utc_timestamp();
+  m.writer = writer_version();
+  m.tensors = *meta.table;
+  m.layout = meta.layout;
+  m.states = meta.states;
+  m.chunk_elems = meta.shard.chunk_elems > 0 ? meta.shard.chunk_elems : kDefaultChunkElems;
+  m.compression_level = meta.shard.compression_level;
+  m.shards = std::move(shards);
+  m.trainer_state = meta.trainer_state;
+  m.model = meta.model;
+  m.config = meta.config;
+  return m;
 }
 
 void commit_checkpoint(const std::filesystem::path& step_dir, const Manifest& manifest, bool update_latest) {
@@ -62,11 +84,13 @@ void commit_checkpoint(const std::filesystem::path& step_dir, const Manifest& ma
 
 SaveResult save_checkpoint(Collective& group, const SaveRequest& request) {
   const int rank = group.rank();
-  if (request.layout.world_size != group.size()) {
-    fail(ErrorKind::kInternal, "save_checkpoint: layout world size " + std::to_string(request.layout.world_size) +
-                                   " differs from the group size " + std::to_string(group.size()));
+  const CheckpointMeta& meta = request.meta;
+  if (meta.layout.world_size != group.size() || request.buffers.size() != meta.states.size()) {
+    fail(ErrorKind::kInternal, "save_checkpoint: layout world size " + std::to_string(meta.layout.world_size) +
+                                   " or buffer count differs from the group size " + std::to_string(group.size()) +
+                                   " or state count");
   }
-  const std::filesystem::path step_dir = request.run_dir / step_dir_name(request.step);
+  const std::filesystem::path step_dir = request.run_dir / step_dir_name(meta.step);
 
   // 1. Rank 0 prepares the directory and names the checkpoint.
   std::string begin;
@@ -87,12 +111,10 @@ SaveResult save_checkpoint(Collective& group, const SaveRequest& request) {
   try {
     std::error_code ec;
     std::filesystem::create_directories(step_dir, ec);  // visible already on a shared filesystem
-    const Layout layout(*request.table, request.layout);
-    std::vector<std::string> names;
-    for (const StateView& s : request.states) names.push_back(s.name);
-    ShardWriter writer(step_dir / shard_file_name(rank, group.size()), *request.table, layout,
-                       {uid, request.step, rank}, names, request.shard);
-    for (const StateView& s : request.states) writer.write_state(s.name, s.flat);
+    const Layout layout(*meta.table, meta.layout);
+    ShardWriter writer(step_dir / shard_file_name(rank, group.size()), *meta.table, layout, {uid, meta.step, rank},
+                       meta.states, meta.shard);
+    for (size_t s = 0; s < meta.states.size(); ++s) writer.write_state(meta.states[s], request.buffers[s]);
     const ShardRecord r = writer.commit();
     record = message({{"rank", r.rank}, {"file", r.file}, {"bytes", r.bytes}, {"digest", to_hex(r.digest)}});
   } catch (const std::exception& e) {
@@ -104,20 +126,7 @@ SaveResult save_checkpoint(Collective& group, const SaveRequest& request) {
   std::string outcome;
   if (rank == 0) {
     try {
-      Manifest m;
-      m.format_version = kFormatVersion;
-      m.checkpoint_uid = uid;
-      m.step = request.step;
-      m.created = utc_timestamp();
-      m.writer = writer_version();
-      m.tensors = *request.table;
-      m.layout = request.layout;
-      for (const StateView& s : request.states) m.states.push_back(s.name);
-      m.chunk_elems = request.shard.chunk_elems > 0 ? request.shard.chunk_elems : kDefaultChunkElems;
-      m.compression_level = request.shard.compression_level;
-      m.trainer_state = request.trainer_state;
-      m.model = request.model;
-      m.config = request.config;
+      std::vector<ShardRecord> shards;
       for (const std::string& text : records) {
         const json r = parse_message(text);
         throw_if_error(r);
@@ -126,8 +135,9 @@ SaveResult save_checkpoint(Collective& group, const SaveRequest& request) {
         s.file = r["file"].get<std::string>();
         s.bytes = r["bytes"].get<int64_t>();
         from_hex(r["digest"].get<std::string>(), &s.digest);
-        m.shards.push_back(std::move(s));
+        shards.push_back(std::move(s));
       }
+      const Manifest m = build_manifest(meta, uid, std::move(shards));
       commit_checkpoint(step_dir, m, request.update_latest);
       outcome = message({{"bytes", m.total_bytes()}});
     } catch (const std::exception& e) {

@@ -27,23 +27,23 @@
 
 namespace shardkit::ckpt {
 
-// One of this rank's flat buffers (layout.flat_size() elements), under its state name.
-struct StateView {
-  std::string name;
-  std::span<const float> flat;
+// What a checkpoint is, apart from the numbers: shared by every shard and the manifest.
+struct CheckpointMeta {
+  int64_t step = 0;
+  const TensorTable* table = nullptr;
+  LayoutSpec layout;
+  std::vector<std::string> states;  // names of the flat buffers, e.g. fp32, exp_avg, exp_avg_sq
+  ShardOptions shard;
+  nlohmann::json trainer_state = nlohmann::json::object();
+  nlohmann::json model = nlohmann::json::object();
+  nlohmann::json config = nlohmann::json::object();
 };
 
 struct SaveRequest {
   std::filesystem::path run_dir;
-  int64_t step = 0;
-  const TensorTable* table = nullptr;
-  LayoutSpec layout;                 // layout.world_size must equal the group's size
-  std::vector<StateView> states;     // the same names, in the same order, on every rank
-  ShardOptions shard;
+  CheckpointMeta meta;                          // meta.layout.world_size must equal the group's size
+  std::vector<std::span<const float>> buffers;  // this rank's flat buffer of each of meta.states
   bool update_latest = true;
-  nlohmann::json trainer_state = nlohmann::json::object();
-  nlohmann::json model = nlohmann::json::object();
-  nlohmann::json config = nlohmann::json::object();
 };
 
 struct SaveResult {
@@ -57,6 +57,8 @@ SaveResult save_checkpoint(Collective& group, const SaveRequest& request);
 // Building blocks for writers that produce all shards in one process (the converters):
 // prepares an empty step directory (Error(kInvalidInput) if it holds a committed checkpoint) ...
 void prepare_step_dir(const std::filesystem::path& step_dir);
+// ... builds the manifest from the shards' records (in rank order) ...
+Manifest build_manifest(const CheckpointMeta& meta, const std::string& checkpoint_uid, std::vector<ShardRecord> shards);
 // ... and, once every shard is committed, writes the manifest and (optionally) points `latest` at it.
 void commit_checkpoint(const std::filesystem::path& step_dir, const Manifest& manifest, bool update_latest);
 

@@ -38,8 +38,8 @@ void ShardReader::index_file(const ShardExpectation& expect) {
   auto expect_int = [&](const char* name, int64_t expected) {
     const int64_t found = h5::read_int_attribute(root, name, where_);
     if (found != expected) {
-      fail(ErrorKind::kCorrupt, where_ + ": attribute " + name + " is " + std::to_string(found) + ", expected " +
-                                    std::to_string(expected));
+      fail(ErrorKind::kCorrupt,
+           where_ + ": attribute " + name + " is " + std::to_string(found) + ", expected " + std::to_string(expected));
     }
   };
   const std::string format = h5::read_string_attribute(root, shard_attr::kFormat, where_);

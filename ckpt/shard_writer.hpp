@@ -37,8 +37,8 @@ struct ShardIdentity {
 // What commit() reports, and what the manifest lists for every shard.
 struct ShardRecord {
   int rank = 0;
-  std::string file;   // file name inside the step directory
-  int64_t bytes = 0;  // file size
+  std::string file;     // file name inside the step directory
+  int64_t bytes = 0;    // file size
   uint64_t digest = 0;  // XXH64 over the chunk checksums of every state (docs/FORMAT.md)
 };
 

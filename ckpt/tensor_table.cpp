@@ -8,9 +8,12 @@ namespace shardkit::ckpt {
 
 std::string_view dtype_name(DType dtype) noexcept {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
   }
   return "?";
 }
@@ -32,8 +35,8 @@ bool is_plain_name(std::string_view name) noexcept {
   if (name.empty() || name.size() > kMaxTensorNameLength || name.front() == '.' || name.front() == '-') return false;
   if (name.find("..") != std::string_view::npos) return false;
   for (char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-                    c == '.' || c == '-';
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
     if (!ok) return false;
   }
   return true;
@@ -41,16 +44,16 @@ bool is_plain_name(std::string_view name) noexcept {
 
 TensorTable::TensorTable(std::vector<TensorInfo> tensors) : tensors_(std::move(tensors)) {
   if (tensors_.size() > kMaxTensors) {
-    fail(ErrorKind::kInvalidInput,
-         "tensor table has " + std::to_string(tensors_.size()) + " tensors (at most " + std::to_string(kMaxTensors) +
-             " supported)");
+    fail(ErrorKind::kInvalidInput, "tensor table has " + std::to_string(tensors_.size()) + " tensors (at most " +
+                                       std::to_string(kMaxTensors) + " supported)");
   }
   index_.reserve(tensors_.size());
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const TensorInfo& t = tensors_[i];
     if (!is_plain_name(t.name)) {
-      fail(ErrorKind::kInvalidInput, "tensor name '" + t.name.substr(0, 64) +
-                                         "' is not a plain name (expected 1-512 characters of [A-Za-z0-9_.-], no '..')");
+      fail(ErrorKind::kInvalidInput,
+           "tensor name '" + t.name.substr(0, 64) +
+               "' is not a plain name (expected 1-512 characters of [A-Za-z0-9_.-], no '..')");
     }
     if (t.shape.size() > kMaxTensorRank) {
       fail(ErrorKind::kInvalidInput, "tensor " + t.name + " has " + std::to_string(t.shape.size()) +

@@ -11,7 +11,9 @@ namespace shardkit::ckpt {
 ZstdCompressor::ZstdCompressor() : ctx_(ZSTD_createCCtx()) {
   if (!ctx_) throw std::bad_alloc();
 }
-ZstdCompressor::~ZstdCompressor() { ZSTD_freeCCtx(ctx_); }
+ZstdCompressor::~ZstdCompressor() {
+  ZSTD_freeCCtx(ctx_);
+}
 
 void ZstdCompressor::compress(const void* data, size_t size, int level, std::vector<std::byte>& out) {
   out.resize(ZSTD_compressBound(size));
@@ -24,7 +26,9 @@ void ZstdCompressor::compress(const void* data, size_t size, int level, std::vec
 ZstdDecompressor::ZstdDecompressor() : ctx_(ZSTD_createDCtx()) {
   if (!ctx_) throw std::bad_alloc();
 }
-ZstdDecompressor::~ZstdDecompressor() { ZSTD_freeDCtx(ctx_); }
+ZstdDecompressor::~ZstdDecompressor() {
+  ZSTD_freeDCtx(ctx_);
+}
 
 void ZstdDecompressor::decompress(const void* frame, size_t frame_size, void* out, size_t expected,
                                   const std::string& where) {
@@ -39,6 +43,8 @@ void ZstdDecompressor::decompress(const void* frame, size_t frame_size, void* ou
   }
 }
 
-bool is_valid_zstd_level(int level) noexcept { return level >= 1 && level <= 19; }
+bool is_valid_zstd_level(int level) noexcept {
+  return level >= 1 && level <= 19;
+}
 
 }  // namespace shardkit::ckpt

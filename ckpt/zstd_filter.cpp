@@ -53,14 +53,14 @@ size_t zstd_filter(unsigned flags, size_t cd_nelmts, const unsigned cd_values[],
 }  // namespace
 
 const H5Z_class2_t kZstdFilterClass = {
-    H5Z_CLASS_T_VERS,                   // version
-    static_cast<H5Z_filter_t>(32015),   // id (kZstdFilterId)
-    1,                                  // encoder present
-    1,                                  // decoder present
-    "Zstandard (shardkit)",             // name
-    nullptr,                            // can_apply
-    nullptr,                            // set_local
-    zstd_filter,                        // filter
+    H5Z_CLASS_T_VERS,                  // version
+    static_cast<H5Z_filter_t>(32015),  // id (kZstdFilterId)
+    1,                                 // encoder present
+    1,                                 // decoder present
+    "Zstandard (shardkit)",            // name
+    nullptr,                           // can_apply
+    nullptr,                           // set_local
+    zstd_filter,                       // filter
 };
 
 }  // namespace shardkit::ckpt

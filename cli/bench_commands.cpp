@@ -42,9 +42,14 @@ int run_bench_ckpt(const CkptOptions& o, int* argc, char*** argv) {
     const bench::CkptBenchResult r = bench::run_ckpt_bench(world, options);
     if (world.rank() != 0) return 0;
     if (o.json) {
-      json out = {{"bytes", r.bytes},        {"seconds", r.seconds},       {"gb_per_s", r.gb_per_s()},
-                  {"durable", r.durable},    {"ranks", world.size()},      {"stage", o.stage},
-                  {"compression_level", o.compress}, {"all_seconds", r.all_seconds},
+      json out = {{"bytes", r.bytes},
+                  {"seconds", r.seconds},
+                  {"gb_per_s", r.gb_per_s()},
+                  {"durable", r.durable},
+                  {"ranks", world.size()},
+                  {"stage", o.stage},
+                  {"compression_level", o.compress},
+                  {"all_seconds", r.all_seconds},
                   {"checkpoint", r.last_checkpoint.string()}};
       std::cout << out.dump() << "\n";
     } else {
@@ -52,8 +57,8 @@ int run_bench_ckpt(const CkptOptions& o, int* argc, char*** argv) {
                   o.compress > 0 ? ("zstd level " + std::to_string(o.compress)).c_str() : "uncompressed",
                   r.durable ? "durable (fsync)" : "page cache (no fsync)");
       print_table({{"bytes", "seconds (median)", "GB/s", "repeats", "checkpoint"},
-                   {format_bytes(static_cast<double>(r.bytes)), std::to_string(r.seconds),
-                    std::to_string(r.gb_per_s()), std::to_string(r.all_seconds.size()), r.last_checkpoint.string()}});
+                   {format_bytes(static_cast<double>(r.bytes)), std::to_string(r.seconds), std::to_string(r.gb_per_s()),
+                    std::to_string(r.all_seconds.size()), r.last_checkpoint.string()}});
     }
     return 0;
   });
@@ -62,9 +67,9 @@ int run_bench_ckpt(const CkptOptions& o, int* argc, char*** argv) {
 int run_bench_checksum(const std::string& size, bool as_json) {
   const bench::ChecksumBenchResult r = bench::run_checksum_bench(parse_size(size, "--size"));
   if (as_json) {
-    std::cout << json{{"bytes", r.bytes}, {"xxh64_gb_per_s", r.xxh64_gb_per_s}, {"memcpy_gb_per_s", r.memcpy_gb_per_s}}
-                     .dump()
-              << "\n";
+    std::cout
+        << json{{"bytes", r.bytes}, {"xxh64_gb_per_s", r.xxh64_gb_per_s}, {"memcpy_gb_per_s", r.memcpy_gb_per_s}}.dump()
+        << "\n";
   } else {
     print_table({{"bytes", "xxh64 GB/s (1 core)", "memcpy GB/s (1 core)"},
                  {format_bytes(static_cast<double>(r.bytes)), std::to_string(r.xxh64_gb_per_s),
@@ -81,7 +86,8 @@ void add_bench_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
 
   auto o = std::make_shared<CkptOptions>();
   CLI::App* ckpt = bench->add_subcommand(
-      "ckpt", "Time the durable write of a synthetic sharded checkpoint (run under mpirun: every rank writes its share)");
+      "ckpt",
+      "Time the durable write of a synthetic sharded checkpoint (run under mpirun: every rank writes its share)");
   ckpt->add_option("--size", o->size, "Payload of the whole checkpoint: fp32 weights + 2 Adam moments (default 1GiB)");
   ckpt->add_option("--dir", o->dir, "Run directory to write into; the newest checkpoint written is kept")->required();
   ckpt->add_option("--stage", o->stage, "ZeRO stage of the layout (default 1)")->check(CLI::Range(0, 3));
@@ -104,7 +110,8 @@ void add_bench_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
   checksum->add_option("--size", *size, "Buffer size (default 1GiB)");
   checksum->add_flag("--json", *as_json, "Print JSON on one line");
   checksum->footer("Example: shardkit bench checksum --size 256MiB");
-  checksum->callback([&action, size, as_json] { action = [size, as_json] { return run_bench_checksum(*size, *as_json); }; });
+  checksum->callback(
+      [&action, size, as_json] { action = [size, as_json] { return run_bench_checksum(*size, *as_json); }; });
 }
 
 }  // namespace shardkit::cli

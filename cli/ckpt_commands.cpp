@@ -90,8 +90,8 @@ int run_inspect(const std::string& path, bool as_json) {
                               format_count(layout.flat_size()) + " elements per rank"},
                {"states", states},
                {"storage", storage_string(m)},
-               {"size", format_bytes(static_cast<double>(m.total_bytes())) + " in " +
-                            std::to_string(m.shards.size()) + " shards"},
+               {"size", format_bytes(static_cast<double>(m.total_bytes())) + " in " + std::to_string(m.shards.size()) +
+                            " shards"},
                {"tensors", format_count(static_cast<int64_t>(m.tensors.size())) + " (" +
                                format_count(m.tensors.total_elements()) + " elements)"}});
   std::printf("\n");
@@ -123,7 +123,8 @@ int run_verify(const std::string& path, bool quiet) {
     return 1;
   }
   std::printf("%s: OK (%d shards, %s chunks, %s checked)\n", where.c_str(), report.shards_checked,
-              format_count(report.chunks_checked).c_str(), format_bytes(static_cast<double>(report.bytes_checked)).c_str());
+              format_count(report.chunks_checked).c_str(),
+              format_bytes(static_cast<double>(report.bytes_checked)).c_str());
   return 0;
 }
 
@@ -131,20 +132,27 @@ int run_diff(const std::string& a_path, const std::string& b_path, double tolera
   ckpt::CheckpointReader a(a_path);
   ckpt::CheckpointReader b(b_path);
   Progress progress("diff", quiet || as_json);
-  const ckpt::DiffReport report =
-      ckpt::diff_checkpoints(a, b, [&](int64_t d, int64_t t) { progress.update(d, t); });
+  const ckpt::DiffReport report = ckpt::diff_checkpoints(a, b, [&](int64_t d, int64_t t) { progress.update(d, t); });
   progress.finish();
   const bool ok = report.within(tolerance);
   if (as_json) {
     json entries = json::array();
     for (const auto& e : report.entries) {
-      entries.push_back({{"tensor", e.tensor}, {"state", e.state}, {"numel", e.numel},
-                         {"max_abs_diff", e.max_abs_diff}, {"differing", e.differing}});
+      entries.push_back({{"tensor", e.tensor},
+                         {"state", e.state},
+                         {"numel", e.numel},
+                         {"max_abs_diff", e.max_abs_diff},
+                         {"differing", e.differing}});
     }
-    json out = {{"a", a.step_dir().string()}, {"b", b.step_dir().string()}, {"tolerance", tolerance},
-                {"max_abs_diff", report.max_abs_diff()}, {"within_tolerance", ok},
-                {"only_in_a", report.only_in_a}, {"only_in_b", report.only_in_b},
-                {"shape_mismatch", report.shape_mismatch}, {"tensors", entries}};
+    json out = {{"a", a.step_dir().string()},
+                {"b", b.step_dir().string()},
+                {"tolerance", tolerance},
+                {"max_abs_diff", report.max_abs_diff()},
+                {"within_tolerance", ok},
+                {"only_in_a", report.only_in_a},
+                {"only_in_b", report.only_in_b},
+                {"shape_mismatch", report.shape_mismatch},
+                {"tensors", entries}};
     std::cout << out.dump(2) << "\n";
     return ok ? 0 : 1;
   }

@@ -23,7 +23,9 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
 }
 
-MpiRuntime::~MpiRuntime() { MPI_Finalize(); }
+MpiRuntime::~MpiRuntime() {
+  MPI_Finalize();
+}
 
 void MpiRuntime::abort(int exit_code) {
   MPI_Abort(MPI_COMM_WORLD, exit_code);
@@ -49,8 +51,8 @@ std::vector<std::string> MpiCollective::gather(const std::string& mine) {
     }
     all.resize(static_cast<size_t>(offset));
   }
-  MPI_CHECK(MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displacements.data(), MPI_CHAR, 0,
-                        comm_));
+  MPI_CHECK(
+      MPI_Gatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), displacements.data(), MPI_CHAR, 0, comm_));
   std::vector<std::string> out;
   if (rank_ == 0) {
     for (size_t i = 0; i < lengths.size(); ++i) {
@@ -68,6 +70,8 @@ std::string MpiCollective::broadcast(const std::string& from_root) {
   return out;
 }
 
-void MpiCollective::barrier() { MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiCollective::barrier() {
+  MPI_CHECK(MPI_Barrier(comm_));
+}
 
 }  // namespace shardkit::comm

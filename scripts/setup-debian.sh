@@ -11,7 +11,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev  # command line, JSON
   libgtest-dev libgmock-dev        # tests
   libopenblas-dev                  # matrix products of the CPU trainer
-  python3 python3-h5py python3-numpy  # interop tests read shards with Debian's h5py
+  python3 python3-h5py python3-numpy python3-xxhash  # interop tests: Debian h5py reads shards
   clang-format
 )
 

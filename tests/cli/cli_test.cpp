@@ -1,0 +1,133 @@
+// The shardkit binary as a user meets it: exit codes, one-line errors that name the file, --help
+// for every subcommand, JSON output that parses.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "ckpt/shard_format.hpp"
+#include "tests/support/test_support.hpp"
+
+namespace shardkit {
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs a shell command line; `prefix` goes before the binary (e.g. "mpirun -n 2").
+Result run(const std::string& args, const std::string& prefix = "") {
+  static testing::TempDir scratch;
+  const std::string command = prefix + " " + SHARDKIT_BINARY + " " + args + " >" + (scratch / "out").string() + " 2>" +
+                              (scratch / "err").string();
+  const int status = std::system(command.c_str());
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(scratch / "out");
+  r.err = slurp(scratch / "err");
+  return r;
+}
+
+std::string mpirun(int ranks) {
+  return std::string(SHARDKIT_MPIEXEC) + " -n " + std::to_string(ranks) + " --oversubscribe";
+}
+
+int count_lines(const std::string& s) {
+  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
+}
+
+TEST(Cli, EverySubcommandHasHelpWithAnExample) {
+  for (const char* sub : {"ckpt ls", "ckpt inspect", "ckpt verify", "ckpt diff", "bench ckpt", "bench checksum"}) {
+    const Result r = run(std::string(sub) + " --help");
+    EXPECT_EQ(r.code, 0) << sub;
+    EXPECT_NE(r.out.find("Example:"), std::string::npos) << sub << "\n" << r.out;
+  }
+  EXPECT_EQ(run("--help").code, 0);
+  EXPECT_NE(run("--version").out.find("shardkit"), std::string::npos);
+}
+
+TEST(Cli, BadInputIsOneLineAndExitCode2) {
+  testing::TempDir dir;
+  for (const std::string& args : {"ckpt verify " + (dir / "missing").string(), "ckpt inspect " + dir.path().string(),
+                                  std::string("bench ckpt --size 12XB --dir ") + dir.path().string(),
+                                  std::string("ckpt frobnicate"), std::string("ckpt ls")}) {
+    const Result r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.err;
+    EXPECT_GE(count_lines(r.err), 1) << args;
+  }
+  const Result missing = run("ckpt verify " + (dir / "missing").string());
+  EXPECT_EQ(count_lines(missing.err), 1) << missing.err;
+  EXPECT_NE(missing.err.find((dir / "missing").string()), std::string::npos) << missing.err;
+  const Result size = run("bench ckpt --size 12XB --dir " + dir.path().string());
+  EXPECT_NE(size.err.find("--size"), std::string::npos) << size.err;
+}
+
+TEST(Cli, WriteListInspectVerifyDiffAndDetectDamage) {
+  testing::TempDir dir;
+  const std::string a = (dir / "a").string();
+  const std::string b = (dir / "b").string();
+  Result r = run("bench ckpt --size 8MiB --dir " + a + " --stage 1 --json", mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto bench = nlohmann::json::parse(r.out);
+  EXPECT_GT(bench["bytes"].get<int64_t>(), 8 << 20);
+  EXPECT_TRUE(bench["durable"].get<bool>());
+  ASSERT_EQ(run("bench ckpt --size 8MiB --dir " + b + " --stage 3 --compress 3", mpirun(3)).code, 0);
+
+  r = run("ckpt ls " + a + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto list = nlohmann::json::parse(r.out);
+  ASSERT_EQ(list.size(), 1u);
+  EXPECT_TRUE(list[0]["committed"].get<bool>());
+  EXPECT_TRUE(list[0]["latest"].get<bool>());
+  EXPECT_EQ(list[0]["world_size"], 2);
+
+  r = run("ckpt inspect " + b + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["layout"]["stage"], 3);
+  r = run("ckpt inspect " + a);
+  EXPECT_NE(r.out.find("ZeRO stage 1"), std::string::npos) << r.out;
+
+  r = run("ckpt verify " + a);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("OK"), std::string::npos);
+
+  // The same synthetic state written by 2 ranks at stage 1 and 3 ranks at stage 3, compressed.
+  r = run("ckpt diff " + a + " " + b + " --json");
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_TRUE(nlohmann::json::parse(r.out)["within_tolerance"].get<bool>());
+
+  // One flipped bit in a data chunk: verify fails, naming the shard file.
+  const std::filesystem::path step = std::filesystem::path(a) / "step-00000001";
+  const std::filesystem::path shard = step / ckpt::shard_file_name(1, 2);
+  const testing::ChunkExtent chunk = testing::chunk_extent(shard, "exp_avg_sq", 0);
+  testing::flip_bit(shard, chunk.offset + 100, 5);
+  r = run("ckpt verify " + a);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find(shard.string()), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("checksum mismatch"), std::string::npos) << r.err;
+  r = run("ckpt diff " + a + " " + b);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;  // one line, no HDF5 error stack
+
+  // A broken manifest: one line, exit 1, naming the manifest.
+  std::ofstream(step / "manifest.json", std::ios::trunc) << "{\"format\": ";
+  r = run("ckpt inspect " + a);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("manifest.json"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace shardkit
