@@ -28,3 +28,18 @@ find_package(CLI11 2.1 REQUIRED)
 if(SHARDKIT_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
+
+# CUDA and NCCL are optional: found when present (the GPU backend builds on them); without them the
+# CPU build is complete.
+include(CheckLanguage)
+check_language(CUDA)
+set(SHARDKIT_HAVE_CUDA OFF)
+if(CMAKE_CUDA_COMPILER)
+  find_package(CUDAToolkit QUIET)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_LIBRARY_ROOT}/include)
+  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib64)
+  if(CUDAToolkit_FOUND AND NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+    set(SHARDKIT_HAVE_CUDA ON)
+  endif()
+endif()
+message(STATUS "shardkit: CUDA ${CUDAToolkit_VERSION} / NCCL found: ${SHARDKIT_HAVE_CUDA}")
