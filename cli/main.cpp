@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("shardkit ") + SHARDKIT_VERSION);
   shardkit::cli::Action action;
+  shardkit::cli::add_train_commands(app, action, &argc, &argv);
   shardkit::cli::add_ckpt_commands(app, action);
   shardkit::cli::add_bench_commands(app, action, &argc, &argv);
   try {

@@ -43,3 +43,15 @@ if(CMAKE_CUDA_COMPILER)
   endif()
 endif()
 message(STATUS "shardkit: CUDA ${CUDAToolkit_VERSION} / NCCL found: ${SHARDKIT_HAVE_CUDA}")
+
+# Matrix products of the CPU trainer: OpenBLAS when present (Debian: libopenblas-dev), else the
+# trainer's built-in fallback. OpenMP parallelises the model's other loops.
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+find_library(OPENBLAS_LIBRARY NAMES openblas)
+find_path(OPENBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas-pthread openblas)
+if(OPENBLAS_LIBRARY AND OPENBLAS_INCLUDE_DIR AND EXISTS ${OPENBLAS_INCLUDE_DIR}/openblas_config.h)
+  set(SHARDKIT_HAVE_CBLAS ON)
+else()
+  set(SHARDKIT_HAVE_CBLAS OFF)
+endif()
+message(STATUS "shardkit: OpenBLAS for the CPU trainer: ${SHARDKIT_HAVE_CBLAS}")

@@ -1,5 +1,6 @@
 #include "comm/mpi.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "ckpt/error.hpp"
@@ -72,6 +73,60 @@ std::string MpiCollective::broadcast(const std::string& from_root) {
 
 void MpiCollective::barrier() {
   MPI_CHECK(MPI_Barrier(comm_));
+}
+
+namespace {
+
+constexpr int64_t kMaxCount = int64_t{1} << 30;  // elements per MPI call (int counts)
+
+int checked_count(int64_t count, const char* what) {
+  if (count < 0 || count > kMaxCount) {
+    fail(ErrorKind::kInternal, std::string(what) + ": " + std::to_string(count) +
+                                   " elements exceed one MPI call; partitions this large need more ranks");
+  }
+  return static_cast<int>(count);
+}
+
+}  // namespace
+
+void MpiCollective::allreduce_sum(float* data, int64_t count) {
+  for (int64_t done = 0; done < count; done += kMaxCount) {
+    const int n = static_cast<int>(std::min(kMaxCount, count - done));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + done, n, MPI_FLOAT, MPI_SUM, comm_));
+  }
+}
+
+double MpiCollective::allreduce_sum(double value) {
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM, comm_));
+  return value;
+}
+
+double MpiCollective::allreduce_max(double value) {
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_MAX, comm_));
+  return value;
+}
+
+void MpiCollective::reduce_scatter_block(const float* send, float* recv, int64_t block) {
+  MPI_CHECK(
+      MPI_Reduce_scatter_block(send, recv, checked_count(block, "reduce_scatter_block"), MPI_FLOAT, MPI_SUM, comm_));
+}
+
+void MpiCollective::reduce_scatter(const float* send, float* recv, const std::vector<int>& counts) {
+  MPI_CHECK(MPI_Reduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_));
+}
+
+void MpiCollective::allgather(const float* send, float* recv, int64_t block) {
+  const int n = checked_count(block, "allgather");
+  MPI_CHECK(MPI_Allgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm_));
+}
+
+void MpiCollective::allgather_inplace(float* data, int64_t block) {
+  const int n = checked_count(block, "allgather");
+  MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, n, MPI_FLOAT, comm_));
+}
+
+void MpiCollective::broadcast_bytes(void* data, int64_t bytes) {
+  MPI_CHECK(MPI_Bcast(data, checked_count(bytes, "broadcast"), MPI_BYTE, 0, comm_));
 }
 
 }  // namespace shardkit::comm

@@ -4,6 +4,8 @@
 
 #include <mpi.h>
 
+#include <cstdint>
+
 #include <string>
 #include <vector>
 
@@ -37,7 +39,9 @@ class MpiRuntime {
   int size_ = 1;
 };
 
-// ckpt::Collective over an MPI communicator (not owned).
+// An MPI communicator (not owned): the string collectives of ckpt::Collective for the save
+// protocol, and the fp32 collectives of ZeRO on CPU ranks. Counts are elements; calls larger than
+// MPI's int counts are split.
 class MpiCollective final : public ckpt::Collective {
  public:
   explicit MpiCollective(MPI_Comm comm);
@@ -46,6 +50,23 @@ class MpiCollective final : public ckpt::Collective {
   std::vector<std::string> gather(const std::string& mine) override;
   std::string broadcast(const std::string& from_root) override;
   void barrier();
+  MPI_Comm comm() const noexcept { return comm_; }
+
+  // In-place sum over all ranks.
+  void allreduce_sum(float* data, int64_t count);
+  double allreduce_sum(double value);
+  double allreduce_max(double value);
+  // send holds size() blocks of `block` elements; rank r receives the sum of every rank's block r.
+  void reduce_scatter_block(const float* send, float* recv, int64_t block);
+  // send holds the concatenation of blocks of counts[r] elements, in rank order; this rank receives
+  // the sum of its block (counts[rank()] elements).
+  void reduce_scatter(const float* send, float* recv, const std::vector<int>& counts);
+  // recv (size() * block) = every rank's `block` elements of send, in rank order.
+  void allgather(const float* send, float* recv, int64_t block);
+  // data holds size() blocks; this rank's block is sent to all, the others are received in place.
+  void allgather_inplace(float* data, int64_t block);
+  // Rank 0's bytes to every rank.
+  void broadcast_bytes(void* data, int64_t bytes);
 
  private:
   MPI_Comm comm_;

@@ -10,6 +10,7 @@ packages=(
   libopenmpi-dev openmpi-bin       # MPI ranks
   libcli11-dev nlohmann-json3-dev  # command line, JSON
   libgtest-dev libgmock-dev        # tests
+  python3-torch                    # golden numerics: the CPU model against PyTorch
   libopenblas-dev                  # matrix products of the CPU trainer
   python3 python3-h5py python3-numpy python3-xxhash  # interop tests: Debian h5py reads shards
   clang-format

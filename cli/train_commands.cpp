@@ -1,0 +1,127 @@
+// `shardkit train`, `shardkit eval` and `shardkit data encode`.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/error.hpp"
+#include "cli/commands.hpp"
+#include "cli/console.hpp"
+#include "cli/ranks.hpp"
+#include "trainer/byte_tokens.hpp"
+#include "trainer/eval.hpp"
+#include "trainer/trainer.hpp"
+
+namespace shardkit::cli {
+namespace {
+
+struct TrainCli {
+  trainer::TrainOptions options;
+  std::string device = "cpu";
+  std::string config, data, save_dir, metrics;
+};
+
+int run_train(TrainCli& o, int* argc, char*** argv) {
+  if (o.device != "cpu") {
+    fail(ErrorKind::kInvalidInput, "--device " + o.device + ": this build trains on CPU ranks only (--device cpu)");
+  }
+  o.options.config = o.config;
+  o.options.data = o.data;
+  o.options.save_dir = o.save_dir;
+  o.options.metrics = o.metrics;
+  return run_on_ranks(argc, argv, [&](comm::MpiCollective& world) {
+    trainer::Trainer t(world, o.options);
+    t.run();
+    return 0;
+  });
+}
+
+}  // namespace
+
+void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) {
+  auto o = std::make_shared<TrainCli>();
+  CLI::App* train = app.add_subcommand("train", "Train GPT-2 with ZeRO (stages 0-3) on MPI ranks");
+  train
+      ->add_option("--config", o->config,
+                   "DeepSpeed JSON config (batch sizes, ZeRO stage, optimizer, scheduler, fp16/bf16)")
+      ->required();
+  train
+      ->add_option("--model", o->options.model,
+                   "Preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a JSON file with n_layer, n_head, "
+                   "n_embd, vocab_size, n_positions")
+      ->required();
+  train->add_option("--data", o->data, "Token file: little-endian uint16 ids (nanoGPT train.bin) or llm.c format")
+      ->required();
+  train->add_option("--steps", o->options.steps, "Total optimizer steps; a resumed run continues to this number")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  train->add_option("--save-dir", o->save_dir, "Run directory for checkpoints (step-NNNNNNNN folders and 'latest')");
+  train
+      ->add_option("--save-interval", o->options.save_interval,
+                   "Save every K steps (and at the end); 0: only at the end (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  train->add_option("--keep-last", o->options.keep_last, "Keep only the newest K checkpoints (default 0: keep all)")
+      ->check(CLI::NonNegativeNumber);
+  train->add_option("--resume", o->options.resume,
+                    "auto: continue from --save-dir's latest checkpoint if any (default); none; or a checkpoint path "
+                    "(any world size and ZeRO stage)");
+  train->add_option("--device", o->device, "cpu (default)");
+  train->add_option("--metrics", o->metrics,
+                    "Append one JSON object per step and per checkpoint to this file (rank 0)");
+  train->add_option("--seed", o->options.seed, "Seed of initialisation and data order (default 1234)");
+  train->add_option("--threads", o->options.threads, "Compute threads per rank (default: cores / ranks per node)")
+      ->check(CLI::NonNegativeNumber);
+  train->add_flag("-q,--quiet", o->options.quiet, "No console output but errors");
+  train->footer(
+      "Example: mpirun -n 2 shardkit train --config samples/configs/seed_zero2_auto.json --model gpt2-tiny \\\n"
+      "           --data runs/text.bin --steps 100 --save-dir runs/tiny --save-interval 25 --metrics runs/tiny.jsonl");
+  train->callback([&action, o, argc, argv] { action = [o, argc, argv] { return run_train(*o, argc, argv); }; });
+
+  struct EvalCli {
+    std::string checkpoint, data;
+    int64_t windows = 0;
+    int threads = 0;
+    bool json = false;
+  };
+  auto e = std::make_shared<EvalCli>();
+  CLI::App* eval = app.add_subcommand("eval", "Mean next-token cross-entropy of a checkpoint's weights");
+  eval->add_option("CKPT", e->checkpoint, "Step directory, or run directory (follows 'latest')")->required();
+  eval->add_option("--data", e->data, "Token file")->required();
+  eval->add_option("--windows", e->windows,
+                   "Windows of n_positions tokens to score, from the start (default: every full window, at most 64)")
+      ->check(CLI::NonNegativeNumber);
+  eval->add_option("--threads", e->threads, "Compute threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  eval->add_flag("--json", e->json, "Print {\"loss\", \"tokens\"}");
+  eval->footer("Example: shardkit eval runs/tiny --data runs/text.bin --windows 16 --json");
+  eval->callback([&action, e] {
+    action = [e] {
+      const trainer::EvalResult r = trainer::evaluate(e->checkpoint, e->data, e->windows, e->threads);
+      if (e->json) {
+        std::cout << nlohmann::json{{"loss", r.loss}, {"tokens", r.tokens}}.dump() << "\n";
+      } else {
+        std::printf("loss %.6f over %lld tokens (%lld windows)\n", r.loss, static_cast<long long>(r.tokens),
+                    static_cast<long long>(r.windows));
+      }
+      return 0;
+    };
+  });
+
+  auto paths = std::make_shared<std::pair<std::string, std::string>>();
+  CLI::App* data = app.add_subcommand("data", "Prepare token files");
+  data->require_subcommand(1);
+  CLI::App* encode = data->add_subcommand("encode", "Byte-level tokenisation of a text file (vocabulary of 256)");
+  encode->add_option("TEXT", paths->first, "Input text file")->required();
+  encode->add_option("-o,--output", paths->second, "Token file to write (uint16 little-endian)")->required();
+  encode->footer("Example: shardkit data encode samples/text/shardkit.txt -o runs/text.bin");
+  encode->callback([&action, paths] {
+    action = [paths] {
+      const int64_t n = trainer::encode_bytes(paths->first, paths->second);
+      std::printf("%s: %lld tokens (byte-level, vocabulary 256)\n", paths->second.c_str(), static_cast<long long>(n));
+      return 0;
+    };
+  });
+}
+
+}  // namespace shardkit::cli

@@ -1,0 +1,706 @@
+#include "trainer/ds_config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ckpt/error.hpp"
+
+namespace shardkit::trainer {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kWhere[] = "config.json";
+
+// The two configs of the seed article as printed there; samples/configs holds the same two.
+constexpr char kSeedFp16[] = R"({
+  "train_batch_size": 32,
+  "gradient_accumulation_steps": 4,
+  "fp16": {"enabled": true, "initial_scale_power": 16},
+  "zero_optimization": {
+    "stage": 2,
+    "allgather_partitions": true,
+    "reduce_scatter": true,
+    "overlap_comm": true,
+    "contiguous_gradients": true
+  }
+})";
+constexpr char kSeedAuto[] = R"({
+  "train_batch_size": "auto",
+  "train_micro_batch_size_per_gpu": 2,
+  "gradient_accumulation_steps": "auto",
+  "fp16": {
+    "enabled": true,
+    "loss_scale": 0,
+    "loss_scale_window": 500,
+    "initial_scale_power": 16,
+    "hysteresis": 2,
+    "min_loss_scale": 1
+  },
+  "zero_optimization": {
+    "stage": 2,
+    "overlap_comm": true,
+    "reduce_scatter": true,
+    "contiguous_gradients": true,
+    "reduce_bucket_size": 5e8,
+    "allgather_bucket_size": 5e8
+  },
+  "gradient_clipping": 1.0,
+  "wall_clock_breakdown": false
+})";
+
+DsConfig parse(const json& config, int world_size = 1, int64_t hidden_size = 0) {
+  return parse_ds_config(config, world_size, AutoContext{hidden_size}, kWhere);
+}
+
+// A minimal valid config (train batch 8) with `patch` merged into its top level.
+json with(const json& patch = json::object()) {
+  json config = {{"train_batch_size", 8}};
+  config.update(patch);
+  return config;
+}
+
+// The message of the Error(kInvalidInput) that parsing `config` must throw; "" (and a failure) if none.
+std::string error_of(const json& config, int world_size = 1) {
+  try {
+    parse(config, world_size);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "accepted: " << config.dump();
+  return "";
+}
+
+testing::AssertionResult Contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
+}
+
+// Every field of each struct, for comparing two configs field by field.
+auto fields(const Fp16Config& f) {
+  return std::tie(f.enabled, f.loss_scale, f.initial_scale_power, f.loss_scale_window, f.hysteresis,
+                  f.consecutive_hysteresis, f.min_loss_scale);
+}
+auto fields(const OffloadConfig& o) {
+  return std::tie(o.device, o.pin_memory);
+}
+auto fields(const ZeroConfig& z) {
+  return std::tie(z.stage, z.contiguous_gradients, z.reduce_scatter, z.overlap_comm, z.allgather_partitions,
+                  z.reduce_bucket_size, z.allgather_bucket_size, z.stage3_prefetch_bucket_size,
+                  z.stage3_param_persistence_threshold, z.stage3_max_live_parameters, z.stage3_max_reuse_distance,
+                  z.sub_group_size, z.round_robin_gradients);
+}
+auto fields(const OptimizerConfig& o) {
+  return std::tie(o.type, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.adam_w_mode, o.bias_correction, o.given);
+}
+auto fields(const SchedulerConfig& s) {
+  return std::tie(s.type, s.warmup_min_lr, s.warmup_max_lr, s.warmup_num_steps, s.warmup_type, s.total_num_steps,
+                  s.warmup_min_ratio, s.cos_min_ratio);
+}
+auto fields(const DsConfig& c) {
+  return std::tie(c.train_batch_size, c.micro_batch_per_gpu, c.gradient_accumulation_steps, c.bf16, c.gradient_clipping,
+                  c.steps_per_print, c.wall_clock_breakdown);
+}
+
+void expect_same(const DsConfig& a, const DsConfig& b) {
+  EXPECT_EQ(fields(a), fields(b));
+  EXPECT_EQ(fields(a.fp16), fields(b.fp16));
+  EXPECT_EQ(fields(a.zero), fields(b.zero));
+  EXPECT_EQ(fields(a.zero.offload_optimizer), fields(b.zero.offload_optimizer));
+  EXPECT_EQ(fields(a.zero.offload_param), fields(b.zero.offload_param));
+  EXPECT_EQ(fields(a.optimizer), fields(b.optimizer));
+  EXPECT_EQ(fields(a.scheduler), fields(b.scheduler));
+}
+
+// A fresh folder under the system temp dir, removed with its files at the end of the test.
+class TempDir {
+ public:
+  TempDir() : path_(std::filesystem::temp_directory_path() / ("shardkit_ds_config_test_" + random_suffix())) {
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  std::filesystem::path write(const std::string& name, const std::string& text) const {
+    const std::filesystem::path file = path_ / name;
+    std::ofstream(file, std::ios::binary) << text;
+    return file;
+  }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  static std::string random_suffix() {
+    std::random_device device;
+    return std::to_string(device()) + std::to_string(device());
+  }
+  std::filesystem::path path_;
+};
+
+TEST(DsConfigSeed, Fp16ConfigResolvesAtWorldSizesThatDivideIt) {
+  for (const int world_size : {1, 2, 4, 8}) {
+    SCOPED_TRACE("world size " + std::to_string(world_size));
+    const DsConfig c = parse(json::parse(kSeedFp16), world_size);
+    EXPECT_EQ(c.train_batch_size, 32);
+    EXPECT_EQ(c.gradient_accumulation_steps, 4);
+    EXPECT_EQ(c.micro_batch_per_gpu, 32 / world_size / 4);
+    EXPECT_TRUE(c.fp16.enabled);
+    EXPECT_EQ(c.fp16.initial_scale_power, 16);
+    EXPECT_EQ(c.fp16.hysteresis, 2);
+    EXPECT_EQ(c.fp16.loss_scale, 0);
+    EXPECT_EQ(c.zero.stage, 2);
+    EXPECT_TRUE(c.zero.overlap_comm);
+    EXPECT_TRUE(c.zero.reduce_scatter);
+    EXPECT_FALSE(c.optimizer.given);
+    EXPECT_EQ(c.gradient_clipping, 1.0);
+    EXPECT_EQ(c.steps_per_print, 10);
+    EXPECT_TRUE(c.warnings.empty());
+  }
+}
+
+TEST(DsConfigSeed, Fp16ConfigFailsAtWorldSizesThatDoNotDivideIt) {
+  EXPECT_EQ(error_of(json::parse(kSeedFp16), 3),
+            "config.json: train_batch_size 32 != train_micro_batch_size_per_gpu 2 * gradient_accumulation_steps 4 * "
+            "world size 3");
+  EXPECT_TRUE(Contains(error_of(json::parse(kSeedFp16), 16),
+                       "train_batch_size 32 != train_micro_batch_size_per_gpu 0 * gradient_accumulation_steps 4 * "
+                       "world size 16"));
+}
+
+TEST(DsConfigSeed, AutoConfigTakesTheBatchFromTheMicroBatch) {
+  for (const int world_size : {1, 3}) {
+    SCOPED_TRACE("world size " + std::to_string(world_size));
+    const DsConfig c = parse(json::parse(kSeedAuto), world_size);
+    EXPECT_EQ(c.micro_batch_per_gpu, 2);
+    EXPECT_EQ(c.gradient_accumulation_steps, 1);
+    EXPECT_EQ(c.train_batch_size, 2 * world_size);
+    EXPECT_EQ(c.fp16.loss_scale_window, 500);
+    EXPECT_EQ(c.fp16.min_loss_scale, 1);
+    EXPECT_EQ(c.zero.reduce_bucket_size, 500'000'000);
+    EXPECT_EQ(c.zero.allgather_bucket_size, 500'000'000);
+    EXPECT_FALSE(c.wall_clock_breakdown);
+    EXPECT_TRUE(c.warnings.empty());
+  }
+}
+
+TEST(DsConfigBatch, ResolvesEveryCaseOfTheRule) {
+  struct Case {
+    json config;
+    int world_size;
+    int64_t train, micro, gas;
+  };
+  const std::vector<Case> cases = {
+      {{{"train_batch_size", 16}, {"train_micro_batch_size_per_gpu", 4}, {"gradient_accumulation_steps", 2}},
+       2,
+       16,
+       4,
+       2},
+      {{{"train_batch_size", 16}, {"train_micro_batch_size_per_gpu", 4}}, 2, 16, 4, 2},
+      {{{"train_batch_size", 24}, {"train_micro_batch_size_per_gpu", 4}}, 3, 24, 4, 2},
+      {{{"train_batch_size", 16}, {"gradient_accumulation_steps", 2}}, 2, 16, 4, 2},
+      {{{"train_micro_batch_size_per_gpu", 4}, {"gradient_accumulation_steps", 2}}, 2, 16, 4, 2},
+      {{{"train_batch_size", 16}}, 2, 16, 8, 1},
+      {{{"train_micro_batch_size_per_gpu", 4}}, 2, 8, 4, 1},
+      // "auto" and null mean "not given"; integral floats are integers.
+      {{{"train_batch_size", "auto"}, {"train_micro_batch_size_per_gpu", 4}, {"gradient_accumulation_steps", nullptr}},
+       2,
+       8,
+       4,
+       1},
+      {{{"train_batch_size", 32.0}, {"train_micro_batch_size_per_gpu", 4e0}}, 1, 32, 4, 8},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.config.dump() + " at world size " + std::to_string(k.world_size));
+    const DsConfig c = parse(k.config, k.world_size);
+    EXPECT_EQ(c.train_batch_size, k.train);
+    EXPECT_EQ(c.micro_batch_per_gpu, k.micro);
+    EXPECT_EQ(c.gradient_accumulation_steps, k.gas);
+  }
+}
+
+TEST(DsConfigBatch, InconsistentSizesNameAllFourNumbers) {
+  // Integer division leaves a remainder that the check then catches.
+  EXPECT_EQ(error_of({{"train_batch_size", 10}, {"train_micro_batch_size_per_gpu", 3}}),
+            "config.json: train_batch_size 10 != train_micro_batch_size_per_gpu 3 * gradient_accumulation_steps 3 * "
+            "world size 1");
+  EXPECT_TRUE(Contains(error_of({{"train_batch_size", 7}}, 2),
+                       "train_batch_size 7 != train_micro_batch_size_per_gpu 3 * gradient_accumulation_steps 1 * "
+                       "world size 2"));
+  EXPECT_TRUE(Contains(
+      error_of({{"train_batch_size", 16}, {"train_micro_batch_size_per_gpu", 4}, {"gradient_accumulation_steps", 3}},
+               2),
+      "train_batch_size 16 != train_micro_batch_size_per_gpu 4 * gradient_accumulation_steps 3 * world size 2"));
+  EXPECT_TRUE(Contains(error_of({{"train_micro_batch_size_per_gpu", int64_t{1} << 40},
+                                 {"gradient_accumulation_steps", int64_t{1} << 40}}),
+                       "is too large"));
+}
+
+TEST(DsConfigBatch, NeedsTrainOrMicroBatchSize) {
+  for (const json& config : {json::object(), json{{"gradient_accumulation_steps", 4}},
+                             json{{"train_batch_size", "auto"}, {"train_micro_batch_size_per_gpu", nullptr}}}) {
+    EXPECT_EQ(error_of(config), "config.json: either train_batch_size or train_micro_batch_size_per_gpu must be given");
+  }
+}
+
+TEST(DsConfigBatch, RejectsNonPositiveAndFractionalSizes) {
+  EXPECT_EQ(error_of({{"train_batch_size", 0}}), "config.json: train_batch_size is 0, must be >= 1");
+  EXPECT_TRUE(Contains(error_of({{"train_micro_batch_size_per_gpu", -2}}), "train_micro_batch_size_per_gpu is -2"));
+  EXPECT_TRUE(Contains(error_of(with({{"gradient_accumulation_steps", 2.5}})),
+                       "gradient_accumulation_steps is 2.5, must be an integer"));
+  EXPECT_TRUE(Contains(error_of({{"train_batch_size", 8}}, 0), "world size 0"));
+}
+
+TEST(DsConfigAuto, ZeroSizesFollowTheHiddenSize) {
+  const json config = with({{"zero_optimization",
+                             {{"stage", 3},
+                              {"reduce_bucket_size", "auto"},
+                              {"stage3_prefetch_bucket_size", "auto"},
+                              {"stage3_param_persistence_threshold", "auto"}}}});
+  const DsConfig sized = parse(config, 1, 768);
+  EXPECT_EQ(sized.zero.reduce_bucket_size, 768 * 768);
+  EXPECT_EQ(sized.zero.stage3_prefetch_bucket_size, 530'841);  // floor(0.9 * 589824)
+  EXPECT_EQ(sized.zero.stage3_param_persistence_threshold, 7'680);
+  EXPECT_TRUE(sized.warnings.empty());
+
+  const DsConfig unsized = parse(config, 1, 0);
+  EXPECT_EQ(unsized.zero.reduce_bucket_size, 500'000'000);
+  EXPECT_EQ(unsized.zero.stage3_prefetch_bucket_size, 50'000'000);
+  EXPECT_EQ(unsized.zero.stage3_param_persistence_threshold, 100'000);
+
+  // A given number wins over the hidden size.
+  EXPECT_EQ(parse(with({{"zero_optimization", {{"reduce_bucket_size", 2e8}}}}), 1, 768).zero.reduce_bucket_size,
+            200'000'000);
+}
+
+TEST(DsConfigAuto, OtherAutoValuesTakeTheDefaults) {
+  const DsConfig c =
+      parse(with({{"gradient_clipping", "auto"},
+                  {"steps_per_print", "auto"},
+                  {"fp16", {{"enabled", "auto"}, {"loss_scale_window", "auto"}}},
+                  {"zero_optimization", {{"stage", 3}, {"overlap_comm", "auto"}}},
+                  {"optimizer",
+                   {{"type", "AdamW"},
+                    {"params", {{"lr", "auto"}, {"betas", "auto"}, {"eps", "auto"}, {"weight_decay", "auto"}}}}},
+                  {"scheduler",
+                   {{"type", "WarmupLR"}, {"params", {{"warmup_max_lr", "auto"}, {"warmup_num_steps", "auto"}}}}}}),
+            1, 768);
+  EXPECT_EQ(c.gradient_clipping, 1.0);
+  EXPECT_EQ(c.steps_per_print, 10);
+  EXPECT_FALSE(c.fp16.enabled);
+  EXPECT_EQ(c.fp16.loss_scale_window, 1000);
+  EXPECT_TRUE(c.zero.overlap_comm);  // stage 3's default
+  EXPECT_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_EQ(c.optimizer.beta2, 0.999);
+  EXPECT_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_FALSE(c.scheduler.warmup_max_lr.has_value());
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 1000);
+  EXPECT_TRUE(c.warnings.empty());
+}
+
+TEST(DsConfigPrecision, Fp16FieldsAndTheirDefaults) {
+  const Fp16Config defaults = parse(with({{"fp16", {{"enabled", true}}}})).fp16;
+  EXPECT_EQ(fields(defaults), fields(Fp16Config{true, 0, 16, 1000, 2, false, 1}));
+  const Fp16Config given = parse(with({{"fp16",
+                                        {{"enabled", true},
+                                         {"loss_scale", 128},
+                                         {"initial_scale_power", 12},
+                                         {"loss_scale_window", 200},
+                                         {"hysteresis", 1},
+                                         {"consecutive_hysteresis", true},
+                                         {"min_loss_scale", 0.25}}}}))
+                               .fp16;
+  EXPECT_EQ(fields(given), fields(Fp16Config{true, 128, 12, 200, 1, true, 0.25}));
+  EXPECT_TRUE(Contains(error_of(with({{"fp16", {{"min_loss_scale", 0}}}})), "fp16.min_loss_scale is 0"));
+  EXPECT_TRUE(Contains(error_of(with({{"fp16", {{"initial_scale_power", -1}}}})), "fp16.initial_scale_power is -1"));
+}
+
+TEST(DsConfigPrecision, Fp16AndBf16TogetherAreRejected) {
+  for (const char* bf16_key : {"bf16", "bfloat16"}) {
+    EXPECT_EQ(error_of(with({{"fp16", {{"enabled", true}}}, {bf16_key, {{"enabled", true}}}})),
+              "config.json: fp16.enabled and bf16.enabled are both true");
+  }
+  // Present but not both enabled: fine.
+  EXPECT_TRUE(parse(with({{"fp16", {{"enabled", false}}}, {"bf16", {{"enabled", true}}}})).bf16);
+}
+
+TEST(DsConfigPrecision, BfloatIsAnAliasOfBf16) {
+  const DsConfig alias = parse(with({{"bfloat16", {{"enabled", true}}}}));
+  EXPECT_TRUE(alias.bf16);
+  EXPECT_TRUE(alias.warnings.empty());
+  EXPECT_FALSE(parse(with()).bf16);
+  // With both spellings DeepSpeed reads "bf16".
+  const DsConfig both = parse(with({{"bf16", {{"enabled", false}}}, {"bfloat16", {{"enabled", true}}}}));
+  EXPECT_FALSE(both.bf16);
+  EXPECT_EQ(both.warnings, std::vector<std::string>{"bfloat16 ignored: bf16 is given"});
+}
+
+TEST(DsConfigZero, OverlapCommDefaultsToTrueOnlyAtStage3) {
+  for (const int stage : {0, 1, 2, 3}) {
+    EXPECT_EQ(parse(with({{"zero_optimization", {{"stage", stage}}}})).zero.overlap_comm, stage == 3)
+        << "stage " << stage;
+  }
+  EXPECT_FALSE(parse(with({{"zero_optimization", {{"stage", 3}, {"overlap_comm", false}}}})).zero.overlap_comm);
+  EXPECT_TRUE(parse(with({{"zero_optimization", {{"stage", 1}, {"overlap_comm", true}}}})).zero.overlap_comm);
+  EXPECT_FALSE(parse(with()).zero.overlap_comm);
+}
+
+TEST(DsConfigZero, ReadsEveryField) {
+  const DsConfig c = parse(with({{"zero_optimization",
+                                  {{"stage", 1},
+                                   {"contiguous_gradients", false},
+                                   {"reduce_scatter", false},
+                                   {"overlap_comm", true},
+                                   {"allgather_partitions", false},
+                                   {"reduce_bucket_size", 1000},
+                                   {"allgather_bucket_size", 2e3},
+                                   {"stage3_prefetch_bucket_size", 3000},
+                                   {"stage3_param_persistence_threshold", 4000},
+                                   {"stage3_max_live_parameters", 5000},
+                                   {"stage3_max_reuse_distance", 6000},
+                                   {"sub_group_size", 7000},
+                                   {"round_robin_gradients", true},
+                                   {"offload_optimizer", {{"device", "cpu"}, {"pin_memory", true}}},
+                                   {"offload_param", {{"device", "nvme"}, {"nvme_path", "/nvme"}}}}}}));
+  ZeroConfig expected;
+  expected.stage = 1;
+  expected.contiguous_gradients = false;
+  expected.reduce_scatter = false;
+  expected.overlap_comm = true;
+  expected.allgather_partitions = false;
+  expected.reduce_bucket_size = 1000;
+  expected.allgather_bucket_size = 2000;
+  expected.stage3_prefetch_bucket_size = 3000;
+  expected.stage3_param_persistence_threshold = 4000;
+  expected.stage3_max_live_parameters = 5000;
+  expected.stage3_max_reuse_distance = 6000;
+  expected.sub_group_size = 7000;
+  expected.round_robin_gradients = true;
+  EXPECT_EQ(fields(c.zero), fields(expected));
+  EXPECT_EQ(fields(c.zero.offload_optimizer), fields(OffloadConfig{"cpu", true}));
+  EXPECT_EQ(fields(c.zero.offload_param), fields(OffloadConfig{"nvme", false}));
+  EXPECT_TRUE(c.warnings.empty());  // offload keys shardkit does not use are accepted silently
+}
+
+TEST(DsConfigZero, RejectsBadStageOddAllgatherBucketAndUnknownDevice) {
+  EXPECT_EQ(error_of(with({{"zero_optimization", {{"stage", 4}}}})),
+            "config.json: zero_optimization.stage is 4, must be in [0, 3]");
+  EXPECT_TRUE(Contains(error_of(with({{"zero_optimization", {{"stage", -1}}}})), "zero_optimization.stage is -1"));
+  EXPECT_EQ(error_of(with({{"zero_optimization", {{"allgather_bucket_size", 500'000'001}}}})),
+            "config.json: zero_optimization.allgather_bucket_size is 500000001, must be even");
+  EXPECT_TRUE(Contains(error_of(with({{"zero_optimization", {{"offload_param", {{"device", "gpu"}}}}}})),
+                       "zero_optimization.offload_param.device is 'gpu', must be none, cpu or nvme"));
+}
+
+TEST(DsConfigZero, DeprecatedCpuOffloadMeansOptimizerOffloadToCpu) {
+  const DsConfig c = parse(with({{"zero_optimization", {{"stage", 2}, {"cpu_offload", true}}}}));
+  EXPECT_EQ(c.zero.offload_optimizer.device, "cpu");
+  EXPECT_EQ(c.zero.offload_param.device, "none");
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_TRUE(Contains(c.warnings[0], "zero_optimization.cpu_offload is deprecated"));
+  EXPECT_EQ(parse(with({{"zero_optimization", {{"cpu_offload", false}}}})).zero.offload_optimizer.device, "none");
+  EXPECT_TRUE(Contains(
+      error_of(with({{"zero_optimization", {{"cpu_offload", true}, {"offload_optimizer", {{"device", "cpu"}}}}}})),
+      "zero_optimization.cpu_offload is deprecated and cannot be given together with offload_optimizer"));
+}
+
+TEST(DsConfigOptimizer, AdamMeansAdamWUnlessAdamWModeIsFalse) {
+  const auto optimizer = [](const json& section) { return parse(with({{"optimizer", section}})); };
+  const DsConfig adam = optimizer({{"type", "Adam"}});
+  EXPECT_EQ(adam.optimizer.type, "Adam");
+  EXPECT_TRUE(adam.optimizer.adam_w_mode);
+  EXPECT_TRUE(adam.optimizer.given);
+
+  const DsConfig classic = optimizer({{"type", "adam"}, {"params", {{"adam_w_mode", false}}}});
+  EXPECT_EQ(classic.optimizer.type, "Adam");
+  EXPECT_FALSE(classic.optimizer.adam_w_mode);
+
+  const DsConfig adamw = optimizer({{"type", "ADAMW"}, {"params", {{"adam_w_mode", false}}}});
+  EXPECT_EQ(adamw.optimizer.type, "AdamW");
+  EXPECT_TRUE(adamw.optimizer.adam_w_mode);
+  EXPECT_EQ(adamw.warnings, std::vector<std::string>{
+                                "optimizer.params.adam_w_mode false ignored: AdamW always decouples weight decay"});
+}
+
+TEST(DsConfigOptimizer, ReadsParamsAndDefaultsWithoutASection) {
+  const DsConfig c = parse(with({{"optimizer",
+                                  {{"type", "AdamW"},
+                                   {"params",
+                                    {{"lr", 3e-4},
+                                     {"betas", {0.8, 0.95}},
+                                     {"eps", 1e-6},
+                                     {"weight_decay", 0.1},
+                                     {"bias_correction", false},
+                                     {"torch_adam", true}}}}}}));
+  EXPECT_EQ(fields(c.optimizer), fields(OptimizerConfig{"AdamW", 3e-4, 0.8, 0.95, 1e-6, 0.1, true, false, true}));
+  EXPECT_TRUE(c.warnings.empty());
+
+  const OptimizerConfig defaults = parse(with()).optimizer;
+  EXPECT_EQ(fields(defaults), fields(OptimizerConfig{"AdamW", 1e-3, 0.9, 0.999, 1e-8, 0.0, true, true, false}));
+}
+
+TEST(DsConfigOptimizer, RejectsUnsupportedTypesMaxGradNormAndBadBetas) {
+  for (const char* type : {"SGD", "Lamb", "OneBitAdam"}) {
+    const std::string message = error_of(with({{"optimizer", {{"type", type}}}}));
+    EXPECT_TRUE(Contains(message, std::string("optimizer.type '") + type + "' is not supported"));
+    EXPECT_TRUE(Contains(message, "supported: Adam, AdamW"));
+  }
+  const std::string clip = error_of(with({{"optimizer", {{"type", "Adam"}, {"params", {{"max_grad_norm", 1.0}}}}}}));
+  EXPECT_TRUE(Contains(clip, "optimizer.params.max_grad_norm"));
+  EXPECT_TRUE(Contains(clip, "gradient_clipping"));
+  for (const json& betas : {json{0.9}, json{0.9, 1.0}, json{0.9, "x"}, json(0.9)}) {
+    EXPECT_TRUE(Contains(error_of(with({{"optimizer", {{"params", {{"betas", betas}}}}}})), "optimizer.params.betas"))
+        << betas.dump();
+  }
+}
+
+TEST(DsConfigScheduler, ReadsEachTypeWithItsParams) {
+  EXPECT_EQ(parse(with()).scheduler.type, SchedulerType::kNone);
+
+  const SchedulerConfig warmup = parse(with({{"scheduler",
+                                              {{"type", "WarmupLR"},
+                                               {"params",
+                                                {{"warmup_min_lr", 1e-5},
+                                                 {"warmup_max_lr", 3e-4},
+                                                 {"warmup_num_steps", 100},
+                                                 {"warmup_type", "linear"}}}}}}))
+                                     .scheduler;
+  EXPECT_EQ(warmup.type, SchedulerType::kWarmupLR);
+  EXPECT_EQ(warmup.warmup_min_lr, 1e-5);
+  EXPECT_EQ(warmup.warmup_max_lr, 3e-4);
+  EXPECT_EQ(warmup.warmup_num_steps, 100);
+  EXPECT_EQ(warmup.warmup_type, "linear");
+
+  const SchedulerConfig decay =
+      parse(with({{"scheduler", {{"type", "WarmupDecayLR"}, {"params", {{"total_num_steps", 1000}}}}}})).scheduler;
+  EXPECT_EQ(decay.type, SchedulerType::kWarmupDecayLR);
+  EXPECT_EQ(decay.total_num_steps, 1000);
+  EXPECT_FALSE(decay.warmup_max_lr.has_value());
+  EXPECT_EQ(decay.warmup_type, "log");
+
+  const SchedulerConfig cosine = parse(with({{"scheduler",
+                                              {{"type", "WarmupCosineLR"},
+                                               {"params",
+                                                {{"total_num_steps", 500},
+                                                 {"warmup_min_ratio", 0.1},
+                                                 {"cos_min_ratio", 0.01},
+                                                 {"warmup_num_steps", 50}}}}}}))
+                                     .scheduler;
+  EXPECT_EQ(cosine.type, SchedulerType::kWarmupCosineLR);
+  EXPECT_EQ(cosine.total_num_steps, 500);
+  EXPECT_EQ(cosine.warmup_min_ratio, 0.1);
+  EXPECT_EQ(cosine.cos_min_ratio, 0.01);
+  EXPECT_EQ(cosine.warmup_num_steps, 50);
+}
+
+TEST(DsConfigScheduler, RejectsUnknownTypesMissingTotalAndBadWarmupType) {
+  for (const char* type : {"OneCycle", "warmuplr"}) {  // DeepSpeed matches scheduler names exactly
+    const std::string message = error_of(with({{"scheduler", {{"type", type}}}}));
+    EXPECT_TRUE(Contains(message, std::string("scheduler.type '") + type + "' is not supported"));
+    EXPECT_TRUE(Contains(message, "supported: WarmupLR, WarmupDecayLR, WarmupCosineLR"));
+  }
+  for (const char* type : {"WarmupDecayLR", "WarmupCosineLR"}) {
+    EXPECT_EQ(error_of(with({{"scheduler", {{"type", type}}}})),
+              std::string("config.json: scheduler.params.total_num_steps is required for ") + type);
+  }
+  EXPECT_EQ(error_of(with({{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_type", "exp"}}}}}})),
+            "config.json: scheduler.params.warmup_type is 'exp', must be log or linear");
+}
+
+TEST(DsConfigScalars, DefaultsAndBounds) {
+  const DsConfig defaults = parse(with({{"steps_per_print", nullptr}}));
+  EXPECT_EQ(defaults.gradient_clipping, 1.0);
+  EXPECT_EQ(defaults.steps_per_print, 10);
+  EXPECT_FALSE(defaults.wall_clock_breakdown);
+
+  const DsConfig given =
+      parse(with({{"gradient_clipping", 0}, {"steps_per_print", 50}, {"wall_clock_breakdown", true}}));
+  EXPECT_EQ(given.gradient_clipping, 0.0);
+  EXPECT_EQ(given.steps_per_print, 50);
+  EXPECT_TRUE(given.wall_clock_breakdown);
+
+  EXPECT_EQ(error_of(with({{"gradient_clipping", -1.0}})), "config.json: gradient_clipping is -1.0, must be >= 0.0");
+  EXPECT_EQ(error_of(with({{"steps_per_print", 0}})), "config.json: steps_per_print is 0, must be >= 1");
+}
+
+TEST(DsConfigKeys, UnknownKeysWarnWithTheirPath) {
+  DsConfig c = parse(with({{"foo", 1},
+                           {"fp16", {{"bar", 1}}},
+                           {"bf16", {{"baz", 1}}},
+                           {"zero_optimization", {{"qux", 1}}},
+                           {"optimizer", {{"type", "Adam"}, {"extra", 1}, {"params", {{"amsgrad", false}}}}},
+                           {"scheduler", {{"type", "WarmupLR"}, {"x", 1}, {"params", {{"total_num_steps", 9}}}}}}));
+  std::vector<std::string> expected = {
+      "unknown key 'foo' ignored",
+      "unknown key 'fp16.bar' ignored",
+      "unknown key 'bf16.baz' ignored",
+      "unknown key 'zero_optimization.qux' ignored",
+      "unknown key 'optimizer.extra' ignored",
+      "unknown key 'optimizer.params.amsgrad' ignored",
+      "unknown key 'scheduler.x' ignored",
+      "unknown key 'scheduler.params.total_num_steps' ignored",  // WarmupLR has no total
+  };
+  std::sort(c.warnings.begin(), c.warnings.end());
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(c.warnings, expected);
+}
+
+TEST(DsConfigKeys, KnownButUnusedKeysAreSilent) {
+  json config = with({{"fp16", {{"auto_cast", false}}},
+                      {"bf16", {{"check_grad_overflow", true}}},
+                      {"zero_optimization", {{"stage3_gather_16bit_weights_on_model_save", true}}},
+                      {"optimizer", {{"type", "Adam"}, {"params", {{"torch_adam", false}}}}},
+                      {"scheduler", {{"type", "WarmupLR"}, {"params", {{"last_batch_iteration", -1}}}}}});
+  for (const char* key :
+       {"zero_allow_untested_optimizer", "prescale_gradients", "gradient_predivide_factor", "communication_data_type",
+        "dump_state", "memory_breakdown", "sparse_gradients", "checkpoint", "data_types", "flops_profiler",
+        "tensorboard", "wandb", "csv_monitor", "activation_checkpointing", "aio", "comms_logger"}) {
+    config[key] = json::object();
+  }
+  EXPECT_EQ(parse(config).warnings, std::vector<std::string>{});
+}
+
+TEST(DsConfigKeys, WrongTypesNameTheKey) {
+  const std::vector<std::pair<json, std::string>> cases = {
+      {with({{"train_batch_size", "32"}}), "config.json: train_batch_size must be an integer, got \"32\""},
+      {with({{"zero_optimization", {{"stage", "2"}}}}), "config.json: zero_optimization.stage must be an integer"},
+      {with({{"fp16", {{"enabled", 1}}}}), "config.json: fp16.enabled must be true or false, got 1"},
+      {with({{"optimizer", {{"params", {{"lr", "fast"}}}}}}), "config.json: optimizer.params.lr must be a number"},
+      {with({{"zero_optimization", {1, 2}}}), "config.json: zero_optimization must be an object, got array"},
+      {with({{"scheduler", {{"type", 3}}}}), "config.json: scheduler.type must be a string, got 3"},
+      {with({{"gradient_clipping", true}}), "config.json: gradient_clipping must be a number, got true"},
+      {with({{"zero_optimization", {{"offload_optimizer", {{"pin_memory", "yes"}}}}}}),
+       "config.json: zero_optimization.offload_optimizer.pin_memory must be true or false"},
+      {json::array({1}), "config.json: the config must be an object, got array"},
+  };
+  for (const auto& [config, message] : cases) EXPECT_TRUE(Contains(error_of(config), message));
+}
+
+TEST(DsConfigRoundTrip, ParseOfToJsonGivesTheSameConfig) {
+  const std::vector<json> configs = {
+      json::parse(kSeedFp16),
+      json::parse(kSeedAuto),
+      with(
+          {{"fp16",
+            {{"enabled", true}, {"loss_scale", 1024.5}, {"consecutive_hysteresis", true}, {"min_loss_scale", 0.5}}},
+           {"zero_optimization",
+            {{"stage", 3},
+             {"reduce_bucket_size", "auto"},
+             {"sub_group_size", 1e6},
+             {"offload_optimizer", {{"device", "cpu"}, {"pin_memory", true}}},
+             {"offload_param", {{"device", "nvme"}}}}},
+           {"optimizer",
+            {{"type", "adam"}, {"params", {{"lr", 6e-4}, {"adam_w_mode", false}, {"betas", {0.9, 0.95}}}}}},
+           {"scheduler", {{"type", "WarmupDecayLR"}, {"params", {{"total_num_steps", 5000}, {"warmup_max_lr", 6e-4}}}}},
+           {"gradient_clipping", 0.3},
+           {"steps_per_print", 7},
+           {"wall_clock_breakdown", true}}),
+      with({{"bf16", {{"enabled", true}}},
+            {"optimizer", {{"type", "AdamW"}}},
+            {"scheduler",
+             {{"type", "WarmupCosineLR"}, {"params", {{"total_num_steps", 100}, {"cos_min_ratio", 0.1}}}}}}),
+      with({{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_type", "linear"}}}}}}),
+  };
+  for (const json& config : configs) {
+    SCOPED_TRACE(config.dump());
+    const DsConfig c = parse(config, 2, 64);
+    const json out = to_json(c);
+    const DsConfig back = parse(json::parse(out.dump()), 2, 64);  // through text, as a manifest stores it
+    expect_same(c, back);
+    EXPECT_TRUE(back.warnings.empty());
+    EXPECT_EQ(to_json(back), out);
+  }
+}
+
+TEST(DsConfigRoundTrip, ToJsonIsShapedLikeADeepSpeedConfig) {
+  const json out = to_json(parse(json::parse(kSeedFp16), 2));
+  EXPECT_EQ(out["train_batch_size"], 32);
+  EXPECT_EQ(out["train_micro_batch_size_per_gpu"], 4);
+  EXPECT_EQ(out["gradient_accumulation_steps"], 4);
+  EXPECT_EQ(out["fp16"]["initial_scale_power"], 16);
+  EXPECT_EQ(out["bf16"], (json{{"enabled", false}}));
+  EXPECT_EQ(out["zero_optimization"]["stage3_prefetch_bucket_size"], 50'000'000);
+  EXPECT_EQ(out["zero_optimization"]["offload_param"], (json{{"device", "none"}, {"pin_memory", false}}));
+  EXPECT_EQ(out["gradient_clipping"], 1.0);
+  EXPECT_EQ(out["steps_per_print"], 10);
+  EXPECT_FALSE(out.contains("optimizer"));  // not given: left out, so that it reads back as not given
+  EXPECT_FALSE(out.contains("scheduler"));
+
+  const json adam = to_json(parse(with({{"optimizer", {{"type", "Adam"}}}, {"scheduler", {{"type", "WarmupLR"}}}})));
+  EXPECT_EQ(adam["optimizer"]["type"], "Adam");
+  EXPECT_EQ(adam["optimizer"]["params"]["betas"], json::array({0.9, 0.999}));
+  EXPECT_EQ(adam["optimizer"]["params"]["adam_w_mode"], true);
+  EXPECT_EQ(adam["scheduler"]["type"], "WarmupLR");
+  EXPECT_FALSE(adam["scheduler"]["params"].contains("warmup_max_lr"));  // unset: the optimizer's lr
+}
+
+TEST(DsConfigLoad, ReadsAFileWithComments) {
+  const TempDir dir;
+  const std::filesystem::path file = dir.write("ds_config.json", R"(// ZeRO-1 on two ranks
+{
+  "train_batch_size": 16,  // global batch
+  /* a block comment */
+  "zero_optimization": {"stage": 1}
+})");
+  const DsConfig c = load_ds_config(file, 2, {});
+  EXPECT_EQ(c.micro_batch_per_gpu, 8);
+  EXPECT_EQ(c.zero.stage, 1);
+
+  try {
+    load_ds_config(file, 3, {});
+    FAIL() << "inconsistent world size accepted";
+  } catch (const Error& e) {
+    EXPECT_TRUE(std::string(e.what()).starts_with(file.string() + ": train_batch_size 16 != ")) << e.what();
+  }
+}
+
+TEST(DsConfigLoad, MissingOrInvalidFilesAreInputErrors) {
+  const TempDir dir;
+  const std::vector<std::pair<std::filesystem::path, std::string>> cases = {
+      {dir.path() / "absent.json", ": no such file"},
+      {dir.write("broken.json", "{\"train_batch_size\": 8,}"), ": not valid JSON"},
+      {dir.write("empty.json", ""), ": not valid JSON"},
+      {dir.path(), ": is a directory"},
+  };
+  for (const auto& [file, suffix] : cases) {
+    try {
+      load_ds_config(file, 1, {});
+      ADD_FAILURE() << file << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+      EXPECT_EQ(e.what(), file.string() + suffix);
+    }
+  }
+}
+
+TEST(DsConfigLoad, SampleFilesHoldTheSeedConfigs) {
+  struct Sample {
+    const char* file;
+    const char* text;
+    int64_t train_batch_at_world_size_4;
+  };
+  // tests/trainer/ -> the repository root.
+  const std::filesystem::path samples =
+      std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "samples" / "configs";
+  for (const Sample& sample :
+       {Sample{"seed_zero2_fp16.json", kSeedFp16, 32}, Sample{"seed_zero2_auto.json", kSeedAuto, 8}}) {
+    SCOPED_TRACE(sample.file);
+    std::ifstream in(samples / sample.file);
+    ASSERT_TRUE(in) << "cannot open " << samples / sample.file;
+    EXPECT_EQ(json::parse(in), json::parse(sample.text));
+    EXPECT_EQ(load_ds_config(samples / sample.file, 4, {}).train_batch_size, sample.train_batch_at_world_size_4);
+  }
+}
+
+}  // namespace
+}  // namespace shardkit::trainer

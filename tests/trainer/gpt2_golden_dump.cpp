@@ -1,0 +1,76 @@
+// Writes what the PyTorch reference (golden_pytorch.py) checks: gpt2-tiny's initial weights for a seed,
+// and the loss and every gradient of one forward/backward pass over the windows of a token file,
+// computed by the C++ model. Files: OUT/init/<tensor>.f32, OUT/grad/<tensor>.f32 (raw little-endian
+// fp32, row-major in the tensor table's shapes) and OUT/loss.json.
+//
+// Usage: gpt2_golden_dump TOKENS.bin SEED OUT_DIR
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trainer/data.hpp"
+#include "trainer/dense_params.hpp"
+#include "trainer/gemm.hpp"
+#include "trainer/gpt2.hpp"
+#include "trainer/init.hpp"
+#include "trainer/model_config.hpp"
+
+namespace {
+
+void write_raw(const std::filesystem::path& path, const std::vector<float>& values) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(float)));
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace shardkit::trainer;
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: %s TOKENS.bin SEED OUT_DIR\n", argv[0]);
+    return 2;
+  }
+  const std::filesystem::path out_dir = argv[3];
+  const uint64_t seed = std::stoull(argv[2]);
+  set_compute_threads(1);
+  const GptConfig config = resolve_model("gpt2-tiny");
+  const auto table = gpt2_tensor_table(config);
+  DenseParams params(table);
+  for (size_t t = 0; t < table.size(); ++t) {
+    init_gpt2_values(config, table[t], seed, 0, params.values(static_cast<int>(t)));
+  }
+
+  // Every window of the file, in order, as one batch.
+  const TokenFile tokens(argv[1]);
+  const int T = config.n_positions;
+  const int B = static_cast<int>((tokens.size() - 1) / T);
+  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(static_cast<size_t>(B) * T);
+  for (int i = 0; i < B * T; ++i) {
+    const int64_t pos = (i / T) * T + i % T;
+    inputs[static_cast<size_t>(i)] = tokens.tokens()[pos];
+    targets[static_cast<size_t>(i)] = tokens.tokens()[pos + 1];
+  }
+  Gpt2 model(config, B, T);
+  const double loss = model.forward_backward(params, inputs.data(), targets.data(), B, T, 1.0f);
+  const double eval_loss = model.forward(params, inputs.data(), targets.data(), B, T);
+
+  std::filesystem::create_directories(out_dir / "init");
+  std::filesystem::create_directories(out_dir / "grad");
+  for (size_t t = 0; t < table.size(); ++t) {
+    write_raw(out_dir / "init" / (table[t].name + ".f32"), params.values(static_cast<int>(t)));
+    write_raw(out_dir / "grad" / (table[t].name + ".f32"), params.gradient(static_cast<int>(t)));
+  }
+  std::ofstream(out_dir / "loss.json") << nlohmann::json{{"loss", loss},
+                                                         {"eval_loss", eval_loss},
+                                                         {"batch", B},
+                                                         {"seq_len", T},
+                                                         {"model", to_json(config)}}
+                                              .dump()
+                                       << "\n";
+  return 0;
+}

@@ -1,0 +1,554 @@
+// Reads a DeepSpeed JSON config the way DeepSpeed 0.19 does (formats.md §2): batch-size resolution,
+// fp16/bf16, zero_optimization, optimizer, scheduler and the few scalar keys the trainer uses, with
+// Hugging Face's "auto" values resolved. Keys DeepSpeed knows but shardkit does not use are accepted
+// silently; unknown keys become warnings; anything the trainer cannot run with is an error.
+#include "trainer/ds_config.hpp"
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <set>
+#include <span>
+#include <sstream>
+#include <utility>
+
+#include "ckpt/error.hpp"
+
+namespace shardkit::trainer {
+namespace {
+
+using nlohmann::json;
+
+// Upper bound of every unbounded integer key: far beyond any real value, and exact as a double, so
+// that integral floats (5e8) can be range-checked before the conversion.
+constexpr int64_t kMaxInteger = int64_t{1} << 62;
+constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+constexpr double kNoLimit = std::numeric_limits<double>::infinity();
+// h * h * 9 (the "auto" prefetch bucket) must fit in an int64.
+constexpr int64_t kMaxHiddenSize = int64_t{1} << 24;
+
+// Keys DeepSpeed knows that shardkit does not use, accepted without a warning (formats.md §2).
+constexpr const char* kUnusedTopLevelKeys[] = {"zero_allow_untested_optimizer",
+                                               "zero_force_ds_cpu_optimizer",
+                                               "prescale_gradients",
+                                               "gradient_predivide_factor",
+                                               "communication_data_type",
+                                               "dump_state",
+                                               "memory_breakdown",
+                                               "sparse_gradients",
+                                               "dataloader_drop_last",
+                                               "checkpoint",
+                                               "data_types",
+                                               "flops_profiler",
+                                               "tensorboard",
+                                               "wandb",
+                                               "csv_monitor",
+                                               "comms_logger",
+                                               "activation_checkpointing",
+                                               "aio",
+                                               "amp",
+                                               "autotuning",
+                                               "elasticity",
+                                               "pipeline",
+                                               "compression_training",
+                                               "curriculum_learning",
+                                               "data_efficiency"};
+constexpr const char* kUnusedFp16Keys[] = {"auto_cast", "fp16_master_weights_and_grads"};
+constexpr const char* kUnusedBf16Keys[] = {"check_grad_overflow", "immediate_grad_update",
+                                           "bf16_master_weights_and_grads", "bf16_optimizer_states"};
+constexpr const char* kUnusedZeroKeys[] = {"use_multi_rank_bucket_allreduce",
+                                           "load_from_fp32_weights",
+                                           "elastic_checkpoint",
+                                           "stage3_model_persistence_threshold",
+                                           "stage3_gather_16bit_weights_on_model_save",
+                                           "stage3_gather_fp16_weights_on_model_save",
+                                           "ignore_unused_parameters",
+                                           "legacy_stage1",
+                                           "mics_shard_size",
+                                           "mics_hierarchical_params_gather",
+                                           "memory_efficient_linear",
+                                           "zero_hpz_partition_size",
+                                           "zero_quantized_weights",
+                                           "zero_quantized_gradients"};
+// torch_adam picks torch's Adam over DeepSpeed's fused one: the same update.
+constexpr const char* kUnusedAdamParams[] = {"torch_adam"};
+// The resume position comes from the checkpoint instead.
+constexpr const char* kUnusedSchedulerParams[] = {"last_batch_iteration"};
+
+// Where errors and warnings go: the file name that starts every error, and the config's warnings.
+struct Report {
+  const std::string& where;
+  std::vector<std::string>& warnings;
+};
+
+// A scalar as it appears in the config; objects and arrays by their type only, to keep errors short.
+std::string describe(const json& value) {
+  return value.is_structured() ? std::string(value.type_name()) : value.dump();
+}
+
+// "must be >= 1" or "must be in [0, 3]", with the numbers formatted as JSON writes them.
+template <typename T>
+std::string range_text(T lo, T hi, T unbounded) {
+  if (hi == unbounded) return "must be >= " + json(lo).dump();
+  return "must be in [" + json(lo).dump() + ", " + json(hi).dump() + "]";
+}
+
+// One JSON object of the config (the top level or a section such as "zero_optimization"): typed
+// access to its keys, errors naming "<file>: <section>.<key>", and a record of the keys looked at so
+// that the others can be reported as unknown. Absent keys, null and "auto" all mean "use the
+// default": every accessor returns std::nullopt for them.
+class Section {
+ public:
+  Section(const json& object, std::string path, Report& report)
+      : object_(object), path_(std::move(path)), report_(report) {
+    const std::string what = path_.empty() ? "the config" : path_;
+    if (!object_.is_object()) reject(what + " must be an object, got " + describe(object_));
+  }
+
+  std::string name(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+
+  [[noreturn]] void bad(const std::string& key, const std::string& what) const { reject(name(key) + " " + what); }
+
+  // An error about the section as a whole (or about several of its keys).
+  [[noreturn]] void reject(const std::string& what) const {
+    fail(ErrorKind::kInvalidInput, report_.where + ": " + what);
+  }
+
+  void warn(const std::string& line) { report_.warnings.push_back(line); }
+
+  // The value of `key`, or nullptr when it is absent, null or "auto". Marks the key as known.
+  const json* find(const std::string& key) {
+    known_.insert(key);
+    const auto it = object_.find(key);
+    if (it == object_.end() || it->is_null() || *it == "auto") return nullptr;
+    return &*it;
+  }
+
+  bool has(const std::string& key) { return find(key) != nullptr; }
+
+  bool is_auto(const std::string& key) {
+    known_.insert(key);
+    const auto it = object_.find(key);
+    return it != object_.end() && *it == "auto";
+  }
+
+  // An integer in [lo, hi]; integral floats such as 5e8 count as integers (Python reads 5e8 as a float
+  // and DeepSpeed's pydantic models accept it for an int field), 2.5 does not.
+  std::optional<int64_t> integer(const std::string& key, int64_t lo, int64_t hi) {
+    const json* v = find(key);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_number()) bad(key, "must be an integer, got " + describe(*v));
+    if (v->is_number_float()) {
+      const double x = v->get<double>();
+      if (x != std::floor(x)) bad(key, "is " + v->dump() + ", must be an integer");
+      if (!(x >= static_cast<double>(lo) && x <= static_cast<double>(hi))) out_of_range(key, *v, lo, hi);
+      return static_cast<int64_t>(x);
+    }
+    const bool too_large = v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(kMaxInteger);
+    if (too_large || v->get<int64_t>() < lo || v->get<int64_t>() > hi) out_of_range(key, *v, lo, hi);
+    return v->get<int64_t>();
+  }
+
+  std::optional<double> number(const std::string& key, double lo, double hi) {
+    const json* v = find(key);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_number()) bad(key, "must be a number, got " + describe(*v));
+    const double x = v->get<double>();
+    if (!(x >= lo && x <= hi)) bad(key, "is " + v->dump() + ", " + range_text(lo, hi, kNoLimit));
+    return x;
+  }
+
+  std::optional<bool> flag(const std::string& key) {
+    const json* v = find(key);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_boolean()) bad(key, "must be true or false, got " + describe(*v));
+    return v->get<bool>();
+  }
+
+  std::optional<std::string> text(const std::string& key) {
+    const json* v = find(key);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_string()) bad(key, "must be a string, got " + describe(*v));
+    return v->get<std::string>();
+  }
+
+  // The object at `key` as a section; an empty one when the key is absent, null or "auto".
+  Section child(const std::string& key) {
+    static const json kEmpty = json::object();
+    const json* v = find(key);
+    return Section(v != nullptr ? *v : kEmpty, name(key), report_);
+  }
+
+  // Keys DeepSpeed knows that shardkit does not use: accepted without a warning.
+  void accept(std::span<const char* const> keys) { known_.insert(keys.begin(), keys.end()); }
+
+  void warn_unknown() {
+    for (const auto& [key, value] : object_.items()) {
+      if (!known_.contains(key)) warn("unknown key '" + name(key) + "' ignored");
+    }
+  }
+
+ private:
+  [[noreturn]] void out_of_range(const std::string& key, const json& value, int64_t lo, int64_t hi) const {
+    bad(key, "is " + value.dump() + ", " + range_text(lo, hi, kMaxInteger));
+  }
+
+  const json& object_;
+  std::string path_;
+  Report& report_;
+  std::set<std::string> known_;
+};
+
+// Stores a value that the config gives and keeps the default otherwise; returns whether it was given.
+template <typename T, typename U>
+bool set_if(const std::optional<T>& value, U& out) {
+  if (value) out = static_cast<U>(*value);
+  return value.has_value();
+}
+
+// "train_micro_batch_size_per_gpu 2 * gradient_accumulation_steps 4 * world size 3"
+std::string batch_factors(int64_t micro, int64_t gas, int64_t world_size) {
+  return "train_micro_batch_size_per_gpu " + std::to_string(micro) + " * gradient_accumulation_steps " +
+         std::to_string(gas) + " * world size " + std::to_string(world_size);
+}
+
+// Train, micro and accumulation batch sizes by DeepSpeed's resolution rule (formats.md §2.1).
+void resolve_batch(Section& top, int64_t world_size, DsConfig& c) {
+  const std::optional<int64_t> train = top.integer("train_batch_size", 1, kMaxInteger);
+  const std::optional<int64_t> micro = top.integer("train_micro_batch_size_per_gpu", 1, kMaxInteger);
+  const std::optional<int64_t> gas = top.integer("gradient_accumulation_steps", 1, kMaxInteger);
+  if (!train && !micro) top.reject("either train_batch_size or train_micro_batch_size_per_gpu must be given");
+  // The six cases of §2.1 in two lines: a missing gas is train / micro / ws when both are given and 1
+  // otherwise; a missing micro is train / ws / gas (train is given then).
+  c.gradient_accumulation_steps = gas.value_or(train && micro ? *train / *micro / world_size : 1);
+  c.micro_batch_per_gpu = micro.value_or(*train / world_size / c.gradient_accumulation_steps);
+  const std::string factors = batch_factors(c.micro_batch_per_gpu, c.gradient_accumulation_steps, world_size);
+  // Checked in floating point first: given micro and gas sizes can make the int64 product overflow.
+  const double approximate = static_cast<double>(c.micro_batch_per_gpu) * c.gradient_accumulation_steps * world_size;
+  if (approximate > static_cast<double>(kMaxInteger)) top.reject(factors + " is too large");
+  const int64_t product = c.micro_batch_per_gpu * c.gradient_accumulation_steps * world_size;
+  c.train_batch_size = train.value_or(product);
+  // Given sizes are positive, so a product equal to the train size has positive factors.
+  if (c.train_batch_size != product) {
+    top.reject("train_batch_size " + std::to_string(c.train_batch_size) + " != " + factors);
+  }
+}
+
+Fp16Config parse_fp16(Section fp16) {
+  Fp16Config out;
+  set_if(fp16.flag("enabled"), out.enabled);
+  set_if(fp16.number("loss_scale", 0, kNoLimit), out.loss_scale);
+  // 2^127 is the largest power of two a float32 holds.
+  set_if(fp16.integer("initial_scale_power", 0, 127), out.initial_scale_power);
+  set_if(fp16.integer("loss_scale_window", 1, kMaxInteger), out.loss_scale_window);
+  set_if(fp16.integer("hysteresis", 1, kMaxInt), out.hysteresis);
+  set_if(fp16.flag("consecutive_hysteresis"), out.consecutive_hysteresis);
+  // A zero floor would let the dynamic scale halve down to 0 and zero every gradient.
+  if (set_if(fp16.number("min_loss_scale", 0, kNoLimit), out.min_loss_scale) && out.min_loss_scale == 0) {
+    fp16.bad("min_loss_scale", "is 0, must be positive");
+  }
+  fp16.accept(kUnusedFp16Keys);
+  fp16.warn_unknown();
+  return out;
+}
+
+// "bf16" or its older spelling "bfloat16"; DeepSpeed reads "bf16" when both are given.
+bool parse_bf16(Section& top) {
+  const bool has_new = top.has("bf16");
+  if (has_new && top.has("bfloat16")) top.warn("bfloat16 ignored: bf16 is given");
+  Section bf16 = top.child(has_new ? "bf16" : "bfloat16");
+  bool enabled = false;
+  set_if(bf16.flag("enabled"), enabled);
+  bf16.accept(kUnusedBf16Keys);
+  bf16.warn_unknown();
+  return enabled;
+}
+
+// offload_optimizer / offload_param, or the deprecated boolean that stood for {"device": "cpu"}.
+OffloadConfig parse_offload(Section& zero, const std::string& key, const std::string& deprecated_key) {
+  OffloadConfig out;
+  if (const std::optional<bool> legacy = zero.flag(deprecated_key)) {
+    if (zero.has(key)) zero.bad(deprecated_key, "is deprecated and cannot be given together with " + key);
+    zero.warn(zero.name(deprecated_key) + " is deprecated (use " + zero.name(key) + ")");
+    if (*legacy) out.device = "cpu";
+    return out;
+  }
+  // The other keys (nvme_path, buffer_count, ratio, ...) tune DeepSpeed's swapper, which shardkit
+  // does not have: they are accepted without a warning.
+  Section offload = zero.child(key);
+  set_if(offload.text("device"), out.device);
+  if (out.device != "none" && out.device != "cpu" && out.device != "nvme") {
+    offload.bad("device", "is '" + out.device + "', must be none, cpu or nvme");
+  }
+  set_if(offload.flag("pin_memory"), out.pin_memory);
+  return out;
+}
+
+// "auto" bucket sizes as Hugging Face's Trainer fills them from the model's hidden size. The Trainer
+// fills the two stage3_ keys only at stage 3; they are unused below stage 3, so filling them always
+// changes nothing there and keeps the rule simple.
+void resolve_auto_sizes(Section& zero, int64_t hidden_size, ZeroConfig& out) {
+  if (hidden_size == 0) return;  // no model size known: "auto" keeps the defaults
+  const int64_t h = hidden_size;
+  if (zero.is_auto("reduce_bucket_size")) out.reduce_bucket_size = h * h;
+  if (zero.is_auto("stage3_prefetch_bucket_size")) out.stage3_prefetch_bucket_size = h * h * 9 / 10;  // 0.9 h², down
+  if (zero.is_auto("stage3_param_persistence_threshold")) out.stage3_param_persistence_threshold = 10 * h;
+}
+
+ZeroConfig parse_zero(Section zero, int64_t hidden_size) {
+  ZeroConfig out;
+  set_if(zero.integer("stage", 0, 3), out.stage);
+  set_if(zero.flag("contiguous_gradients"), out.contiguous_gradients);
+  set_if(zero.flag("reduce_scatter"), out.reduce_scatter);
+  if (!set_if(zero.flag("overlap_comm"), out.overlap_comm)) out.overlap_comm = out.stage == 3;
+  set_if(zero.flag("allgather_partitions"), out.allgather_partitions);
+  set_if(zero.integer("reduce_bucket_size", 1, kMaxInteger), out.reduce_bucket_size);
+  set_if(zero.integer("allgather_bucket_size", 2, kMaxInteger), out.allgather_bucket_size);
+  if (out.allgather_bucket_size % 2 != 0) {
+    zero.bad("allgather_bucket_size", "is " + std::to_string(out.allgather_bucket_size) + ", must be even");
+  }
+  set_if(zero.integer("stage3_prefetch_bucket_size", 0, kMaxInteger), out.stage3_prefetch_bucket_size);
+  set_if(zero.integer("stage3_param_persistence_threshold", 0, kMaxInteger), out.stage3_param_persistence_threshold);
+  set_if(zero.integer("stage3_max_live_parameters", 0, kMaxInteger), out.stage3_max_live_parameters);
+  set_if(zero.integer("stage3_max_reuse_distance", 0, kMaxInteger), out.stage3_max_reuse_distance);
+  set_if(zero.integer("sub_group_size", 1, kMaxInteger), out.sub_group_size);
+  set_if(zero.flag("round_robin_gradients"), out.round_robin_gradients);
+  resolve_auto_sizes(zero, hidden_size, out);
+  out.offload_optimizer = parse_offload(zero, "offload_optimizer", "cpu_offload");
+  out.offload_param = parse_offload(zero, "offload_param", "cpu_offload_param");
+  // DeepSpeed reads this deprecated key without applying it anywhere.
+  if (zero.has("cpu_offload_use_pin_memory")) {
+    zero.warn(zero.name("cpu_offload_use_pin_memory") + " is deprecated and ignored (use offload_*.pin_memory)");
+  }
+  zero.accept(kUnusedZeroKeys);
+  zero.warn_unknown();
+  return out;
+}
+
+// "Adam" or "AdamW" in any case, as their canonical spelling.
+std::string optimizer_type(Section& optimizer, const std::string& type) {
+  std::string lower = type;
+  for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (lower == "adam") return "Adam";
+  if (lower == "adamw") return "AdamW";
+  optimizer.bad("type", "'" + type + "' is not supported (supported: Adam, AdamW)");
+}
+
+// betas: [beta1, beta2], each in [0, 1) as torch.optim.Adam requires.
+void parse_betas(Section& params, OptimizerConfig& out) {
+  const json* betas = params.find("betas");
+  if (betas == nullptr) return;
+  const auto valid = [](const json& b) { return b.is_number() && b.get<double>() >= 0 && b.get<double>() < 1; };
+  if (!betas->is_array() || betas->size() != 2 || !valid((*betas)[0]) || !valid((*betas)[1])) {
+    params.bad("betas", "must be [beta1, beta2] with each in [0, 1), got " + betas->dump());
+  }
+  out.beta1 = (*betas)[0].get<double>();
+  out.beta2 = (*betas)[1].get<double>();
+}
+
+OptimizerConfig parse_optimizer(Section& top) {
+  OptimizerConfig out;
+  if (!top.has("optimizer")) return out;
+  out.given = true;
+  Section optimizer = top.child("optimizer");
+  if (const std::optional<std::string> type = optimizer.text("type")) out.type = optimizer_type(optimizer, *type);
+  Section params = optimizer.child("params");
+  if (params.has("max_grad_norm")) params.bad("max_grad_norm", "is not supported: use gradient_clipping");
+  set_if(params.number("lr", 0, kNoLimit), out.lr);
+  parse_betas(params, out);
+  set_if(params.number("eps", 0, kNoLimit), out.eps);
+  set_if(params.number("weight_decay", 0, kNoLimit), out.weight_decay);
+  set_if(params.flag("adam_w_mode"), out.adam_w_mode);
+  if (out.type == "AdamW" && !out.adam_w_mode) {
+    params.warn(params.name("adam_w_mode") + " false ignored: AdamW always decouples weight decay");
+    out.adam_w_mode = true;
+  }
+  set_if(params.flag("bias_correction"), out.bias_correction);
+  params.accept(kUnusedAdamParams);
+  params.warn_unknown();
+  optimizer.warn_unknown();
+  return out;
+}
+
+SchedulerType scheduler_type(Section& scheduler, const std::string& type) {
+  if (type == "WarmupLR") return SchedulerType::kWarmupLR;
+  if (type == "WarmupDecayLR") return SchedulerType::kWarmupDecayLR;
+  if (type == "WarmupCosineLR") return SchedulerType::kWarmupCosineLR;
+  scheduler.bad("type", "'" + type + "' is not supported (supported: WarmupLR, WarmupDecayLR, WarmupCosineLR)");
+}
+
+// The params each scheduler type takes; a param of another type is reported as an unknown key.
+void parse_scheduler_params(Section params, SchedulerConfig& out) {
+  const bool cosine = out.type == SchedulerType::kWarmupCosineLR;
+  if (!cosine) {
+    set_if(params.number("warmup_min_lr", 0, kNoLimit), out.warmup_min_lr);
+    if (const std::optional<double> max_lr = params.number("warmup_max_lr", 0, kNoLimit)) out.warmup_max_lr = max_lr;
+  }
+  set_if(params.integer("warmup_num_steps", 0, kMaxInteger), out.warmup_num_steps);
+  set_if(params.text("warmup_type"), out.warmup_type);
+  if (out.warmup_type != "log" && out.warmup_type != "linear") {
+    params.bad("warmup_type", "is '" + out.warmup_type + "', must be log or linear");
+  }
+  if (out.type != SchedulerType::kWarmupLR &&
+      !set_if(params.integer("total_num_steps", 1, kMaxInteger), out.total_num_steps)) {
+    params.bad("total_num_steps", std::string("is required for ") + (cosine ? "WarmupCosineLR" : "WarmupDecayLR"));
+  }
+  if (cosine) {
+    set_if(params.number("warmup_min_ratio", 0, 1), out.warmup_min_ratio);
+    set_if(params.number("cos_min_ratio", 0, 1), out.cos_min_ratio);
+  }
+  params.accept(kUnusedSchedulerParams);
+  params.warn_unknown();
+}
+
+SchedulerConfig parse_scheduler(Section& top) {
+  SchedulerConfig out;
+  Section scheduler = top.child("scheduler");
+  const std::optional<std::string> type = scheduler.text("type");
+  if (type) {
+    out.type = scheduler_type(scheduler, *type);
+    parse_scheduler_params(scheduler.child("params"), out);
+  } else if (scheduler.has("params")) {
+    // DeepSpeed builds no scheduler without a type; its params are then unused.
+    scheduler.warn(scheduler.name("params") + " ignored: no scheduler type");
+  }
+  scheduler.warn_unknown();
+  return out;
+}
+
+void check_context(int world_size, const AutoContext& context, const std::string& where) {
+  if (world_size < 1) fail(ErrorKind::kInvalidInput, where + ": world size " + std::to_string(world_size) + " < 1");
+  if (context.hidden_size < 0 || context.hidden_size > kMaxHiddenSize) {
+    fail(ErrorKind::kInvalidInput, where + ": hidden size " + std::to_string(context.hidden_size) +
+                                       " (for \"auto\" values) must be in [0, " + std::to_string(kMaxHiddenSize) + "]");
+  }
+}
+
+json fp16_json(const Fp16Config& f) {
+  return {{"enabled", f.enabled},
+          {"loss_scale", f.loss_scale},
+          {"initial_scale_power", f.initial_scale_power},
+          {"loss_scale_window", f.loss_scale_window},
+          {"hysteresis", f.hysteresis},
+          {"consecutive_hysteresis", f.consecutive_hysteresis},
+          {"min_loss_scale", f.min_loss_scale}};
+}
+
+json offload_json(const OffloadConfig& o) {
+  return {{"device", o.device}, {"pin_memory", o.pin_memory}};
+}
+
+json zero_json(const ZeroConfig& z) {
+  return {{"stage", z.stage},
+          {"contiguous_gradients", z.contiguous_gradients},
+          {"reduce_scatter", z.reduce_scatter},
+          {"overlap_comm", z.overlap_comm},
+          {"allgather_partitions", z.allgather_partitions},
+          {"reduce_bucket_size", z.reduce_bucket_size},
+          {"allgather_bucket_size", z.allgather_bucket_size},
+          {"stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size},
+          {"stage3_param_persistence_threshold", z.stage3_param_persistence_threshold},
+          {"stage3_max_live_parameters", z.stage3_max_live_parameters},
+          {"stage3_max_reuse_distance", z.stage3_max_reuse_distance},
+          {"sub_group_size", z.sub_group_size},
+          {"round_robin_gradients", z.round_robin_gradients},
+          {"offload_optimizer", offload_json(z.offload_optimizer)},
+          {"offload_param", offload_json(z.offload_param)}};
+}
+
+json optimizer_json(const OptimizerConfig& o) {
+  return {{"type", o.type},
+          {"params",
+           {{"lr", o.lr},
+            {"betas", {o.beta1, o.beta2}},
+            {"eps", o.eps},
+            {"weight_decay", o.weight_decay},
+            {"adam_w_mode", o.adam_w_mode},
+            {"bias_correction", o.bias_correction}}}};
+}
+
+const char* scheduler_name(SchedulerType type) {
+  switch (type) {
+    case SchedulerType::kWarmupLR:
+      return "WarmupLR";
+    case SchedulerType::kWarmupDecayLR:
+      return "WarmupDecayLR";
+    case SchedulerType::kWarmupCosineLR:
+      return "WarmupCosineLR";
+    case SchedulerType::kNone:
+      break;
+  }
+  return "none";
+}
+
+// Only the params of the configured type, so that the output reads back without warnings.
+json scheduler_json(const SchedulerConfig& s) {
+  json params = {{"warmup_num_steps", s.warmup_num_steps}, {"warmup_type", s.warmup_type}};
+  if (s.type == SchedulerType::kWarmupCosineLR) {
+    params["warmup_min_ratio"] = s.warmup_min_ratio;
+    params["cos_min_ratio"] = s.cos_min_ratio;
+  } else {
+    params["warmup_min_lr"] = s.warmup_min_lr;
+    if (s.warmup_max_lr) params["warmup_max_lr"] = *s.warmup_max_lr;  // unset: the optimizer's lr
+  }
+  if (s.type != SchedulerType::kWarmupLR) params["total_num_steps"] = s.total_num_steps;
+  return {{"type", scheduler_name(s.type)}, {"params", params}};
+}
+
+}  // namespace
+
+DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const AutoContext& context,
+                         const std::string& where) {
+  check_context(world_size, context, where);
+  DsConfig c;
+  Report report{where, c.warnings};
+  Section top(config, "", report);
+  resolve_batch(top, world_size, c);
+  c.fp16 = parse_fp16(top.child("fp16"));
+  c.bf16 = parse_bf16(top);
+  if (c.fp16.enabled && c.bf16) top.reject("fp16.enabled and bf16.enabled are both true");
+  c.zero = parse_zero(top.child("zero_optimization"), context.hidden_size);
+  c.optimizer = parse_optimizer(top);
+  c.scheduler = parse_scheduler(top);
+  set_if(top.number("gradient_clipping", 0, kNoLimit), c.gradient_clipping);
+  set_if(top.integer("steps_per_print", 1, kMaxInteger), c.steps_per_print);
+  set_if(top.flag("wall_clock_breakdown"), c.wall_clock_breakdown);
+  top.accept(kUnusedTopLevelKeys);
+  top.warn_unknown();
+  return c;
+}
+
+DsConfig load_ds_config(const std::filesystem::path& file, int world_size, const AutoContext& context) {
+  const std::string where = file.string();
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) fail(ErrorKind::kInvalidInput, where + ": no such file");
+  if (std::filesystem::is_directory(file, ec)) fail(ErrorKind::kInvalidInput, where + ": is a directory");
+  std::ifstream in(file, std::ios::binary);
+  if (!in) fail_errno(where, errno);
+  std::ostringstream text;
+  text << in.rdbuf();  // an empty file leaves `text` empty (and failed): "not valid JSON" below
+  const json config = json::parse(text.str(), nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  if (config.is_discarded()) fail(ErrorKind::kInvalidInput, where + ": not valid JSON");
+  return parse_ds_config(config, world_size, context, where);
+}
+
+nlohmann::json to_json(const DsConfig& c) {
+  json j = {{"train_batch_size", c.train_batch_size},
+            {"train_micro_batch_size_per_gpu", c.micro_batch_per_gpu},
+            {"gradient_accumulation_steps", c.gradient_accumulation_steps},
+            {"fp16", fp16_json(c.fp16)},
+            {"bf16", {{"enabled", c.bf16}}},
+            {"zero_optimization", zero_json(c.zero)},
+            {"gradient_clipping", c.gradient_clipping},
+            {"steps_per_print", c.steps_per_print},
+            {"wall_clock_breakdown", c.wall_clock_breakdown}};
+  // Both sections are left out when the config had none, so that the output reads back the same.
+  if (c.optimizer.given) j["optimizer"] = optimizer_json(c.optimizer);
+  if (c.scheduler.type != SchedulerType::kNone) j["scheduler"] = scheduler_json(c.scheduler);
+  return j;
+}
+
+}  // namespace shardkit::trainer

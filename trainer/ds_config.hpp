@@ -1,0 +1,108 @@
+// The DeepSpeed-style JSON training config, accepted as DeepSpeed accepts it (see
+// ../shared/reference/formats.md §2 for the key list and defaults; where DeepSpeed versions differ,
+// shardkit follows DeepSpeed 0.19 and says so in README's compatibility table).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace shardkit::trainer {
+
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0;  // 0 = dynamic; > 0 = static scale
+  int initial_scale_power = 16;
+  int64_t loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1;
+};
+
+struct OffloadConfig {
+  std::string device = "none";  // "none" | "cpu" | "nvme"
+  bool pin_memory = false;
+};
+
+struct ZeroConfig {
+  int stage = 0;
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  bool overlap_comm = false;  // resolved: true for stage 3, false otherwise, unless given
+  bool allgather_partitions = true;
+  int64_t reduce_bucket_size = 500'000'000;  // elements
+  int64_t allgather_bucket_size = 500'000'000;
+  int64_t stage3_prefetch_bucket_size = 50'000'000;
+  int64_t stage3_param_persistence_threshold = 100'000;
+  int64_t stage3_max_live_parameters = 1'000'000'000;
+  int64_t stage3_max_reuse_distance = 1'000'000'000;
+  int64_t sub_group_size = 1'000'000'000;
+  bool round_robin_gradients = false;
+  OffloadConfig offload_optimizer;
+  OffloadConfig offload_param;
+};
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // canonical: "Adam" or "AdamW" (the only ones supported)
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool adam_w_mode = true;  // decoupled weight decay; "Adam" means AdamW unless adam_w_mode is false
+  bool bias_correction = true;
+  bool given = false;  // false when the config has no "optimizer" section (defaults are used)
+};
+
+enum class SchedulerType { kNone, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
+
+struct SchedulerConfig {
+  SchedulerType type = SchedulerType::kNone;
+  double warmup_min_lr = 0.0;
+  std::optional<double> warmup_max_lr;  // WarmupLR/WarmupDecayLR; unset = the optimizer's lr
+  int64_t warmup_num_steps = 1000;
+  std::string warmup_type = "log";  // "log" | "linear"
+  int64_t total_num_steps = 0;      // WarmupDecayLR, WarmupCosineLR (required there)
+  double warmup_min_ratio = 0.0;    // WarmupCosineLR
+  double cos_min_ratio = 1e-4;      // WarmupCosineLR
+};
+
+struct DsConfig {
+  // Batch sizes after DeepSpeed's resolution rule: train = micro * gas * world_size.
+  int64_t train_batch_size = 0;
+  int64_t micro_batch_per_gpu = 0;
+  int64_t gradient_accumulation_steps = 0;
+  Fp16Config fp16;
+  bool bf16 = false;
+  ZeroConfig zero;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  double gradient_clipping = 1.0;  // 0 disables
+  int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  // One line per unknown or ignored key, e.g. "unknown key 'foo' ignored" (rank 0 prints them).
+  std::vector<std::string> warnings;
+};
+
+// What "auto" values resolve from, as Hugging Face's Trainer integration does.
+struct AutoContext {
+  int64_t hidden_size = 0;  // n_embd of the model: reduce_bucket_size = h*h, etc.
+};
+
+// Parses and validates `config`; `where` (a file name) starts every error message. Errors are
+// Error(kInvalidInput), one line, naming the key and the numbers (e.g. "train_batch_size 32 !=
+// train_micro_batch_size_per_gpu 2 * gradient_accumulation_steps 4 * world size 3").
+DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const AutoContext& context,
+                         const std::string& where);
+
+// Reads a JSON file (comments allowed) and parses it.
+DsConfig load_ds_config(const std::filesystem::path& file, int world_size, const AutoContext& context);
+
+// The resolved configuration as JSON (every field above, "auto" replaced), for manifests and logs.
+nlohmann::json to_json(const DsConfig& config);
+
+}  // namespace shardkit::trainer

@@ -1,0 +1,72 @@
+#include "trainer/eval.hpp"
+
+#include <algorithm>
+#include <thread>
+
+#include "ckpt/checkpoint_reader.hpp"
+#include "ckpt/error.hpp"
+#include "ckpt/shard_format.hpp"
+#include "trainer/data.hpp"
+#include "trainer/dense_params.hpp"
+#include "trainer/gemm.hpp"
+#include "trainer/gpt2.hpp"
+#include "trainer/model_config.hpp"
+
+namespace shardkit::trainer {
+
+EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesystem::path& data, int64_t windows,
+                    int threads) {
+  set_compute_threads(threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  ckpt::CheckpointReader reader(checkpoint);
+  const std::string where = reader.step_dir().string();
+  const GptConfig config = gpt_config_from_json(reader.manifest().model, where + " (model)");
+  const ckpt::TensorTable table = gpt2_tensor_table(config);
+  if (!(reader.tensors() == table)) fail(ErrorKind::kCorrupt, where + ": tensor table does not match its model config");
+  const int state = reader.find_state(ckpt::kMasterWeights);
+  if (state < 0) fail(ErrorKind::kInvalidInput, where + ": no fp32 master weights to evaluate");
+
+  DenseParams params(table);
+  for (size_t t = 0; t < table.size(); ++t)
+    reader.read(static_cast<int>(t), state, 0, params.values(static_cast<int>(t)));
+
+  const TokenFile tokens(data);
+  const int T = config.n_positions;
+  const int64_t full = (tokens.size() - 1) / T;
+  if (full < 1) {
+    fail(ErrorKind::kInvalidInput, data.string() + ": " + std::to_string(tokens.size()) +
+                                       " tokens, fewer than one window of " + std::to_string(T + 1));
+  }
+  if (windows < 0) fail(ErrorKind::kInvalidInput, "--windows must be positive");
+  if (windows == 0) windows = std::min<int64_t>(full, 64);
+  if (windows > full) {
+    fail(ErrorKind::kInvalidInput, "--windows " + std::to_string(windows) + " exceeds the " + std::to_string(full) +
+                                       " full windows of " + data.string());
+  }
+  constexpr int kBatch = 8;
+  Gpt2 model(config, kBatch, T);
+  std::vector<int32_t> in(static_cast<size_t>(kBatch) * T), out(static_cast<size_t>(kBatch) * T);
+  double total = 0;
+  for (int64_t k0 = 0; k0 < windows; k0 += kBatch) {
+    const int rows = static_cast<int>(std::min<int64_t>(kBatch, windows - k0));
+    for (int r = 0; r < rows; ++r) {
+      const uint16_t* w = tokens.tokens() + (k0 + r) * T;
+      for (int t = 0; t < T; ++t) {
+        if (w[t + 1] >= config.vocab_size || w[t] >= config.vocab_size) {
+          fail(ErrorKind::kInvalidInput, data.string() + ": token id outside the model's vocabulary of " +
+                                             std::to_string(config.vocab_size) + " near position " +
+                                             std::to_string((k0 + r) * T + t));
+        }
+        in[static_cast<size_t>(r) * T + t] = w[t];
+        out[static_cast<size_t>(r) * T + t] = w[t + 1];
+      }
+    }
+    total += model.forward(params, in.data(), out.data(), rows, T) * rows * T;
+  }
+  EvalResult r;
+  r.windows = windows;
+  r.tokens = windows * T;
+  r.loss = total / static_cast<double>(r.tokens);
+  return r;
+}
+
+}  // namespace shardkit::trainer

@@ -1,0 +1,20 @@
+// `shardkit eval`: the mean next-token cross-entropy of a checkpoint's weights over token windows.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+
+namespace shardkit::trainer {
+
+struct EvalResult {
+  double loss = 0;     // mean cross-entropy per token
+  int64_t tokens = 0;  // tokens scored
+  int64_t windows = 0;
+};
+
+// Windows k = 0 .. windows-1 of T = n_positions tokens: inputs tokens[kT, kT+T), targets
+// tokens[kT+1, kT+T+1). windows = 0 means every full window, at most 64. One process.
+EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesystem::path& data, int64_t windows,
+                    int threads);
+
+}  // namespace shardkit::trainer

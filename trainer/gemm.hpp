@@ -1,0 +1,18 @@
+// Single-precision matrix products for the CPU model: row-major C = alpha * op(A) * op(B) + beta * C.
+// Backed by the system's CBLAS (OpenBLAS) when the build found one, else by a cache-blocked,
+// OpenMP-parallel fallback.
+#pragma once
+
+namespace shardkit::trainer {
+
+// op(A) is M x K (A is K x M when trans_a), op(B) is K x N (B is N x K when trans_b); lda, ldb, ldc
+// are row strides in elements.
+void sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+           int ldb, float beta, float* c, int ldc);
+
+// Sets the number of threads matrix products (and the model's OpenMP loops) use.
+void set_compute_threads(int threads);
+// What the build uses for matrix products ("OpenBLAS 0.3.21", "built-in").
+const char* gemm_backend();
+
+}  // namespace shardkit::trainer

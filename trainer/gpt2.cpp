@@ -1,0 +1,210 @@
+#include "trainer/gpt2.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "ckpt/error.hpp"
+#include "trainer/cpu_ops.hpp"
+
+namespace shardkit::trainer {
+namespace {
+
+// Tensor order inside a block (model_config.hpp).
+enum BlockTensor { kLn1W, kLn1B, kQkvW, kQkvB, kAttProjW, kAttProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB };
+constexpr int kWte = 0;
+constexpr int kWpe = 1;
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+Gpt2::Gpt2(const GptConfig& config, int batch, int seq_len) : config_(config), max_batch_(batch), max_seq_(seq_len) {
+  validate(config, "model " + config.name);
+  if (batch < 1 || seq_len < 1 || seq_len > config.n_positions) {
+    fail(ErrorKind::kInvalidInput, "batch " + std::to_string(batch) + " x sequence " + std::to_string(seq_len) +
+                                       " does not fit the model (n_positions " + std::to_string(config.n_positions) +
+                                       ")");
+  }
+  const int L = config.n_layer;
+  groups_.push_back({kWte, kWpe + 1});
+  for (int l = 0; l < L; ++l) groups_.push_back({2 + kTensorsPerBlock * l, 2 + kTensorsPerBlock * (l + 1)});
+  groups_.push_back({2 + kTensorsPerBlock * L, 2 + kTensorsPerBlock * L + 2});
+
+  const size_t N = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
+  const size_t C = static_cast<size_t>(config.n_embd);
+  const size_t Ls = static_cast<size_t>(L);
+  const size_t att = static_cast<size_t>(batch) * static_cast<size_t>(config.n_head) * static_cast<size_t>(seq_len) *
+                     static_cast<size_t>(seq_len);
+  encoded_.resize(N * C);
+  ln1_.resize(Ls * N * C);
+  ln1_mean_.resize(Ls * N);
+  ln1_rstd_.resize(Ls * N);
+  qkv_.resize(Ls * N * 3 * C);
+  att_.resize(Ls * att);
+  atty_.resize(Ls * N * C);
+  res2_.resize(Ls * N * C);
+  ln2_.resize(Ls * N * C);
+  ln2_mean_.resize(Ls * N);
+  ln2_rstd_.resize(Ls * N);
+  fch_.resize(Ls * N * 4 * C);
+  fch_gelu_.resize(Ls * N * 4 * C);
+  res3_.resize(Ls * N * C);
+  lnf_.resize(N * C);
+  lnf_mean_.resize(N);
+  lnf_rstd_.resize(N);
+  logits_.resize(static_cast<size_t>(ops::kHeadBlockRows) * static_cast<size_t>(config.vocab_size));
+  dres_.resize(N * C);
+  dbuf_c_.resize(N * C);
+  dbuf_c2_.resize(N * C);
+  dbuf_3c_.resize(N * 3 * C);
+  dbuf_4c_.resize(N * 4 * C);
+  dbuf_4c2_.resize(N * 4 * C);
+}
+
+int64_t Gpt2::activation_bytes() const noexcept {
+  size_t floats = 0;
+  for (const auto* v : {&encoded_,  &ln1_,      &ln1_mean_, &ln1_rstd_, &qkv_,      &att_,     &atty_,    &res2_,
+                        &ln2_,      &ln2_mean_, &ln2_rstd_, &fch_,      &fch_gelu_, &res3_,    &lnf_,     &lnf_mean_,
+                        &lnf_rstd_, &logits_,   &dres_,     &dbuf_c_,   &dbuf_c2_,  &dbuf_3c_, &dbuf_4c_, &dbuf_4c2_}) {
+    floats += v->size();
+  }
+  return static_cast<int64_t>(floats * sizeof(float));
+}
+
+void Gpt2::forward_blocks(ParameterStore& p, const int32_t* inputs, int B, int T) {
+  if (B < 1 || B > max_batch_ || T < 1 || T > max_seq_) {
+    fail(ErrorKind::kInternal, "batch " + std::to_string(B) + "x" + std::to_string(T) + " exceeds the allocated " +
+                                   std::to_string(max_batch_) + "x" + std::to_string(max_seq_));
+  }
+  const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
+  const int N = B * T;
+  const int64_t NC = int64_t{N} * C;
+  const size_t att_stride = static_cast<size_t>(max_batch_) * NH * max_seq_ * max_seq_;
+
+  p.acquire(0);
+  ops::encoder_forward(encoded_.data(), inputs, p.param(kWte), p.param(kWpe), B, T, C);
+  p.release(0);
+
+  const float* residual = encoded_.data();
+  for (int l = 0; l < L; ++l) {
+    p.acquire(1 + l);
+    auto w = [&](int k) { return p.param(block_tensor(l, k)); };
+    const size_t lc = static_cast<size_t>(l) * static_cast<size_t>(max_batch_ * max_seq_) * C;
+    const size_t ln = static_cast<size_t>(l) * static_cast<size_t>(max_batch_ * max_seq_);
+    float* ln1 = ln1_.data() + lc;
+    float* qkv = qkv_.data() + 3 * lc;
+    float* att = att_.data() + l * att_stride;
+    float* atty = atty_.data() + lc;
+    float* res2 = res2_.data() + lc;
+    float* ln2 = ln2_.data() + lc;
+    float* fch = fch_.data() + 4 * lc;
+    float* fch_gelu = fch_gelu_.data() + 4 * lc;
+    float* res3 = res3_.data() + lc;
+    float* tmp = dbuf_c_.data();  // forward scratch: the projection outputs before the residual add
+
+    ops::layernorm_forward(ln1, ln1_mean_.data() + ln, ln1_rstd_.data() + ln, residual, w(kLn1W), w(kLn1B), N, C);
+    ops::matmul_forward(qkv, ln1, w(kQkvW), w(kQkvB), N, C, 3 * C);
+    ops::attention_forward(atty, att, qkv, B, T, C, NH);
+    ops::matmul_forward(tmp, atty, w(kAttProjW), w(kAttProjB), N, C, C);
+    ops::residual_forward(res2, residual, tmp, NC);
+    ops::layernorm_forward(ln2, ln2_mean_.data() + ln, ln2_rstd_.data() + ln, res2, w(kLn2W), w(kLn2B), N, C);
+    ops::matmul_forward(fch, ln2, w(kFcW), w(kFcB), N, C, 4 * C);
+    ops::gelu_forward(fch_gelu, fch, 4 * NC);
+    ops::matmul_forward(tmp, fch_gelu, w(kFcProjW), w(kFcProjB), N, 4 * C, C);
+    ops::residual_forward(res3, res2, tmp, NC);
+    p.release(1 + l);
+    residual = res3;
+  }
+
+  const int lnf_group = L + 1;
+  const int lnf_w = groups_[static_cast<size_t>(lnf_group)].first;
+  p.acquire(lnf_group);
+  ops::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, p.param(lnf_w), p.param(lnf_w + 1),
+                         N, C);
+  p.release(lnf_group);
+}
+
+double Gpt2::forward(ParameterStore& p, const int32_t* inputs, const int32_t* targets, int B, int T) {
+  forward_blocks(p, inputs, B, T);
+  const int N = B * T;
+  p.acquire(0);
+  const double loss = ops::head_forward_backward(nullptr, nullptr, logits_.data(), lnf_.data(), p.param(kWte), targets,
+                                                 N, config_.n_embd, config_.vocab_size, 0.0f, N);
+  p.release(0);
+  return loss / N;
+}
+
+double Gpt2::forward_backward(ParameterStore& p, const int32_t* inputs, const int32_t* targets, int B, int T,
+                              float grad_scale, PassTimes* times) {
+  const auto start = Clock::now();
+  forward_blocks(p, inputs, B, T);
+  const int N = B * T;
+  const int C = config_.n_embd;
+  // The embeddings' gradients stay open for the whole backward pass: wte receives the output
+  // projection's gradient first and the token embedding's last (the weights are tied).
+  p.open_grads(0);
+  p.acquire(0);
+  const double loss = ops::head_forward_backward(dbuf_c_.data(), p.grad(kWte), logits_.data(), lnf_.data(),
+                                                 p.param(kWte), targets, N, C, config_.vocab_size, grad_scale, N);
+  p.release(0);
+  if (times) times->forward_ms = ms_since(start);
+  const auto backward_start = Clock::now();
+  backward_blocks(p, inputs, B, T);
+  if (times) times->backward_ms = ms_since(backward_start);
+  return loss / N;
+}
+
+void Gpt2::backward_blocks(ParameterStore& p, const int32_t* inputs, int B, int T) {
+  const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
+  const int N = B * T;
+  const int64_t NC = int64_t{N} * C;
+  const size_t att_stride = static_cast<size_t>(max_batch_) * NH * max_seq_ * max_seq_;
+  const size_t rows = static_cast<size_t>(max_batch_ * max_seq_);
+  auto block_output = [&](int l) { return l < 0 ? encoded_.data() : res3_.data() + static_cast<size_t>(l) * rows * C; };
+
+  // Final LayerNorm: dbuf_c_ holds d(lnf) from the output projection.
+  const int lnf_group = L + 1;
+  const int lnf_w = groups_[static_cast<size_t>(lnf_group)].first;
+  std::fill(dres_.begin(), dres_.begin() + NC, 0.0f);
+  p.acquire(lnf_group);
+  p.open_grads(lnf_group);
+  ops::layernorm_backward(dres_.data(), p.grad(lnf_w), p.grad(lnf_w + 1), dbuf_c_.data(), block_output(L - 1),
+                          p.param(lnf_w), lnf_mean_.data(), lnf_rstd_.data(), N, C);
+  p.close_grads(lnf_group);
+  p.release(lnf_group);
+
+  for (int l = L - 1; l >= 0; --l) {
+    p.acquire(1 + l);
+    p.open_grads(1 + l);
+    auto w = [&](int k) { return p.param(block_tensor(l, k)); };
+    auto g = [&](int k) { return p.grad(block_tensor(l, k)); };
+    const size_t lc = static_cast<size_t>(l) * rows * C;
+    const size_t ln = static_cast<size_t>(l) * rows;
+    float* dres = dres_.data();  // in: d(block output); out: d(block input)
+
+    // res3 = res2 + fcproj(gelu(fc(ln2(res2))))
+    ops::matmul_backward(dbuf_4c_.data(), g(kFcProjW), g(kFcProjB), dres, fch_gelu_.data() + 4 * lc, w(kFcProjW), N,
+                         4 * C, C);
+    ops::gelu_backward(dbuf_4c2_.data(), fch_.data() + 4 * lc, dbuf_4c_.data(), 4 * NC);
+    ops::matmul_backward(dbuf_c_.data(), g(kFcW), g(kFcB), dbuf_4c2_.data(), ln2_.data() + lc, w(kFcW), N, C, 4 * C);
+    ops::layernorm_backward(dres, g(kLn2W), g(kLn2B), dbuf_c_.data(), res2_.data() + lc, w(kLn2W),
+                            ln2_mean_.data() + ln, ln2_rstd_.data() + ln, N, C);
+    // res2 = input + attproj(attention(qkv(ln1(input))))
+    ops::matmul_backward(dbuf_c_.data(), g(kAttProjW), g(kAttProjB), dres, atty_.data() + lc, w(kAttProjW), N, C, C);
+    ops::attention_backward(dbuf_3c_.data(), dbuf_c_.data(), qkv_.data() + 3 * lc, att_.data() + l * att_stride, B, T,
+                            C, NH);
+    ops::matmul_backward(dbuf_c2_.data(), g(kQkvW), g(kQkvB), dbuf_3c_.data(), ln1_.data() + lc, w(kQkvW), N, C, 3 * C);
+    ops::layernorm_backward(dres, g(kLn1W), g(kLn1B), dbuf_c2_.data(), block_output(l - 1), w(kLn1W),
+                            ln1_mean_.data() + ln, ln1_rstd_.data() + ln, N, C);
+    p.close_grads(1 + l);
+    p.release(1 + l);
+  }
+
+  ops::encoder_backward(p.grad(kWte), p.grad(kWpe), dres_.data(), inputs, B, T, C);
+  p.close_grads(0);
+}
+
+}  // namespace shardkit::trainer

@@ -1,0 +1,74 @@
+// GPT-2 exactly as Hugging Face's GPT2LMHeadModel computes it (learned position embeddings,
+// pre-LayerNorm blocks with eps 1e-5, causal multi-head attention, MLP of width 4C with gelu_new,
+// final LayerNorm, output projection tied to the token embedding; no dropout), in fp32 on the CPU.
+// Parameters and gradients come from a ParameterStore: this class knows nothing of ZeRO.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "trainer/model_config.hpp"
+#include "trainer/param_store.hpp"
+
+namespace shardkit::trainer {
+
+// Wall-clock split of one forward_backward call, in milliseconds.
+struct PassTimes {
+  double forward_ms = 0;   // embeddings, blocks, final LayerNorm, output projection + loss (+ its gradient)
+  double backward_ms = 0;  // the rest of the backward pass
+};
+
+class Gpt2 {
+ public:
+  // Activation buffers for batches of up to `batch` sequences of `seq_len` <= n_positions tokens.
+  Gpt2(const GptConfig& config, int batch, int seq_len);
+
+  const GptConfig& config() const noexcept { return config_; }
+  // Parameter groups: 0 = embeddings (wte, wpe), 1..L = blocks, L+1 = final LayerNorm.
+  const std::vector<TensorGroup>& groups() const noexcept { return groups_; }
+
+  // Mean next-token cross-entropy of a batch (B sequences of T tokens), no gradients.
+  double forward(ParameterStore& params, const int32_t* inputs, const int32_t* targets, int B, int T);
+
+  // Forward and backward: returns the mean cross-entropy and adds the gradient of
+  // grad_scale * loss into the store's gradient buffers.
+  double forward_backward(ParameterStore& params, const int32_t* inputs, const int32_t* targets, int B, int T,
+                          float grad_scale, PassTimes* times = nullptr);
+
+  // Bytes of activation buffers held.
+  int64_t activation_bytes() const noexcept;
+
+ private:
+  // Forward through the blocks into lnf_; gradients only when training.
+  void forward_blocks(ParameterStore& params, const int32_t* inputs, int B, int T);
+  void backward_blocks(ParameterStore& params, const int32_t* inputs, int B, int T);
+  int block_tensor(int layer, int k) const noexcept { return 2 + kTensorsPerBlock * layer + k; }
+
+  GptConfig config_;
+  int max_batch_;
+  int max_seq_;
+  std::vector<TensorGroup> groups_;
+
+  // Activations, per layer l with N = B*T rows (shapes for the maximum batch):
+  std::vector<float> encoded_;                    // (N, C)  block 0 input
+  std::vector<float> ln1_, ln1_mean_, ln1_rstd_;  // (L, N, C), (L, N), (L, N)
+  std::vector<float> qkv_;                        // (L, N, 3C)
+  std::vector<float> att_;                        // (L, B, NH, T, T)
+  std::vector<float> atty_;                       // (L, N, C)  attention output before its projection
+  std::vector<float> res2_;                       // (L, N, C)  residual after attention
+  std::vector<float> ln2_, ln2_mean_, ln2_rstd_;
+  std::vector<float> fch_;                        // (L, N, 4C) before GELU
+  std::vector<float> fch_gelu_;                   // (L, N, 4C)
+  std::vector<float> res3_;                       // (L, N, C)  block output
+  std::vector<float> lnf_, lnf_mean_, lnf_rstd_;  // (N, C), (N), (N)
+  std::vector<float> logits_;                     // (kHeadBlockRows, V)
+  // Backward scratch:
+  std::vector<float> dres_;      // (N, C) gradient flowing along the residual stream
+  std::vector<float> dbuf_c_;    // (N, C)
+  std::vector<float> dbuf_c2_;   // (N, C)
+  std::vector<float> dbuf_3c_;   // (N, 3C)
+  std::vector<float> dbuf_4c_;   // (N, 4C)
+  std::vector<float> dbuf_4c2_;  // (N, 4C)
+};
+
+}  // namespace shardkit::trainer

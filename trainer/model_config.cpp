@@ -1,0 +1,127 @@
+#include "trainer/model_config.hpp"
+
+#include "ckpt/error.hpp"
+#include "ckpt/file_util.hpp"
+
+namespace shardkit::trainer {
+namespace {
+
+struct Preset {
+  const char* name;
+  GptConfig config;
+};
+
+// gpt2-tiny is shardkit's own test size (byte-level vocabulary); the others are OpenAI's GPT-2 sizes.
+const Preset kPresets[] = {
+    {"gpt2-tiny", {2, 4, 128, 256, 64, "gpt2-tiny"}},
+    {"gpt2", {12, 12, 768, 50257, 1024, "gpt2"}},
+    {"gpt2-medium", {24, 16, 1024, 50257, 1024, "gpt2-medium"}},
+    {"gpt2-large", {36, 20, 1280, 50257, 1024, "gpt2-large"}},
+    {"gpt2-xl", {48, 25, 1600, 50257, 1024, "gpt2-xl"}},
+};
+
+int field(const nlohmann::json& j, const char* key, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) {
+    fail(ErrorKind::kInvalidInput, where + ": model field '" + key + "' must be an integer");
+  }
+  const int64_t v = it->get<int64_t>();
+  if (v < 1 || v > (int64_t{1} << 30)) {
+    fail(ErrorKind::kInvalidInput, where + ": model field '" + key + "' = " + std::to_string(v) + " is out of range");
+  }
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+void validate(const GptConfig& c, const std::string& where) {
+  auto bad = [&](const std::string& what) { fail(ErrorKind::kInvalidInput, where + ": " + what); };
+  if (c.n_layer < 1 || c.n_head < 1 || c.n_embd < 1 || c.vocab_size < 1 || c.n_positions < 1) {
+    bad("n_layer, n_head, n_embd, vocab_size and n_positions must all be positive");
+  }
+  if (c.n_embd % c.n_head != 0) {
+    bad("n_embd " + std::to_string(c.n_embd) + " is not divisible by n_head " + std::to_string(c.n_head));
+  }
+  if (c.n_layer > 1024 || c.n_embd > 65536 || c.vocab_size > (1 << 24) || c.n_positions > (1 << 20)) {
+    bad("model dimensions are implausibly large");
+  }
+  if (c.vocab_size > 65536) bad("vocab_size " + std::to_string(c.vocab_size) + " exceeds uint16 token ids");
+}
+
+GptConfig resolve_model(const std::string& model) {
+  for (const Preset& p : kPresets) {
+    if (model == p.name) return p.config;
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(model, ec)) {
+    std::string names;
+    for (const Preset& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
+    fail(ErrorKind::kInvalidInput, "model '" + model + "' is neither a preset (" + names + ") nor a JSON model file");
+  }
+  const std::string text = ckpt::read_small_file(model, 1 << 20);
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false, true);
+  if (j.is_discarded() || !j.is_object()) fail(ErrorKind::kInvalidInput, model + ": not a JSON object");
+  GptConfig c = gpt_config_from_json(j, model);
+  c.name = model;
+  return c;
+}
+
+nlohmann::json to_json(const GptConfig& c) {
+  return {{"model_type", "gpt2"},
+          {"n_layer", c.n_layer},
+          {"n_head", c.n_head},
+          {"n_embd", c.n_embd},
+          {"vocab_size", c.vocab_size},
+          {"n_positions", c.n_positions},
+          {"activation_function", "gelu_new"},
+          {"layer_norm_epsilon", 1e-5},
+          {"tie_word_embeddings", true}};
+}
+
+GptConfig gpt_config_from_json(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) fail(ErrorKind::kInvalidInput, where + ": model configuration is not a JSON object");
+  GptConfig c;
+  c.n_layer = field(j, "n_layer", where);
+  c.n_head = field(j, "n_head", where);
+  c.n_embd = field(j, "n_embd", where);
+  c.vocab_size = field(j, "vocab_size", where);
+  c.n_positions = field(j, "n_positions", where);
+  c.name = j.value("name", std::string("custom"));
+  validate(c, where);
+  return c;
+}
+
+ckpt::TensorTable gpt2_tensor_table(const GptConfig& c) {
+  const int64_t C = c.n_embd;
+  std::vector<ckpt::TensorInfo> t;
+  t.reserve(static_cast<size_t>(2 + kTensorsPerBlock * c.n_layer + 2));
+  auto add = [&](std::string name, std::vector<int64_t> shape) {
+    t.push_back({std::move(name), std::move(shape), ckpt::DType::kF32});
+  };
+  add("transformer.wte.weight", {c.vocab_size, C});
+  add("transformer.wpe.weight", {c.n_positions, C});
+  for (int i = 0; i < c.n_layer; ++i) {
+    const std::string h = "transformer.h." + std::to_string(i) + ".";
+    add(h + "ln_1.weight", {C});
+    add(h + "ln_1.bias", {C});
+    add(h + "attn.c_attn.weight", {C, 3 * C});
+    add(h + "attn.c_attn.bias", {3 * C});
+    add(h + "attn.c_proj.weight", {C, C});
+    add(h + "attn.c_proj.bias", {C});
+    add(h + "ln_2.weight", {C});
+    add(h + "ln_2.bias", {C});
+    add(h + "mlp.c_fc.weight", {C, 4 * C});
+    add(h + "mlp.c_fc.bias", {4 * C});
+    add(h + "mlp.c_proj.weight", {4 * C, C});
+    add(h + "mlp.c_proj.bias", {C});
+  }
+  add("transformer.ln_f.weight", {C});
+  add("transformer.ln_f.bias", {C});
+  return ckpt::TensorTable(std::move(t));
+}
+
+int64_t parameter_count(const GptConfig& c) {
+  return gpt2_tensor_table(c).total_elements();
+}
+
+}  // namespace shardkit::trainer

@@ -1,0 +1,326 @@
+#include "trainer/trainer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "ckpt/error.hpp"
+#include "trainer/checkpointing.hpp"
+#include "trainer/data.hpp"
+#include "trainer/ds_config.hpp"
+#include "trainer/gemm.hpp"
+#include "trainer/gpt2.hpp"
+#include "trainer/init.hpp"
+#include "trainer/loss_scaler.hpp"
+#include "trainer/lr_schedule.hpp"
+#include "trainer/model_config.hpp"
+#include "trainer/zero_engine.hpp"
+
+namespace shardkit::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// Ranks that share this node split its cores.
+int default_threads(comm::MpiCollective& comm) {
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(comm.comm(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &node));
+  int local = 1;
+  MPI_CHECK(MPI_Comm_size(node, &local));
+  MPI_CHECK(MPI_Comm_free(&node));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / local);
+}
+
+std::string human_bytes(int64_t bytes) {
+  char buffer[32];
+  const double b = static_cast<double>(bytes);
+  if (b >= 1e9) {
+    std::snprintf(buffer, sizeof(buffer), "%.2f GB", b / 1e9);
+  } else if (b >= 1e6) {
+    std::snprintf(buffer, sizeof(buffer), "%.2f MB", b / 1e6);
+  } else {
+    std::snprintf(buffer, sizeof(buffer), "%.1f kB", b / 1e3);
+  }
+  return buffer;
+}
+
+}  // namespace
+
+struct Trainer::State {
+  comm::MpiCollective& comm;
+  TrainOptions options;
+  DsConfig config;
+  GptConfig model_config;
+  ckpt::TensorTable table;
+  std::unique_ptr<Gpt2> model;
+  std::unique_ptr<ZeroEngine> engine;
+  std::unique_ptr<LrSchedule> schedule;
+  std::unique_ptr<LossScaler> scaler;
+  std::unique_ptr<TokenFile> tokens;
+  std::unique_ptr<SampleOrder> order;
+  std::unique_ptr<Checkpointer> checkpointer;
+  std::ofstream metrics;
+
+  // Trainer state, saved in every checkpoint.
+  int64_t step = 0;
+  int64_t consumed_samples = 0;
+  int64_t skipped_steps = 0;
+  int64_t optimizer_steps = 0;        // AdamW's step count (non-skipped steps)
+  int64_t last_batch_iteration = -1;  // DeepSpeed scheduler counter
+  uint64_t data_seed = 0;
+
+  std::vector<int32_t> inputs, targets;
+
+  State(comm::MpiCollective& c, const TrainOptions& o) : comm(c), options(o) {}
+  bool root() const { return comm.rank() == 0; }
+  void log(const std::string& line) const {
+    if (root() && !options.quiet) std::printf("%s\n", line.c_str()), std::fflush(stdout);
+  }
+  nlohmann::json trainer_state() const;
+  void restore(const nlohmann::json& state, const std::string& where);
+  StepRecord train_step();
+  void write_metrics(const nlohmann::json& record);
+  void save();
+};
+
+nlohmann::json Trainer::State::trainer_state() const {
+  return {{"step", step},
+          {"consumed_samples", consumed_samples},
+          {"skipped_steps", skipped_steps},
+          {"optimizer_steps", optimizer_steps},
+          {"lr_scheduler", {{"last_batch_iteration", last_batch_iteration}}},
+          {"loss_scaler", scaler->to_json()},
+          {"data", {{"seed", data_seed}, {"seq_len", model_config.n_positions}, {"file", options.data.string()}}},
+          {"world_size", comm.size()},
+          {"zero_stage", config.zero.stage},
+          {"train_batch_size", config.train_batch_size}};
+}
+
+void Trainer::State::restore(const nlohmann::json& s, const std::string& where) {
+  auto integer = [&](const nlohmann::json& j, const char* key) {
+    if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer()) {
+      fail(ErrorKind::kCorrupt, where + ": trainer_state." + key + " is missing or not an integer");
+    }
+    return j[key].get<int64_t>();
+  };
+  step = integer(s, "step");
+  consumed_samples = integer(s, "consumed_samples");
+  skipped_steps = integer(s, "skipped_steps");
+  optimizer_steps = integer(s, "optimizer_steps");
+  last_batch_iteration = integer(s.value("lr_scheduler", nlohmann::json::object()), "last_batch_iteration");
+  if (!s.contains("loss_scaler")) fail(ErrorKind::kCorrupt, where + ": trainer_state.loss_scaler is missing");
+  scaler->from_json(s["loss_scaler"], where);
+  const nlohmann::json data = s.value("data", nlohmann::json::object());
+  data_seed = static_cast<uint64_t>(integer(data, "seed"));
+  if (data_seed != options.seed) {
+    log("note: continuing the checkpoint's data order (seed " + std::to_string(data_seed) + "), not --seed " +
+        std::to_string(options.seed));
+  }
+}
+
+Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(std::make_unique<State>(comm, options)) {
+  State& s = *s_;
+  if (options.steps < 1) fail(ErrorKind::kInvalidInput, "--steps must be at least 1");
+  s.model_config = resolve_model(options.model);
+  s.config = load_ds_config(options.config, comm.size(), {s.model_config.n_embd});
+  for (const std::string& w : s.config.warnings) s.log("warning: " + options.config.string() + ": " + w);
+  if (s.config.fp16.enabled || s.config.bf16) {
+    s.log(std::string("notice: ") + (s.config.bf16 ? "bf16" : "fp16") +
+          " requested: on CPU ranks the arithmetic stays fp32; loss scaling and overflow checks run as configured");
+  }
+  if (s.config.zero.offload_optimizer.device != "none" || s.config.zero.offload_param.device != "none") {
+    s.log(
+        "notice: offload_optimizer/offload_param have no effect on CPU ranks (the states are already in host memory)");
+  }
+  set_compute_threads(options.threads > 0 ? options.threads : default_threads(comm));
+
+  s.table = gpt2_tensor_table(s.model_config);
+  const int T = s.model_config.n_positions;
+  const int micro = static_cast<int>(s.config.micro_batch_per_gpu);
+  s.model = std::make_unique<Gpt2>(s.model_config, micro, T);
+  s.engine = std::make_unique<ZeroEngine>(s.table, s.model->groups(), s.config.zero, comm);
+  s.schedule = std::make_unique<LrSchedule>(s.config.scheduler, s.config.optimizer.lr);
+  s.scaler = std::make_unique<LossScaler>(s.config.fp16, s.config.bf16);
+  s.tokens = std::make_unique<TokenFile>(options.data);
+  s.inputs.resize(static_cast<size_t>(micro) * T);
+  s.targets.resize(static_cast<size_t>(micro) * T);
+  s.data_seed = options.seed;
+  if (!options.save_dir.empty()) {
+    s.checkpointer = std::make_unique<Checkpointer>(comm, options.save_dir, options.keep_last, ckpt::ShardOptions{});
+  }
+
+  if (const auto resume = resolve_resume(options.resume, options.save_dir)) {
+    const nlohmann::json state = load_checkpoint(*resume, s.table, *s.engine);
+    s.restore(state, resume->string());
+    s.log("resumed from " + resume->string() + " at step " + std::to_string(s.step) + " (" +
+          std::to_string(s.comm.size()) + " ranks, ZeRO stage " + std::to_string(s.config.zero.stage) + ")");
+  } else {
+    const GptConfig& mc = s.model_config;
+    const ckpt::TensorTable& table = s.table;
+    const uint64_t seed = options.seed;
+    s.engine->initialize([&](int t, int64_t offset, std::span<float> out) {
+      init_gpt2_values(mc, table[static_cast<size_t>(t)], seed, offset, out);
+    });
+  }
+  s.order = std::make_unique<SampleOrder>(*s.tokens, T, s.data_seed);
+
+  // Every rank reports what it holds, so that ZeRO's 1/N savings are visible.
+  const MemoryReport m = s.engine->memory();
+  const std::string mine = "rank " + std::to_string(comm.rank()) + ": parameters " + human_bytes(m.parameters) +
+                           ", gradients " + human_bytes(m.gradients) + ", optimizer states " +
+                           human_bytes(m.optimizer_states) + ", activations " +
+                           human_bytes(s.model->activation_bytes());
+  const std::vector<std::string> all = comm.gather(mine);
+  s.log("model " + s.model_config.name + ": " + std::to_string(s.table.total_elements()) + " parameters; " +
+        std::to_string(comm.size()) + " ranks, ZeRO stage " + std::to_string(s.config.zero.stage) + "; batch " +
+        std::to_string(s.config.train_batch_size) + " = " + std::to_string(micro) + " x " +
+        std::to_string(s.config.gradient_accumulation_steps) + " accumulation x " + std::to_string(comm.size()) +
+        " ranks, sequence " + std::to_string(T) + "; matrix products: " + gemm_backend());
+  for (const std::string& line : all) s.log("  " + line);
+
+  if (s.root() && !options.metrics.empty()) {
+    s.metrics.open(options.metrics, std::ios::app);
+    if (!s.metrics) fail(ErrorKind::kInvalidInput, options.metrics.string() + ": cannot open for appending");
+  }
+}
+
+Trainer::~Trainer() = default;
+
+StepRecord Trainer::State::train_step() {
+  const auto start = Clock::now();
+  const int T = model_config.n_positions;
+  const int micro = static_cast<int>(config.micro_batch_per_gpu);
+  const int64_t gas = config.gradient_accumulation_steps;
+  const int W = comm.size();
+  const double scale = scaler->scale();
+  const float grad_scale = static_cast<float>(scale / static_cast<double>(gas));
+  double fwd_ms = 0, bwd_ms = 0;
+
+  engine->zero_grads();
+  double loss_sum = 0;
+  for (int64_t m = 0; m < gas; ++m) {
+    // Global sample indices of this step: micro-step m, rank r, row i -> consumed + (m * W + r) * micro + i.
+    for (int i = 0; i < micro; ++i) {
+      const int64_t g = consumed_samples + (m * W + comm.rank()) * micro + i;
+      order->fill(g, model_config.vocab_size, inputs.data() + static_cast<size_t>(i) * T,
+                  targets.data() + static_cast<size_t>(i) * T);
+    }
+    PassTimes times;
+    loss_sum += model->forward_backward(*engine, inputs.data(), targets.data(), micro, T, grad_scale, &times);
+    fwd_ms += times.forward_ms;
+    bwd_ms += times.backward_ms;
+  }
+  const auto reduce_start = Clock::now();
+  engine->reduce_grads();
+  const bool overflow = scaler->checks_overflow() && engine->global_overflow();
+  const double reduce_ms = ms_since(reduce_start);
+
+  StepRecord r;
+  r.step = step + 1;
+  r.loss_scale = scale;
+  r.lr = schedule->lr(last_batch_iteration);
+  const auto opt_start = Clock::now();
+  scaler->update(overflow);
+  if (overflow) {
+    // DeepSpeed: the step is skipped, the scheduler does not advance, the samples count as consumed.
+    r.skipped = true;
+    r.grad_norm = std::nan("");
+    ++skipped_steps;
+  } else {
+    // Gradients are summed over ranks and scaled by the loss scale the backward pass used.
+    const double norm = std::sqrt(engine->global_grad_sq()) / W / scale;
+    const double clip = config.gradient_clipping;
+    const double clip_factor = clip > 0 ? std::max(1.0, (norm + 1e-6) / clip) : 1.0;
+    AdamWStep a;
+    a.lr = r.lr;
+    a.beta1 = config.optimizer.beta1;
+    a.beta2 = config.optimizer.beta2;
+    a.eps = config.optimizer.eps;
+    a.weight_decay = config.optimizer.weight_decay;
+    a.adam_w_mode = config.optimizer.adam_w_mode;
+    a.bias_correction = config.optimizer.bias_correction;
+    a.step = ++optimizer_steps;
+    a.grad_multiplier = 1.0 / (static_cast<double>(W) * scale * clip_factor);
+    engine->step(a);
+    ++last_batch_iteration;
+    r.grad_norm = norm;
+  }
+  const double opt_ms = ms_since(opt_start);
+  r.loss = comm.allreduce_sum(loss_sum) / static_cast<double>(gas * W);
+  ++step;
+  consumed_samples += config.train_batch_size;
+  r.tokens = config.train_batch_size * T;
+  r.step_ms = ms_since(start);
+  r.tokens_per_s = static_cast<double>(r.tokens) / (r.step_ms / 1000.0);
+
+  if (root() && (r.step % config.steps_per_print == 0 || r.step == options.steps)) {
+    char line[512];
+    std::snprintf(line, sizeof(line),
+                  "step %6lld/%lld | loss %.4f | lr %.3e | grad norm %7.4f | scale %g%s | %8.1f ms | %9.0f tok/s",
+                  static_cast<long long>(r.step), static_cast<long long>(options.steps), r.loss, r.lr, r.grad_norm,
+                  r.loss_scale, r.skipped ? " (skipped: overflow)" : "", r.step_ms, r.tokens_per_s);
+    std::string text = line;
+    if (config.wall_clock_breakdown) {
+      std::snprintf(line, sizeof(line), " | fwd %.1f bwd %.1f reduce %.1f optim %.1f ms", fwd_ms, bwd_ms, reduce_ms,
+                    opt_ms);
+      text += line;
+    }
+    log(text);
+  }
+  return r;
+}
+
+void Trainer::State::write_metrics(const nlohmann::json& record) {
+  if (!metrics.is_open()) return;
+  metrics << record.dump() << "\n";
+  metrics.flush();
+}
+
+void Trainer::State::save() {
+  const SaveOutcome o =
+      checkpointer->save(step, table, *engine, trainer_state(), to_json(model_config), to_json(config));
+  log("checkpoint " + o.path.string() + ": " + human_bytes(o.bytes) + " in " + std::to_string(o.write_ms) + " ms");
+  write_metrics({{"event", "checkpoint"},
+                 {"step", step},
+                 {"path", o.path.string()},
+                 {"bytes", o.bytes},
+                 {"stall_ms", o.stall_ms},
+                 {"write_ms", o.write_ms}});
+}
+
+std::vector<StepRecord> Trainer::run() {
+  State& s = *s_;
+  std::vector<StepRecord> records;
+  if (s.step >= s.options.steps) {
+    s.log("nothing to do: the run is at step " + std::to_string(s.step) + " of " + std::to_string(s.options.steps));
+    return records;
+  }
+  while (s.step < s.options.steps) {
+    const StepRecord r = s.train_step();
+    records.push_back(r);
+    nlohmann::json m = {{"step", r.step},
+                        {"loss", r.loss},
+                        {"lr", r.lr},
+                        {"grad_norm", nullptr},
+                        {"loss_scale", r.loss_scale},
+                        {"skipped", r.skipped},
+                        {"tokens", r.tokens},
+                        {"step_ms", r.step_ms},
+                        {"tokens_per_s", r.tokens_per_s}};
+    if (!r.skipped) m["grad_norm"] = r.grad_norm;
+    s.write_metrics(m);
+    const bool at_end = s.step == s.options.steps;
+    const bool on_interval = s.options.save_interval > 0 && s.step % s.options.save_interval == 0;
+    if (s.checkpointer && (on_interval || at_end)) s.save();
+  }
+  return records;
+}
+
+}  // namespace shardkit::trainer

@@ -1,0 +1,58 @@
+// `shardkit train`: the training loop on MPI ranks, built in a fixed order — config, model, ZeRO
+// engine, optimizer schedule, data, checkpoints — then a short loop.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/mpi.hpp"
+
+namespace shardkit::trainer {
+
+struct TrainOptions {
+  std::filesystem::path config;  // DeepSpeed JSON
+  std::string model;             // preset or JSON model file
+  std::filesystem::path data;    // token file
+  int64_t steps = 0;             // total optimizer steps (a resumed run continues to this number)
+  std::filesystem::path save_dir;
+  int64_t save_interval = 0;    // 0: save only at the end (when save_dir is set)
+  int keep_last = 0;            // 0: keep every checkpoint
+  std::string resume = "auto";  // auto | none | PATH
+  std::filesystem::path metrics;
+  uint64_t seed = 1234;
+  int threads = 0;     // compute threads per rank; 0: cores / ranks on this node
+  bool quiet = false;  // no console lines (metrics and errors still written)
+};
+
+// One optimizer step as the metrics contract reports it.
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double loss_scale = 1;
+  bool skipped = false;
+  int64_t tokens = 0;
+  double step_ms = 0;
+  double tokens_per_s = 0;
+};
+
+class Trainer {
+ public:
+  // Validates everything (config against the world size, model, data) before any work; errors are
+  // Error(kInvalidInput) naming the file and the numbers.
+  Trainer(comm::MpiCollective& comm, const TrainOptions& options);
+  ~Trainer();
+
+  // Trains to options.steps, saving as configured. Returns the records of the steps run (every rank).
+  std::vector<StepRecord> run();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace shardkit::trainer

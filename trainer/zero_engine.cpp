@@ -1,0 +1,320 @@
+#include "trainer/zero_engine.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ckpt/error.hpp"
+
+namespace shardkit::trainer {
+
+ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<TensorGroup> groups, const ZeroConfig& config,
+                       comm::MpiCollective& comm)
+    : table_(table),
+      groups_(std::move(groups)),
+      config_(config),
+      comm_(comm),
+      layout_(table, {comm.size(), config.stage, ckpt::kDefaultAlignment}),
+      rank_(comm.rank()),
+      world_(comm.size()) {
+  for (const auto& t : table) numel_.push_back(t.numel());
+  const size_t flat = static_cast<size_t>(layout_.flat_size());
+  const size_t full = static_cast<size_t>(world_) * flat;  // stages 0-2: W * P
+  switch (stage()) {
+    case 0:
+      params_full_.resize(full);
+      grads_full_.resize(full);
+      master_.resize(full);
+      exp_avg_.resize(full);
+      exp_avg_sq_.resize(full);
+      break;
+    case 1:
+    case 2:
+      params_full_.resize(full);
+      if (stage() == 1) grads_full_.resize(full);
+      master_.resize(flat);
+      exp_avg_.resize(flat);
+      exp_avg_sq_.resize(flat);
+      grad_part_.resize(flat);
+      break;
+    default:
+      master_.resize(flat);
+      exp_avg_.resize(flat);
+      exp_avg_sq_.resize(flat);
+      grad_part_.resize(flat);
+      gathered_.resize(table.size());
+      break;
+  }
+  acquired_count_.assign(groups_.size(), 0);
+  if (stage() >= 2) grad_buffers_.resize(table.size());
+}
+
+MemoryReport ZeroEngine::memory() const noexcept {
+  auto bytes = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * sizeof(float)); };
+  MemoryReport r;
+  // Stage 3 keeps no replicated parameters: the fp32 partition is what the model's groups are
+  // gathered from.
+  r.parameters = stage() == 3 ? bytes(master_) : bytes(params_full_);
+  r.gradients = stage() <= 1 ? bytes(grads_full_) : bytes(grad_part_);
+  r.optimizer_states = bytes(master_) + bytes(exp_avg_) + bytes(exp_avg_sq_);
+  return r;
+}
+
+std::vector<ckpt::Fragment> ZeroEngine::load_plan() const {
+  if (stage() != 0) return layout_.fragments(rank_);
+  // Stage 0 keeps every tensor whole, at its offset in the global flat buffer.
+  std::vector<ckpt::Fragment> plan;
+  for (size_t t = 0; t < numel_.size(); ++t) {
+    if (numel_[t] > 0) {
+      plan.push_back({static_cast<int32_t>(t), 0, numel_[t], layout_.global_offset(static_cast<int>(t))});
+    }
+  }
+  return plan;
+}
+
+void ZeroEngine::initialize(const std::function<void(int, int64_t, std::span<float>)>& init) {
+  std::fill(master_.begin(), master_.end(), 0.0f);
+  for (const ckpt::Fragment& f : load_plan()) {
+    init(f.tensor, f.tensor_offset, std::span<float>(master_.data() + f.flat_offset, static_cast<size_t>(f.length)));
+  }
+  std::fill(exp_avg_.begin(), exp_avg_.end(), 0.0f);
+  std::fill(exp_avg_sq_.begin(), exp_avg_sq_.end(), 0.0f);
+  publish_params();
+}
+
+void ZeroEngine::finish_load() {
+  publish_params();
+}
+
+void ZeroEngine::publish_params() {
+  if (stage() == 0) {
+    std::copy(master_.begin(), master_.end(), params_full_.begin());
+  } else if (stage() <= 2) {
+    const int64_t P = layout_.partition_size();
+    std::copy(master_.begin(), master_.end(), params_full_.begin() + rank_ * P);
+    comm_.allgather_inplace(params_full_.data(), P);
+  }
+  // Stage 3: the partition is the source of every gather; nothing to publish.
+}
+
+int64_t ZeroEngine::slot_end(int last_tensor) const {
+  return last_tensor < static_cast<int>(numel_.size()) ? layout_.slot_offset(last_tensor) : layout_.flat_size();
+}
+
+void ZeroEngine::acquire(int group) {
+  if (stage() != 3) return;
+  if (acquired_count_[static_cast<size_t>(group)]++ == 0) gather_stage3(group);
+}
+
+void ZeroEngine::release(int group) {
+  if (stage() != 3) return;
+  if (--acquired_count_[static_cast<size_t>(group)] > 0) return;
+  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  for (int t = g.first; t < g.last; ++t) std::vector<float>().swap(gathered_[static_cast<size_t>(t)]);
+}
+
+void ZeroEngine::gather_stage3(int group) {
+  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  int a = g.first;
+  while (a < g.last) {
+    // A bucket: consecutive tensors whose slots together fit allgather_bucket_size (at least one).
+    int b = a + 1;
+    while (b < g.last && slot_end(b + 1) - layout_.slot_offset(a) <= config_.allgather_bucket_size) ++b;
+    const int64_t base = layout_.slot_offset(a);
+    const int64_t span = slot_end(b) - base;
+    recv_buffer_.resize(static_cast<size_t>(span * world_));
+    comm_.allgather(master_.data() + base, recv_buffer_.data(), span);
+    for (int t = a; t < b; ++t) {
+      const int64_t n = numel(t);
+      const int64_t piece = layout_.piece_size(t);
+      std::vector<float>& full = gathered_[static_cast<size_t>(t)];
+      full.resize(static_cast<size_t>(n));
+      for (int r = 0; r < world_; ++r) {
+        const int64_t count = std::clamp<int64_t>(n - r * piece, 0, piece);
+        const float* src = recv_buffer_.data() + r * span + (layout_.slot_offset(t) - base);
+        std::copy(src, src + count, full.data() + r * piece);
+      }
+    }
+    a = b;
+  }
+}
+
+const float* ZeroEngine::param(int tensor) const {
+  if (stage() <= 2) return params_full_.data() + layout_.global_offset(tensor);
+  const std::vector<float>& full = gathered_[static_cast<size_t>(tensor)];
+  if (full.size() != static_cast<size_t>(numel(tensor))) {
+    fail(ErrorKind::kInternal, "parameter " + table_[static_cast<size_t>(tensor)].name + " used while not acquired");
+  }
+  return full.data();
+}
+
+void ZeroEngine::open_grads(int group) {
+  if (stage() <= 1) return;
+  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  for (int t = g.first; t < g.last; ++t) grad_buffers_[static_cast<size_t>(t)].assign(static_cast<size_t>(numel(t)), 0);
+  ++open_groups_;
+}
+
+float* ZeroEngine::grad(int tensor) {
+  if (stage() <= 1) return grads_full_.data() + layout_.global_offset(tensor);
+  return grad_buffers_[static_cast<size_t>(tensor)].data();
+}
+
+void ZeroEngine::close_grads(int group) {
+  if (stage() <= 1) return;
+  --open_groups_;
+  pending_groups_.push_back(group);
+  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  for (int t = g.first; t < g.last; ++t) pending_elems_ += numel(t);
+  // Reduce a bucket once it is full, and whatever waits once the backward pass has closed every group.
+  if (pending_elems_ >= config_.reduce_bucket_size || open_groups_ == 0) flush_pending_grads();
+}
+
+void ZeroEngine::flush_pending_grads() {
+  std::vector<TensorGroup> closed;
+  for (int g : pending_groups_) closed.push_back(groups_[static_cast<size_t>(g)]);
+  std::sort(closed.begin(), closed.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  // Contiguous runs of tensors are reduced with one collective each.
+  size_t i = 0;
+  while (i < closed.size()) {
+    size_t j = i + 1;
+    while (j < closed.size() && closed[j].first == closed[j - 1].last) ++j;
+    if (stage() == 2) {
+      reduce_stage2(closed[i].first, closed[j - 1].last);
+    } else {
+      reduce_stage3(closed[i].first, closed[j - 1].last);
+    }
+    for (size_t k = i; k < j; ++k) {
+      for (int t = closed[k].first; t < closed[k].last; ++t)
+        std::vector<float>().swap(grad_buffers_[static_cast<size_t>(t)]);
+    }
+    i = j;
+  }
+  pending_groups_.clear();
+  pending_elems_ = 0;
+}
+
+void ZeroEngine::reduce_stage2(int first, int last) {
+  // The run covers global positions [lo, hi), which the partitions split in rank order: one
+  // reduce-scatter with per-rank counts hands each rank the sum over ranks of its own part.
+  const int64_t lo = layout_.global_offset(first);
+  const int64_t hi = layout_.global_offset(last - 1) + numel(last - 1);
+  const int64_t P = layout_.partition_size();
+  send_buffer_.resize(static_cast<size_t>(hi - lo));
+  for (int t = first; t < last; ++t) {
+    const auto& g = grad_buffers_[static_cast<size_t>(t)];
+    std::copy(g.begin(), g.end(), send_buffer_.begin() + (layout_.global_offset(t) - lo));
+  }
+  std::vector<int> counts(static_cast<size_t>(world_));
+  for (int r = 0; r < world_; ++r) {
+    counts[static_cast<size_t>(r)] =
+        static_cast<int>(std::max<int64_t>(0, std::min(hi, (r + 1) * P) - std::max(lo, r * P)));
+  }
+  const int mine = counts[static_cast<size_t>(rank_)];
+  recv_buffer_.resize(static_cast<size_t>(std::max(mine, 1)));
+  comm_.reduce_scatter(send_buffer_.data(), recv_buffer_.data(), counts);
+  float* dst = grad_part_.data() + (std::max(lo, rank_ * P) - rank_ * P);
+  for (int i = 0; i < mine; ++i) dst[i] += recv_buffer_[static_cast<size_t>(i)];
+}
+
+void ZeroEngine::reduce_stage3(int first, int last) {
+  // Every rank's slots for tensors [first, last) span the same range [base, base + span): block r of
+  // the send buffer holds rank r's pieces at their slot positions (zeros in the padding).
+  const int64_t base = layout_.slot_offset(first);
+  const int64_t span = slot_end(last) - base;
+  send_buffer_.assign(static_cast<size_t>(span * world_), 0.0f);
+  for (int t = first; t < last; ++t) {
+    const int64_t n = numel(t);
+    const int64_t piece = layout_.piece_size(t);
+    const auto& g = grad_buffers_[static_cast<size_t>(t)];
+    for (int r = 0; r < world_; ++r) {
+      const int64_t count = std::clamp<int64_t>(n - r * piece, 0, piece);
+      std::copy(g.begin() + r * piece, g.begin() + r * piece + count,
+                send_buffer_.begin() + r * span + (layout_.slot_offset(t) - base));
+    }
+  }
+  recv_buffer_.resize(static_cast<size_t>(span));
+  comm_.reduce_scatter_block(send_buffer_.data(), recv_buffer_.data(), span);
+  float* dst = grad_part_.data() + base;
+  for (int64_t i = 0; i < span; ++i) dst[i] += recv_buffer_[static_cast<size_t>(i)];
+}
+
+void ZeroEngine::zero_grads() {
+  std::fill(grads_full_.begin(), grads_full_.end(), 0.0f);
+  std::fill(grad_part_.begin(), grad_part_.end(), 0.0f);
+}
+
+void ZeroEngine::reduce_grads() {
+  if (stage() == 0) {
+    comm_.allreduce_sum(grads_full_.data(), static_cast<int64_t>(grads_full_.size()));
+  } else if (stage() == 1) {
+    comm_.reduce_scatter_block(grads_full_.data(), grad_part_.data(), layout_.partition_size());
+  } else if (!pending_groups_.empty() || open_groups_ != 0) {
+    fail(ErrorKind::kInternal, "gradients still open at the end of the step");
+  }
+}
+
+std::span<float> ZeroEngine::optimizer_grads() noexcept {
+  return stage() == 0 ? grads_full_ : grad_part_;
+}
+
+std::span<const float> ZeroEngine::owned(const std::vector<float>& buffer) const noexcept {
+  if (stage() != 0) return buffer;
+  const size_t P = static_cast<size_t>(layout_.partition_size());
+  return std::span<const float>(buffer.data() + static_cast<size_t>(rank_) * P, P);
+}
+
+double ZeroEngine::global_grad_sq() {
+  // Each element counted once: stage 0 counts the rank's slice of the replicated gradients.
+  const std::span<const float> g = owned(stage() == 0 ? grads_full_ : grad_part_);
+  double sum = 0.0;
+#pragma omp parallel for reduction(+ : sum) schedule(static)
+  for (size_t i = 0; i < g.size(); ++i) sum += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+  return comm_.allreduce_sum(sum);
+}
+
+bool ZeroEngine::global_overflow() {
+  const std::span<const float> g = owned(stage() == 0 ? grads_full_ : grad_part_);
+  int bad = 0;
+#pragma omp parallel for reduction(| : bad) schedule(static)
+  for (size_t i = 0; i < g.size(); ++i) bad |= std::isfinite(g[i]) ? 0 : 1;
+  return comm_.allreduce_max(bad) > 0;
+}
+
+void ZeroEngine::step(const AdamWStep& s) {
+  const std::span<float> grads = optimizer_grads();
+  const double bc1 = s.bias_correction ? 1.0 - std::pow(s.beta1, static_cast<double>(s.step)) : 1.0;
+  const double bc2 = s.bias_correction ? 1.0 - std::pow(s.beta2, static_cast<double>(s.step)) : 1.0;
+  const float b1 = static_cast<float>(s.beta1), b2 = static_cast<float>(s.beta2);
+  const float lr = static_cast<float>(s.lr), eps = static_cast<float>(s.eps), wd = static_cast<float>(s.weight_decay);
+  const float mult = static_cast<float>(s.grad_multiplier);
+  const float step_size = static_cast<float>(s.lr / bc1);
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  float* p = master_.data();
+  float* m = exp_avg_.data();
+  float* v = exp_avg_sq_.data();
+  const float* gr = grads.data();
+  const int64_t n = static_cast<int64_t>(grads.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float g = gr[i] * mult;
+    if (!s.adam_w_mode) g += wd * p[i];  // Adam with L2 regularisation
+    m[i] = b1 * m[i] + (1.0f - b1) * g;
+    v[i] = b2 * v[i] + (1.0f - b2) * g * g;
+    const float denom = std::sqrt(v[i]) * inv_sqrt_bc2 + eps;
+    if (s.adam_w_mode) p[i] -= lr * wd * p[i];  // decoupled weight decay (AdamW)
+    p[i] -= step_size * m[i] / denom;
+  }
+  publish_params();
+}
+
+std::span<const float> ZeroEngine::master_flat() const noexcept {
+  return owned(master_);
+}
+std::span<const float> ZeroEngine::exp_avg_flat() const noexcept {
+  return owned(exp_avg_);
+}
+std::span<const float> ZeroEngine::exp_avg_sq_flat() const noexcept {
+  return owned(exp_avg_sq_);
+}
+
+}  // namespace shardkit::trainer

@@ -1,0 +1,129 @@
+// The ZeRO engine on CPU ranks: owns the rank's share of parameters, gradients and AdamW states as the
+// layout function (ckpt/layout.hpp) partitions them, and serves the model through ParameterStore.
+//
+//   stage 0: everything replicated; gradients all-reduced; every rank runs the optimizer on all of it.
+//   stage 1: parameters and gradients replicated; optimizer states partitioned; gradients
+//            reduce-scattered once per step; updated partitions all-gathered.
+//   stage 2: as stage 1, but gradients are reduce-scattered during the backward pass, in buckets of
+//            reduce_bucket_size elements, and only the rank's own partition of them is kept.
+//   stage 3: parameters partitioned too: each group is all-gathered (in buckets of at most
+//            allgather_bucket_size elements) when the model acquires it and freed when released;
+//            gradients are reduce-scattered into their owners' pieces as groups complete.
+//
+// Gradients are summed across ranks; the caller divides by the world size (in step()'s multiplier).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "ckpt/layout.hpp"
+#include "comm/mpi.hpp"
+#include "trainer/ds_config.hpp"
+#include "trainer/param_store.hpp"
+
+namespace shardkit::trainer {
+
+struct AdamWStep {
+  double lr = 0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  bool adam_w_mode = true;
+  bool bias_correction = true;
+  int64_t step = 1;            // 1-based count of optimizer steps taken, this one included
+  double grad_multiplier = 1;  // applied to the summed gradients first (1 / (W * loss scale * clip))
+};
+
+// Bytes the rank holds persistently, for the start-up report.
+struct MemoryReport {
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer_states = 0;  // fp32 master weights + exp_avg + exp_avg_sq
+};
+
+class ZeroEngine final : public ParameterStore {
+ public:
+  ZeroEngine(const ckpt::TensorTable& table, std::vector<TensorGroup> groups, const ZeroConfig& config,
+             comm::MpiCollective& comm);
+
+  const ckpt::Layout& layout() const noexcept { return layout_; }
+  int stage() const noexcept { return layout_.stage(); }
+  MemoryReport memory() const noexcept;
+
+  // Fills every parameter element this rank keeps master weights for: init(tensor, offset, out)
+  // writes elements [offset, offset + out.size()) of the tensor. Moments start at zero.
+  void initialize(const std::function<void(int tensor, int64_t offset, std::span<float> out)>& init);
+
+  // ParameterStore.
+  void acquire(int group) override;
+  void release(int group) override;
+  const float* param(int tensor) const override;
+  void open_grads(int group) override;
+  float* grad(int tensor) override;
+  void close_grads(int group) override;
+
+  // Per optimizer step: zero the gradient accumulators, run the micro-batches, then reduce.
+  void zero_grads();
+  // Stages 0 and 1: all-reduce / reduce-scatter the accumulated gradients. (Stages 2 and 3 reduced
+  // during the backward passes.)
+  void reduce_grads();
+  // Sum of squares of the rank's reduced gradient partition, summed over ranks (all ranks agree).
+  double global_grad_sq();
+  // Whether any rank's reduced gradients hold inf or nan.
+  bool global_overflow();
+  // AdamW on the rank's partition, then the updated parameters are made visible to the model.
+  void step(const AdamWStep& step);
+
+  // The rank's flat buffers in the checkpoint layout (layout().flat_size() elements each).
+  std::span<const float> master_flat() const noexcept;
+  std::span<const float> exp_avg_flat() const noexcept;
+  std::span<const float> exp_avg_sq_flat() const noexcept;
+
+  // Load: what the rank must read to restore its states: (tensor, offset, length, position in the
+  // buffers returned by load_master/...). Then finish_load() publishes the parameters.
+  std::vector<ckpt::Fragment> load_plan() const;
+  std::span<float> load_master() noexcept { return master_; }
+  std::span<float> load_exp_avg() noexcept { return exp_avg_; }
+  std::span<float> load_exp_avg_sq() noexcept { return exp_avg_sq_; }
+  void finish_load();
+
+ private:
+  void publish_params();
+  std::span<float> optimizer_grads() noexcept;
+  std::span<const float> owned(const std::vector<float>& buffer) const noexcept;
+  void flush_pending_grads();
+  void reduce_stage2(int first_tensor, int last_tensor);
+  void reduce_stage3(int first_tensor, int last_tensor);
+  void gather_stage3(int group);
+  int64_t numel(int t) const noexcept { return numel_[static_cast<size_t>(t)]; }
+  // Stage 3: where tensor t's slot starts, and where the slots of tensors [.., t) end.
+  int64_t slot_end(int last_tensor) const;
+
+  const ckpt::TensorTable& table_;
+  std::vector<TensorGroup> groups_;
+  ZeroConfig config_;
+  comm::MpiCollective& comm_;
+  ckpt::Layout layout_;
+  std::vector<int64_t> numel_;
+  int rank_;
+  int world_;
+
+  // Stages 0-2: the model's parameters, replicated (W * P elements, tensors at global offsets).
+  std::vector<float> params_full_;
+  // Stages 0-1: gradients, replicated, accumulated in place across micro-batches.
+  std::vector<float> grads_full_;
+  // The optimizer's view: stage 0 full (W * P), stages 1-2 the partition (P), stage 3 the slots (F).
+  std::vector<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
+
+  // Stage 3: gathered parameters of acquired groups, one buffer per tensor.
+  std::vector<std::vector<float>> gathered_;
+  std::vector<int> acquired_count_;  // per group
+  // Stages 2-3: gradient buffers of open groups (one per tensor) and closed groups awaiting reduction.
+  std::vector<std::vector<float>> grad_buffers_;
+  std::vector<int> pending_groups_;
+  int64_t pending_elems_ = 0;
+  int open_groups_ = 0;
+  std::vector<float> send_buffer_, recv_buffer_;
+};
+
+}  // namespace shardkit::trainer
