@@ -49,7 +49,8 @@ int count_lines(const std::string& s) {
 }
 
 TEST(Cli, EverySubcommandHasHelpWithAnExample) {
-  for (const char* sub : {"ckpt ls", "ckpt inspect", "ckpt verify", "ckpt diff", "bench ckpt", "bench checksum"}) {
+  for (const char* sub : {"train", "eval", "data encode", "ckpt ls", "ckpt inspect", "ckpt verify", "ckpt diff",
+                          "bench ckpt", "bench checksum"}) {
     const Result r = run(std::string(sub) + " --help");
     EXPECT_EQ(r.code, 0) << sub;
     EXPECT_NE(r.out.find("Example:"), std::string::npos) << sub << "\n" << r.out;
@@ -127,6 +128,98 @@ TEST(Cli, WriteListInspectVerifyDiffAndDetectDamage) {
   EXPECT_EQ(r.code, 1);
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("manifest.json"), std::string::npos) << r.err;
+}
+
+// Byte-level tokens of a repeated sentence: enough windows of 65 tokens for gpt2-tiny.
+std::filesystem::path write_text_tokens(const testing::TempDir& dir) {
+  std::ofstream text(dir / "text.txt");
+  for (int i = 0; i < 200; ++i) text << "sharded checkpoints let a run resume on any number of ranks " << i << ". ";
+  text.close();
+  const Result r = run("data encode " + (dir / "text.txt").string() + " -o " + (dir / "text.bin").string());
+  EXPECT_EQ(r.code, 0) << r.err;
+  return dir / "text.bin";
+}
+
+const std::string kSamples = std::string(SHARDKIT_SOURCE_DIR) + "/samples/configs/";
+
+TEST(Cli, SeedArticleConfigsTrainAsWritten) {
+  testing::TempDir dir;
+  const std::string data = write_text_tokens(dir).string();
+  // train_batch_size 32 with 4 accumulation steps: micro-batches of 4 on 2 ranks; fp16 on CPU ranks.
+  Result r = run("train --config " + kSamples + "seed_zero2_fp16.json --model gpt2-tiny --data " + data +
+                     " --steps 2 --threads 1 --metrics " + (dir / "m.jsonl").string(),
+                 mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("notice: fp16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("batch 32 = 4 x 4 accumulation x 2 ranks"), std::string::npos) << r.out;
+  // Every metrics line carries the contract's keys.
+  std::ifstream metrics(dir / "m.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(metrics, line)) {
+    const auto j = nlohmann::json::parse(line);
+    for (const char* key :
+         {"step", "loss", "lr", "grad_norm", "loss_scale", "skipped", "tokens", "step_ms", "tokens_per_s"}) {
+      EXPECT_TRUE(j.contains(key)) << key << " missing in " << line;
+    }
+    EXPECT_EQ(j["loss_scale"], 65536.0);
+    ++lines;
+  }
+  EXPECT_EQ(lines, 2);
+  // "auto" batch sizes with micro-batches of 2: any world size.
+  r = run(
+      "train --config " + kSamples + "seed_zero2_auto.json --model gpt2-tiny --data " + data + " --steps 2 --threads 1",
+      mpirun(3));
+  EXPECT_EQ(r.code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("batch 6 = 2 x 1 accumulation x 3 ranks"), std::string::npos) << r.out;
+  // 32 samples cannot be split over 3 ranks with 4 accumulation steps: one clear line, exit 2.
+  r = run("train --config " + kSamples + "seed_zero2_fp16.json --model gpt2-tiny --data " + data + " --steps 2",
+          mpirun(3));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("train_batch_size 32 != train_micro_batch_size_per_gpu 2 * gradient_accumulation_steps 4 * "
+                       "world size 3"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST(Cli, TrainCheckpointsResumesAndEvaluates) {
+  testing::TempDir dir;
+  const std::string data = write_text_tokens(dir).string();
+  const std::string run_dir = (dir / "run").string();
+  Result r = run("train --config " + kSamples + "tiny_zero2.json --model gpt2-tiny --data " + data +
+                     " --steps 4 --save-interval 2 --keep-last 1 --threads 1 --save-dir " + run_dir,
+                 mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto list = nlohmann::json::parse(run("ckpt ls " + run_dir + " --json").out);
+  ASSERT_EQ(list.size(), 1u) << "--keep-last 1";
+  EXPECT_EQ(list[0]["step"], 4);
+  EXPECT_EQ(list[0]["world_size"], 2);
+  // Resume on 3 ranks at stage 3 and continue to step 6.
+  r = run("train --config " + kSamples + "tiny_zero3.json --model gpt2-tiny --data " + data +
+              " --steps 6 --threads 1 --save-dir " + run_dir,
+          mpirun(3));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+  EXPECT_EQ(run("ckpt verify " + run_dir).code, 0);
+  r = run("eval " + run_dir + " --data " + data + " --windows 4 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto eval = nlohmann::json::parse(r.out);
+  EXPECT_EQ(eval["tokens"], 4 * 64);
+  EXPECT_GT(eval["loss"].get<double>(), 0.0);
+  EXPECT_LT(eval["loss"].get<double>(), 5.6) << "worse than uniform over 256 tokens";
+  // A checkpoint of another model is refused with one line naming it.
+  std::ofstream(dir / "small.json")
+      << R"({"n_layer": 1, "n_head": 2, "n_embd": 64, "vocab_size": 256, "n_positions": 64})";
+  r = run("train --config " + kSamples + "tiny_zero2.json --model " + (dir / "small.json").string() + " --data " +
+              data + " --steps 8 --resume " + run_dir,
+          mpirun(1));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("holds another model"), std::string::npos) << r.err;
+  // A missing token file: exit 2, naming it.
+  r = run("train --config " + kSamples + "tiny_zero2.json --model gpt2-tiny --data " + (dir / "none.bin").string() +
+          " --steps 1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("none.bin"), std::string::npos) << r.err;
 }
 
 }  // namespace
