@@ -10,7 +10,7 @@
 #include "trainer/dense_params.hpp"
 #include "trainer/gemm.hpp"
 #include "trainer/gpt2.hpp"
-#include "trainer/model_config.hpp"
+#include "model/gpt2_config.hpp"
 
 namespace shardkit::trainer {
 
@@ -19,8 +19,8 @@ EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesyst
   set_compute_threads(threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   ckpt::CheckpointReader reader(checkpoint);
   const std::string where = reader.step_dir().string();
-  const GptConfig config = gpt_config_from_json(reader.manifest().model, where + " (model)");
-  const ckpt::TensorTable table = gpt2_tensor_table(config);
+  const model::GptConfig config = model::gpt_config_from_json(reader.manifest().model, where + " (model)");
+  const ckpt::TensorTable table = model::gpt2_tensor_table(config);
   if (!(reader.tensors() == table)) fail(ErrorKind::kCorrupt, where + ": tensor table does not match its model config");
   const int state = reader.find_state(ckpt::kMasterWeights);
   if (state < 0) fail(ErrorKind::kInvalidInput, where + ": no fp32 master weights to evaluate");

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "trainer/model_config.hpp"
+#include "model/gpt2_config.hpp"
 #include "trainer/param_store.hpp"
 
 namespace shardkit::trainer {
@@ -21,9 +21,9 @@ struct PassTimes {
 class Gpt2 {
  public:
   // Activation buffers for batches of up to `batch` sequences of `seq_len` <= n_positions tokens.
-  Gpt2(const GptConfig& config, int batch, int seq_len);
+  Gpt2(const model::GptConfig& config, int batch, int seq_len);
 
-  const GptConfig& config() const noexcept { return config_; }
+  const model::GptConfig& config() const noexcept { return config_; }
   // Parameter groups: 0 = embeddings (wte, wpe), 1..L = blocks, L+1 = final LayerNorm.
   const std::vector<TensorGroup>& groups() const noexcept { return groups_; }
 
@@ -42,9 +42,9 @@ class Gpt2 {
   // Forward through the blocks into lnf_; gradients only when training.
   void forward_blocks(ParameterStore& params, const int32_t* inputs, int B, int T);
   void backward_blocks(ParameterStore& params, const int32_t* inputs, int B, int T);
-  int block_tensor(int layer, int k) const noexcept { return 2 + kTensorsPerBlock * layer + k; }
+  int block_tensor(int layer, int k) const noexcept { return 2 + model::kTensorsPerBlock * layer + k; }
 
-  GptConfig config_;
+  model::GptConfig config_;
   int max_batch_;
   int max_seq_;
   std::vector<TensorGroup> groups_;

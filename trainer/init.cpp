@@ -16,7 +16,7 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 
 }  // namespace
 
-void init_gpt2_values(const GptConfig& config, const ckpt::TensorInfo& tensor, uint64_t seed, int64_t offset,
+void init_gpt2_values(const model::GptConfig& config, const ckpt::TensorInfo& tensor, uint64_t seed, int64_t offset,
                       std::span<float> out) {
   const std::string_view name = tensor.name;
   if (ends_with(name, ".bias")) {

@@ -8,12 +8,12 @@
 #include <span>
 
 #include "ckpt/tensor_table.hpp"
-#include "trainer/model_config.hpp"
+#include "model/gpt2_config.hpp"
 
 namespace shardkit::trainer {
 
 // Writes elements [offset, offset + out.size()) of `tensor`'s initial values.
-void init_gpt2_values(const GptConfig& config, const ckpt::TensorInfo& tensor, uint64_t seed, int64_t offset,
+void init_gpt2_values(const model::GptConfig& config, const ckpt::TensorInfo& tensor, uint64_t seed, int64_t offset,
                       std::span<float> out);
 
 }  // namespace shardkit::trainer

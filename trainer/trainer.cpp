@@ -16,7 +16,7 @@
 #include "trainer/init.hpp"
 #include "trainer/loss_scaler.hpp"
 #include "trainer/lr_schedule.hpp"
-#include "trainer/model_config.hpp"
+#include "model/gpt2_config.hpp"
 #include "trainer/zero_engine.hpp"
 
 namespace shardkit::trainer {
@@ -57,7 +57,7 @@ struct Trainer::State {
   comm::MpiCollective& comm;
   TrainOptions options;
   DsConfig config;
-  GptConfig model_config;
+  model::GptConfig model_config;
   ckpt::TensorTable table;
   std::unique_ptr<Gpt2> model;
   std::unique_ptr<ZeroEngine> engine;
@@ -128,7 +128,7 @@ void Trainer::State::restore(const nlohmann::json& s, const std::string& where) 
 Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(std::make_unique<State>(comm, options)) {
   State& s = *s_;
   if (options.steps < 1) fail(ErrorKind::kInvalidInput, "--steps must be at least 1");
-  s.model_config = resolve_model(options.model);
+  s.model_config = model::resolve_model(options.model);
   s.config = load_ds_config(options.config, comm.size(), {s.model_config.n_embd});
   for (const std::string& w : s.config.warnings) s.log("warning: " + options.config.string() + ": " + w);
   if (s.config.fp16.enabled || s.config.bf16) {
@@ -141,7 +141,7 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   }
   set_compute_threads(options.threads > 0 ? options.threads : default_threads(comm));
 
-  s.table = gpt2_tensor_table(s.model_config);
+  s.table = model::gpt2_tensor_table(s.model_config);
   const int T = s.model_config.n_positions;
   const int micro = static_cast<int>(s.config.micro_batch_per_gpu);
   s.model = std::make_unique<Gpt2>(s.model_config, micro, T);
@@ -162,7 +162,7 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
     s.log("resumed from " + resume->string() + " at step " + std::to_string(s.step) + " (" +
           std::to_string(s.comm.size()) + " ranks, ZeRO stage " + std::to_string(s.config.zero.stage) + ")");
   } else {
-    const GptConfig& mc = s.model_config;
+    const model::GptConfig& mc = s.model_config;
     const ckpt::TensorTable& table = s.table;
     const uint64_t seed = options.seed;
     s.engine->initialize([&](int t, int64_t offset, std::span<float> out) {

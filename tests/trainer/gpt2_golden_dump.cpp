@@ -17,7 +17,7 @@
 #include "trainer/gemm.hpp"
 #include "trainer/gpt2.hpp"
 #include "trainer/init.hpp"
-#include "trainer/model_config.hpp"
+#include "model/gpt2_config.hpp"
 
 namespace {
 
@@ -38,8 +38,8 @@ int main(int argc, char** argv) {
   const std::filesystem::path out_dir = argv[3];
   const uint64_t seed = std::stoull(argv[2]);
   set_compute_threads(1);
-  const GptConfig config = resolve_model("gpt2-tiny");
-  const auto table = gpt2_tensor_table(config);
+  const shardkit::model::GptConfig config = shardkit::model::resolve_model("gpt2-tiny");
+  const auto table = shardkit::model::gpt2_tensor_table(config);
   DenseParams params(table);
   for (size_t t = 0; t < table.size(); ++t) {
     init_gpt2_values(config, table[t], seed, 0, params.values(static_cast<int>(t)));
@@ -55,9 +55,9 @@ int main(int argc, char** argv) {
     inputs[static_cast<size_t>(i)] = tokens.tokens()[pos];
     targets[static_cast<size_t>(i)] = tokens.tokens()[pos + 1];
   }
-  Gpt2 model(config, B, T);
-  const double loss = model.forward_backward(params, inputs.data(), targets.data(), B, T, 1.0f);
-  const double eval_loss = model.forward(params, inputs.data(), targets.data(), B, T);
+  Gpt2 gpt2(config, B, T);
+  const double loss = gpt2.forward_backward(params, inputs.data(), targets.data(), B, T, 1.0f);
+  const double eval_loss = gpt2.forward(params, inputs.data(), targets.data(), B, T);
 
   std::filesystem::create_directories(out_dir / "init");
   std::filesystem::create_directories(out_dir / "grad");
@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
                                                          {"eval_loss", eval_loss},
                                                          {"batch", B},
                                                          {"seq_len", T},
-                                                         {"model", to_json(config)}}
+                                                         {"model", shardkit::model::to_json(config)}}
                                               .dump()
                                        << "\n";
   return 0;

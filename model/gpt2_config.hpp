@@ -9,7 +9,7 @@
 
 #include "ckpt/tensor_table.hpp"
 
-namespace shardkit::trainer {
+namespace shardkit::model {
 
 struct GptConfig {
   int n_layer = 0;
@@ -49,4 +49,4 @@ ckpt::TensorTable gpt2_tensor_table(const GptConfig& config);
 // Number of parameters (tied output projection counted once).
 int64_t parameter_count(const GptConfig& config);
 
-}  // namespace shardkit::trainer
+}  // namespace shardkit::model

@@ -1,9 +1,9 @@
-#include "trainer/model_config.hpp"
+#include "model/gpt2_config.hpp"
 
 #include "ckpt/error.hpp"
 #include "ckpt/file_util.hpp"
 
-namespace shardkit::trainer {
+namespace shardkit::model {
 namespace {
 
 struct Preset {
@@ -124,4 +124,4 @@ int64_t parameter_count(const GptConfig& c) {
   return gpt2_tensor_table(c).total_elements();
 }
 
-}  // namespace shardkit::trainer
+}  // namespace shardkit::model
