@@ -92,6 +92,7 @@ ShardWriter::ShardWriter(const std::filesystem::path& path, const TensorTable& t
 
 ShardWriter::~ShardWriter() {
   if (committed_) return;
+  open_.reset();
   state_group_ = h5::Id();
   checksum_group_ = h5::Id();
   file_ = h5::Id();
@@ -99,21 +100,33 @@ ShardWriter::~ShardWriter() {
   std::filesystem::remove(tmp_path_, ec);
 }
 
+int64_t ShardWriter::chunk_elems() const noexcept {
+  return std::min(chunk_elems_, flat_size_);
+}
+
 void ShardWriter::write_state(std::string_view state, std::span<const float> flat) {
-  const auto it = std::find(states_.begin(), states_.end(), state);
-  if (it == states_.end()) fail(ErrorKind::kInternal, where_ + ": state " + std::string(state) + " was not declared");
-  const size_t index = static_cast<size_t>(it - states_.begin());
-  if (written_[index]) fail(ErrorKind::kInternal, where_ + ": state " + std::string(state) + " written twice");
   if (static_cast<int64_t>(flat.size()) != flat_size_) {
     fail(ErrorKind::kInternal, where_ + ": state " + std::string(state) + " has " + std::to_string(flat.size()) +
                                    " elements, the layout gives this rank " + std::to_string(flat_size_));
+  }
+  begin_state(state);
+  append(flat);
+  end_state();
+}
+
+void ShardWriter::begin_state(std::string_view state) {
+  const auto it = std::find(states_.begin(), states_.end(), state);
+  if (it == states_.end()) fail(ErrorKind::kInternal, where_ + ": state " + std::string(state) + " was not declared");
+  const size_t index = static_cast<size_t>(it - states_.begin());
+  if (written_[index] || open_) {
+    fail(ErrorKind::kInternal, where_ + ": state " + std::string(state) + " written twice or while another is open");
   }
   const std::string name(state);
   const std::string context = where_ + ": state " + name;
   const hsize_t dims[1] = {static_cast<hsize_t>(flat_size_)};
   h5::Id space = h5::check_id(H5Screate_simple(1, dims, nullptr), "H5Screate_simple");
   h5::Id dcpl = h5::check_id(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate");
-  const int64_t chunk = std::min(chunk_elems_, flat_size_);
+  const int64_t chunk = chunk_elems();
   if (chunk > 0) {
     const hsize_t chunk_dims[1] = {static_cast<hsize_t>(chunk)};
     h5::check(H5Pset_chunk(dcpl.get(), 1, chunk_dims), context + ": H5Pset_chunk");
@@ -125,75 +138,110 @@ void ShardWriter::write_state(std::string_view state, std::span<const float> fla
                 context + ": H5Pset_filter(zstd)");
     }
   }
-  h5::Id dataset = h5::check_id(
+  open_ = std::make_unique<OpenState>();
+  open_->index = index;
+  open_->dataset = h5::check_id(
       H5Dcreate2(state_group_.get(), name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
       context + ": cannot create dataset");
   const int64_t num_chunks = chunk > 0 ? (flat_size_ + chunk - 1) / chunk : 0;
-  std::vector<uint64_t>& sums = checksums_[index];
-  sums.assign(static_cast<size_t>(num_chunks), 0);
-  if (num_chunks > 0) write_chunks(dataset.get(), flat, sums.data());
-  dataset.close(context);
-  h5::write_uint64_dataset(checksum_group_.get(), name.c_str(), sums.size(), sums.data(), where_);
-  written_[index] = true;
+  checksums_[index].assign(static_cast<size_t>(num_chunks), 0);
 }
 
-void ShardWriter::write_chunks(hid_t dataset, std::span<const float> flat, uint64_t* checksums) {
-  const int64_t chunk = std::min(chunk_elems_, flat_size_);
+void ShardWriter::append(std::span<const float> data) {
+  if (!open_) fail(ErrorKind::kInternal, where_ + ": append() without begin_state()");
+  OpenState& st = *open_;
+  if (static_cast<int64_t>(data.size()) > flat_size_ - st.received) {
+    fail(ErrorKind::kInternal, where_ + ": more data than the state's " + std::to_string(flat_size_) + " elements");
+  }
+  st.received += static_cast<int64_t>(data.size());
+  const size_t chunk = static_cast<size_t>(chunk_elems());
+  std::vector<std::span<const float>> ready;
+  // First complete the partial chunk left by the previous call, then take whole chunks straight
+  // from the caller's memory; what is left waits for the next call.
+  bool pending_full = false;
+  if (!st.pending.empty()) {
+    const size_t take = std::min(chunk - st.pending.size(), data.size());
+    st.pending.insert(st.pending.end(), data.begin(), data.begin() + static_cast<long>(take));
+    data = data.subspan(take);
+    pending_full = st.pending.size() == chunk;
+    if (pending_full) ready.push_back(st.pending);
+  }
+  while (chunk > 0 && data.size() >= chunk) {
+    ready.push_back(data.first(chunk));
+    data = data.subspan(chunk);
+  }
+  write_chunks(ready);
+  if (pending_full) st.pending.clear();
+  st.pending.insert(st.pending.end(), data.begin(), data.end());
+}
+
+void ShardWriter::end_state() {
+  if (!open_) fail(ErrorKind::kInternal, where_ + ": end_state() without begin_state()");
+  OpenState& st = *open_;
+  if (st.received != flat_size_) {
+    fail(ErrorKind::kInternal, where_ + ": state " + states_[st.index] + " got " + std::to_string(st.received) +
+                                   " of its " + std::to_string(flat_size_) + " elements");
+  }
+  if (!st.pending.empty()) write_chunks({st.pending});  // the dataset's last, short chunk
+  const std::string& name = states_[st.index];
+  st.dataset.close(where_ + ": state " + name);
+  const std::vector<uint64_t>& sums = checksums_[st.index];
+  h5::write_uint64_dataset(checksum_group_.get(), name.c_str(), sums.size(), sums.data(), where_);
+  written_[st.index] = true;
+  open_.reset();
+}
+
+void ShardWriter::write_chunks(const std::vector<std::span<const float>>& chunks) {
+  if (chunks.empty()) return;
+  OpenState& st = *open_;
+  const hid_t dataset = st.dataset.get();
+  uint64_t* checksums = checksums_[st.index].data();
+  const int64_t chunk = chunk_elems();
   const size_t chunk_bytes = static_cast<size_t>(chunk) * sizeof(float);
-  const int64_t num_chunks = (flat_size_ + chunk - 1) / chunk;
   const std::string context = where_ + ": H5Dwrite_chunk";
-  // The last chunk may be partial: HDF5 stores whole chunks, so it is zero-padded. Its checksum
-  // covers the valid elements only.
-  auto chunk_span = [&](int64_t c) {
-    const int64_t begin = c * chunk;
-    return flat.subspan(static_cast<size_t>(begin), static_cast<size_t>(std::min(chunk, flat_size_ - begin)));
-  };
+  // HDF5 stores whole chunks, so a short last chunk is zero-padded; its checksum covers the valid
+  // elements only.
   auto padded_copy = [&](std::span<const float> part, std::vector<std::byte>& out) {
     out.assign(chunk_bytes, std::byte{0});
     std::memcpy(out.data(), part.data(), part.size_bytes());
+    return static_cast<const void*>(out.data());
   };
+  const int64_t first = st.next_chunk;
+  st.next_chunk += static_cast<int64_t>(chunks.size());
 
   if (options_.compression_level == 0) {
     std::vector<std::byte> padded;
-    for (int64_t c = 0; c < num_chunks; ++c) {
-      const std::span<const float> part = chunk_span(c);
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const std::span<const float> part = chunks[i];
+      const int64_t c = first + static_cast<int64_t>(i);
       checksums[c] = xxh64(part.data(), part.size_bytes());
-      const void* data = part.data();
-      if (part.size_bytes() < chunk_bytes) {
-        padded_copy(part, padded);
-        data = padded.data();
-      }
+      const void* data = part.size_bytes() < chunk_bytes ? padded_copy(part, padded) : part.data();
       const hsize_t offset[1] = {static_cast<hsize_t>(c * chunk)};
       h5::check(H5Dwrite_chunk(dataset, H5P_DEFAULT, 0, offset, chunk_bytes, data), context);
     }
     return;
   }
 
-  // Compressed: a batch of chunks is compressed (and checksummed) in parallel, then written in order.
+  // Compressed: batches of chunks are compressed (and checksummed) in parallel, then written in order.
   const int workers = pool_->concurrency();
-  const int64_t batch = int64_t{workers} * 2;
-  std::vector<std::unique_ptr<ZstdCompressor>> compressors(static_cast<size_t>(workers));
-  std::vector<std::vector<std::byte>> padded(static_cast<size_t>(workers));
-  std::vector<std::vector<std::byte>> frames(static_cast<size_t>(batch));
-  for (int64_t first = 0; first < num_chunks; first += batch) {
-    const int64_t count = std::min(batch, num_chunks - first);
-    pool_->parallel_for(static_cast<size_t>(count), [&](size_t i, int worker) {
-      const int64_t c = first + static_cast<int64_t>(i);
-      const std::span<const float> part = chunk_span(c);
-      checksums[c] = xxh64(part.data(), part.size_bytes());
-      auto& compressor = compressors[static_cast<size_t>(worker)];
+  compressors_.resize(static_cast<size_t>(workers));
+  padded_.resize(static_cast<size_t>(workers));
+  const size_t batch = static_cast<size_t>(workers) * 2;
+  frames_.resize(batch);
+  for (size_t b = 0; b < chunks.size(); b += batch) {
+    const size_t count = std::min(batch, chunks.size() - b);
+    pool_->parallel_for(count, [&](size_t i, int worker) {
+      const std::span<const float> part = chunks[b + i];
+      checksums[first + static_cast<int64_t>(b + i)] = xxh64(part.data(), part.size_bytes());
+      auto& compressor = compressors_[static_cast<size_t>(worker)];
       if (!compressor) compressor = std::make_unique<ZstdCompressor>();
-      const void* data = part.data();
-      if (part.size_bytes() < chunk_bytes) {
-        padded_copy(part, padded[static_cast<size_t>(worker)]);
-        data = padded[static_cast<size_t>(worker)].data();
-      }
-      compressor->compress(data, chunk_bytes, options_.compression_level, frames[i]);
+      const void* data =
+          part.size_bytes() < chunk_bytes ? padded_copy(part, padded_[static_cast<size_t>(worker)]) : part.data();
+      compressor->compress(data, chunk_bytes, options_.compression_level, frames_[i]);
     });
-    for (int64_t i = 0; i < count; ++i) {
-      const hsize_t offset[1] = {static_cast<hsize_t>((first + i) * chunk)};
-      const std::vector<std::byte>& frame = frames[static_cast<size_t>(i)];
-      h5::check(H5Dwrite_chunk(dataset, H5P_DEFAULT, 0, offset, frame.size(), frame.data()), context);
+    for (size_t i = 0; i < count; ++i) {
+      const hsize_t offset[1] = {static_cast<hsize_t>((first + static_cast<int64_t>(b + i)) * chunk)};
+      h5::check(H5Dwrite_chunk(dataset, H5P_DEFAULT, 0, offset, frames_[i].size(), frames_[i].data()), context);
     }
   }
 }
@@ -202,6 +250,7 @@ ShardRecord ShardWriter::commit() {
   for (size_t s = 0; s < states_.size(); ++s) {
     if (!written_[s]) fail(ErrorKind::kInternal, where_ + ": state " + states_[s] + " was never written");
   }
+  open_.reset();
   state_group_.close(where_);
   checksum_group_.close(where_);
   file_.close(where_ + ": closing the HDF5 file");  // flushes HDF5's metadata

@@ -19,6 +19,7 @@
 namespace shardkit::ckpt {
 
 class ThreadPool;
+class ZstdCompressor;
 
 struct ShardOptions {
   int64_t chunk_elems = 0;    // elements per HDF5 chunk; 0 = kDefaultChunkElems
@@ -56,12 +57,20 @@ class ShardWriter {
   // Writes the rank's flat buffer of one state: layout.flat_size() elements, padding included.
   void write_state(std::string_view state, std::span<const float> flat);
 
+  // The same, streamed: begin_state, then append() pieces of any size in flat order until
+  // layout.flat_size() elements were given, then end_state(). Memory stays at one chunk.
+  void begin_state(std::string_view state);
+  void append(std::span<const float> data);
+  void end_state();
+
   // Requires every state written. Closes the file, fsyncs it (options.durable), renames it to its
   // final name and fsyncs the directory.
   ShardRecord commit();
 
  private:
-  void write_chunks(hid_t dataset, std::span<const float> flat, uint64_t* checksums);
+  // Writes consecutive chunks of the open state (only the dataset's last chunk may be short).
+  void write_chunks(const std::vector<std::span<const float>>& chunks);
+  int64_t chunk_elems() const noexcept;
 
   std::filesystem::path path_;
   std::filesystem::path tmp_path_;
@@ -73,7 +82,19 @@ class ShardWriter {
   std::vector<std::string> states_;
   std::vector<std::vector<uint64_t>> checksums_;  // per state, per chunk; empty until written
   std::vector<bool> written_;
+  // The state being written: its dataset, how much arrived, the next chunk, a partial chunk.
+  struct OpenState {
+    size_t index = 0;
+    h5::Id dataset;
+    int64_t received = 0;
+    int64_t next_chunk = 0;
+    std::vector<float> pending;
+  };
+  std::unique_ptr<OpenState> open_;
   std::unique_ptr<ThreadPool> pool_;
+  std::vector<std::unique_ptr<ZstdCompressor>> compressors_;  // per pool worker
+  std::vector<std::vector<std::byte>> padded_;                // per pool worker
+  std::vector<std::vector<std::byte>> frames_;                // per chunk of a batch
   h5::Id file_;
   h5::Id state_group_;
   h5::Id checksum_group_;

@@ -160,3 +160,43 @@ TEST(ShardRoundTrip, WriterLeavesNoFileWhenNotCommitted) {
 
 }  // namespace
 }  // namespace shardkit
+
+namespace shardkit {
+namespace {
+
+TEST(ShardRoundTrip, StreamedAppendsWriteTheSameShardAsOneCall) {
+  const ckpt::TensorTable table = testing::random_table(17, 9, 3000);
+  const ckpt::Layout layout(table, {3, 2, 16});
+  std::vector<float> flat(static_cast<size_t>(layout.flat_size()));
+  bench::fill_synthetic(layout, 1, kSeed, 0, flat);
+  std::mt19937_64 rng(3);
+  for (int level : {0, 2}) {
+    TempDir dir;
+    ckpt::ShardOptions options;
+    options.chunk_elems = 101;
+    options.compression_level = level;
+    ckpt::ShardWriter whole(dir / "a.h5", table, layout, {"uid", 1, 1}, {"fp32"}, options);
+    whole.write_state("fp32", flat);
+    const ckpt::ShardRecord a = whole.commit();
+    ckpt::ShardWriter streamed(dir / "b.h5", table, layout, {"uid", 1, 1}, {"fp32"}, options);
+    streamed.begin_state("fp32");
+    size_t pos = 0;
+    while (pos < flat.size()) {
+      const size_t n = std::min<size_t>(flat.size() - pos, rng() % 250);  // pieces of 0..249, across chunks
+      streamed.append(std::span<const float>(flat).subspan(pos, n));
+      pos += n;
+    }
+    streamed.end_state();
+    const ckpt::ShardRecord b = streamed.commit();
+    EXPECT_EQ(a.digest, b.digest) << "level " << level;
+    EXPECT_EQ(a.bytes, b.bytes);
+    // Appending past the end, or ending early, is refused.
+    ckpt::ShardWriter bad(dir / "c.h5", table, layout, {"uid", 1, 1}, {"fp32"}, options);
+    bad.begin_state("fp32");
+    bad.append(std::span<const float>(flat).first(10));
+    EXPECT_THROW(bad.end_state(), Error);
+  }
+}
+
+}  // namespace
+}  // namespace shardkit
