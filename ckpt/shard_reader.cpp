@@ -26,8 +26,6 @@ ShardReader::ShardReader(const std::filesystem::path& path, const ShardExpectati
                                   std::to_string(expect.bytes) + (size < expect.bytes ? " (truncated)" : ""));
   }
   index_file(expect);
-  cached_chunk_.assign(states_.size(), -1);
-  cache_.resize(states_.size());
 }
 
 void ShardReader::index_file(const ShardExpectation& expect) {
@@ -182,15 +180,15 @@ void ShardReader::load_chunk(size_t state, int64_t chunk, float* out) {
 }
 
 std::string ShardReader::check_chunk(size_t state, int64_t chunk) {
-  std::vector<float>& buffer = cache_[state];
-  buffer.resize(static_cast<size_t>(chunk_elems_));
-  cached_chunk_[state] = -1;
+  cache_.resize(static_cast<size_t>(chunk_elems_));
+  cached_chunk_ = -1;
   try {
-    load_chunk(state, chunk, buffer.data());
+    load_chunk(state, chunk, cache_.data());
   } catch (const Error& e) {
     return e.what();
   }
-  cached_chunk_[state] = chunk;
+  cached_state_ = state;
+  cached_chunk_ = chunk;
   return {};
 }
 
@@ -208,14 +206,14 @@ void ShardReader::read(size_t state, int64_t offset, std::span<float> out) {
     if (within == 0 && run == chunk_elems_) {
       load_chunk(state, chunk, dst);  // a whole chunk goes straight into the caller's buffer
     } else {
-      std::vector<float>& buffer = cache_[state];
-      if (cached_chunk_[state] != chunk) {
-        buffer.resize(static_cast<size_t>(chunk_elems_));
-        cached_chunk_[state] = -1;
-        load_chunk(state, chunk, buffer.data());
-        cached_chunk_[state] = chunk;
+      if (cached_chunk_ != chunk || cached_state_ != state) {
+        cache_.resize(static_cast<size_t>(chunk_elems_));
+        cached_chunk_ = -1;
+        load_chunk(state, chunk, cache_.data());
+        cached_state_ = state;
+        cached_chunk_ = chunk;
       }
-      std::memcpy(dst, buffer.data() + within, static_cast<size_t>(run) * sizeof(float));
+      std::memcpy(dst, cache_.data() + within, static_cast<size_t>(run) * sizeof(float));
     }
     dst += run;
     pos += run;

@@ -75,9 +75,12 @@ class ShardReader {
   int64_t num_chunks_ = 0;
   std::vector<std::vector<ChunkLocation>> chunks_;  // [state][chunk]
   std::vector<std::vector<uint64_t>> checksums_;    // [state][chunk]
-  std::vector<std::byte> raw_;                      // a compressed chunk as read
-  std::vector<int64_t> cached_chunk_;               // [state]: index of the chunk in cache_, or -1
-  std::vector<std::vector<float>> cache_;           // [state]: the last decoded chunk
+  std::vector<std::byte> raw_;  // a compressed chunk as read
+  // The last decoded chunk (one for all states, so that memory per open shard stays one chunk):
+  // ranges that start or end inside a chunk read it from here.
+  size_t cached_state_ = 0;
+  int64_t cached_chunk_ = -1;
+  std::vector<float> cache_;
   ZstdDecompressor decompressor_;
 };
 

@@ -14,6 +14,7 @@ namespace shardkit::cli {
 using Action = std::function<int()>;
 
 void add_ckpt_commands(CLI::App& app, Action& action);
+void add_convert_commands(CLI::App& app, Action& action);
 void add_bench_commands(CLI::App& app, Action& action, int* argc, char*** argv);
 void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv);
 

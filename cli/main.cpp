@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   shardkit::cli::Action action;
   shardkit::cli::add_train_commands(app, action, &argc, &argv);
   shardkit::cli::add_ckpt_commands(app, action);
+  shardkit::cli::add_convert_commands(app, action);
   shardkit::cli::add_bench_commands(app, action, &argc, &argv);
   try {
     app.parse(argc, argv);

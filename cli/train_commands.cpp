@@ -20,7 +20,7 @@ namespace {
 struct TrainCli {
   trainer::TrainOptions options;
   std::string device = "cpu";
-  std::string config, data, save_dir, metrics;
+  std::string config, data, save_dir, metrics, init_from;
 };
 
 int run_train(TrainCli& o, int* argc, char*** argv) {
@@ -31,6 +31,7 @@ int run_train(TrainCli& o, int* argc, char*** argv) {
   o.options.data = o.data;
   o.options.save_dir = o.save_dir;
   o.options.metrics = o.metrics;
+  o.options.init_from = o.init_from;
   return run_on_ranks(argc, argv, [&](comm::MpiCollective& world) {
     trainer::Trainer t(world, o.options);
     t.run();
@@ -71,6 +72,9 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
   train->add_option("--metrics", o->metrics,
                     "Append one JSON object per step and per checkpoint to this file (rank 0)");
   train->add_option("--seed", o->options.seed, "Seed of initialisation and data order (default 1234)");
+  train->add_option("--init-from", o->init_from,
+                    "Start from Hugging Face GPT-2 weights (.safetensors file or folder, with config.json) instead "
+                    "of a random initialisation; ignored when a checkpoint is resumed");
   train->add_option("--threads", o->options.threads, "Compute threads per rank (default: cores / ranks per node)")
       ->check(CLI::NonNegativeNumber);
   train->add_flag("-q,--quiet", o->options.quiet, "No console output but errors");

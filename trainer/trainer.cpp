@@ -8,6 +8,8 @@
 #include <thread>
 
 #include "ckpt/error.hpp"
+#include "model/gpt2_config.hpp"
+#include "model/hf_weights.hpp"
 #include "trainer/checkpointing.hpp"
 #include "trainer/data.hpp"
 #include "trainer/ds_config.hpp"
@@ -16,7 +18,6 @@
 #include "trainer/init.hpp"
 #include "trainer/loss_scaler.hpp"
 #include "trainer/lr_schedule.hpp"
-#include "model/gpt2_config.hpp"
 #include "trainer/zero_engine.hpp"
 
 namespace shardkit::trainer {
@@ -115,10 +116,11 @@ void Trainer::State::restore(const nlohmann::json& s, const std::string& where) 
   skipped_steps = integer(s, "skipped_steps");
   optimizer_steps = integer(s, "optimizer_steps");
   last_batch_iteration = integer(s.value("lr_scheduler", nlohmann::json::object()), "last_batch_iteration");
-  if (!s.contains("loss_scaler")) fail(ErrorKind::kCorrupt, where + ": trainer_state.loss_scaler is missing");
-  scaler->from_json(s["loss_scaler"], where);
-  const nlohmann::json data = s.value("data", nlohmann::json::object());
-  data_seed = static_cast<uint64_t>(integer(data, "seed"));
+  // A checkpoint made by `convert import` has not trained yet: its loss scaler and data order are this
+  // run's own (from the config and --seed).
+  if (s.contains("loss_scaler")) scaler->from_json(s["loss_scaler"], where);
+  if (!s.contains("data")) return;
+  data_seed = static_cast<uint64_t>(integer(s["data"], "seed"));
   if (data_seed != options.seed) {
     log("note: continuing the checkpoint's data order (seed " + std::to_string(data_seed) + "), not --seed " +
         std::to_string(options.seed));
@@ -161,6 +163,14 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
     s.restore(state, resume->string());
     s.log("resumed from " + resume->string() + " at step " + std::to_string(s.step) + " (" +
           std::to_string(s.comm.size()) + " ranks, ZeRO stage " + std::to_string(s.config.zero.stage) + ")");
+  } else if (!options.init_from.empty()) {
+    const model::HfWeights weights(options.init_from);
+    if (!(weights.config() == s.model_config)) {
+      fail(ErrorKind::kInvalidInput,
+           options.init_from.string() + ": its config.json describes another model than " + s.model_config.name);
+    }
+    s.engine->initialize([&](int t, int64_t offset, std::span<float> out) { weights.read(t, offset, out); });
+    s.log("initialised from " + options.init_from.string());
   } else {
     const model::GptConfig& mc = s.model_config;
     const ckpt::TensorTable& table = s.table;

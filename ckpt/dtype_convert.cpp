@@ -1,0 +1,112 @@
+#include "ckpt/dtype_convert.hpp"
+
+#include <algorithm>
+#include <bit>
+
+namespace shardkit::ckpt {
+namespace {
+
+constexpr uint32_t kF32SignMask = 0x8000'0000u;
+constexpr uint32_t kF32AbsMask = 0x7fff'ffffu;
+constexpr uint32_t kF32Inf = 0x7f80'0000u;
+constexpr uint32_t kF32Implicit = 0x0080'0000u;  // the hidden leading 1 of a normal fp32
+constexpr uint32_t kF32MantissaMask = 0x007f'ffffu;
+
+constexpr uint16_t kF16Inf = 0x7c00;
+constexpr uint16_t kF16QuietBit = 0x0200;
+constexpr uint16_t kBF16QuietBit = 0x0040;
+
+// fp32 bit patterns of the fp16 range boundaries.
+constexpr uint32_t kF32TwoPow16 = 0x4780'0000u;         // 65536: the first magnitude past the fp16 grid
+constexpr uint32_t kF32TwoPowM14 = 0x3880'0000u;        // 2^-14: the smallest normal fp16
+constexpr uint32_t kF32TwoPowM25 = 0x3300'0000u;        // 2^-25: half the smallest subnormal fp16
+constexpr uint32_t kRebias = uint32_t{127 - 15} << 23;  // fp32 bias minus fp16 bias, in exponent position
+
+// Drops the low `shift` bits of `value` (1 <= shift <= 31), rounding to nearest with ties to even.
+// A carry out of the kept bits is wanted: it moves a mantissa into the next binade (or to infinity).
+constexpr uint32_t shift_right_round_even(uint32_t value, int shift) noexcept {
+  const uint32_t kept = value >> shift;
+  const uint32_t dropped = value & ((uint32_t{1} << shift) - 1);
+  const uint32_t half = uint32_t{1} << (shift - 1);
+  return kept + ((dropped > half || (dropped == half && (kept & 1u))) ? 1u : 0u);
+}
+
+}  // namespace
+
+uint16_t fp32_to_bf16(float x) noexcept {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  if ((bits & kF32AbsMask) > kF32Inf) {
+    // Rounding a NaN could carry out of its payload (0x7fffffff would become -0), and dropping the low
+    // bits of one whose payload lives there would leave an infinity: keep the top bits, force quiet.
+    return static_cast<uint16_t>((bits >> 16) | kBF16QuietBit);
+  }
+  // bf16 is fp32 with the low 16 mantissa bits dropped; the sign bit rides along, and a carry out of
+  // the exponent of the largest finite values correctly gives an infinity.
+  return static_cast<uint16_t>(shift_right_round_even(bits, 16));
+}
+
+uint16_t fp32_to_fp16(float x) noexcept {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  const auto sign = static_cast<uint16_t>((bits & kF32SignMask) >> 16);
+  const uint32_t abs = bits & kF32AbsMask;
+  if (abs > kF32Inf) {
+    // Keep the top 9 payload bits and force the quiet bit: the payload may live only in the low bits.
+    return static_cast<uint16_t>(sign | kF16Inf | kF16QuietBit | ((abs >> 13) & 0x3ffu));
+  }
+  if (abs >= kF32TwoPow16) return static_cast<uint16_t>(sign | kF16Inf);  // too large, or an infinity
+  if (abs >= kF32TwoPowM14) {
+    // Normal fp16 range: rebias the exponent, then drop 13 mantissa bits. Rounding up from 65504 (the
+    // largest fp16) carries into the all-ones exponent with a zero mantissa, which is the infinity.
+    return static_cast<uint16_t>(sign | shift_right_round_even(abs - kRebias, 13));
+  }
+  if (abs <= kF32TwoPowM25) return sign;  // rounds to zero (2^-25 itself is a tie, and zero is even)
+  // Subnormal fp16: the value is m * 2^-24 with m < 1024. With the hidden bit made explicit, the fp32 is
+  // significand * 2^(e - 150), so m = significand * 2^(e - 126): shift right by 126 - e (14..24 here).
+  // Rounding 1023.5 up gives 1024, the bit pattern of the smallest normal: also right.
+  const int exponent = static_cast<int>(abs >> 23);
+  const uint32_t significand = (abs & kF32MantissaMask) | kF32Implicit;
+  return static_cast<uint16_t>(sign | shift_right_round_even(significand, 126 - exponent));
+}
+
+float bf16_to_fp32(uint16_t h) noexcept {
+  return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+}
+
+float fp16_to_fp32(uint16_t h) noexcept {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0x1f) return std::bit_cast<float>(sign | kF32Inf | (mantissa << 13));  // inf or NaN
+  if (exponent != 0) return std::bit_cast<float>(sign | ((exponent + (127 - 15)) << 23) | (mantissa << 13));
+  if (mantissa == 0) return std::bit_cast<float>(sign);  // signed zero
+  // Subnormal fp16 (m * 2^-24) is a normal fp32: shift the mantissa up until its leading 1 reaches the
+  // hidden-bit position, lowering the exponent of the smallest normal (2^-14) by one for each step.
+  uint32_t f32_exponent = 127 - 14;
+  while ((mantissa & 0x400u) == 0) {
+    mantissa <<= 1;
+    --f32_exponent;
+  }
+  return std::bit_cast<float>(sign | (f32_exponent << 23) | ((mantissa & 0x3ffu) << 13));
+}
+
+void convert_fp32_to_bf16(std::span<const float> in, std::span<uint16_t> out) noexcept {
+  const size_t n = std::min(in.size(), out.size());
+  for (size_t i = 0; i < n; ++i) out[i] = fp32_to_bf16(in[i]);
+}
+
+void convert_fp32_to_fp16(std::span<const float> in, std::span<uint16_t> out) noexcept {
+  const size_t n = std::min(in.size(), out.size());
+  for (size_t i = 0; i < n; ++i) out[i] = fp32_to_fp16(in[i]);
+}
+
+void convert_bf16_to_fp32(std::span<const uint16_t> in, std::span<float> out) noexcept {
+  const size_t n = std::min(in.size(), out.size());
+  for (size_t i = 0; i < n; ++i) out[i] = bf16_to_fp32(in[i]);
+}
+
+void convert_fp16_to_fp32(std::span<const uint16_t> in, std::span<float> out) noexcept {
+  const size_t n = std::min(in.size(), out.size());
+  for (size_t i = 0; i < n; ++i) out[i] = fp16_to_fp32(in[i]);
+}
+
+}  // namespace shardkit::ckpt

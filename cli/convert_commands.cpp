@@ -1,0 +1,175 @@
+// `shardkit convert reshard | consolidate | import`.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <memory>
+
+#include "ckpt/error.hpp"
+#include "cli/commands.hpp"
+#include "cli/console.hpp"
+#include "convert/consolidate.hpp"
+#include "convert/import.hpp"
+#include "convert/reshard.hpp"
+
+namespace shardkit::cli {
+namespace {
+
+// Options every converter takes.
+struct Common {
+  std::string max_memory = "2GiB";
+  int threads = 0;
+  bool force = false;
+  bool quiet = false;
+};
+
+void add_common(CLI::App* app, Common& c) {
+  app->add_option("--max-memory", c.max_memory, "Bound on the buffers in flight, all threads together (default 2GiB)");
+  app->add_option("--threads", c.threads, "I/O threads (default: from the hardware, at most 8)")
+      ->check(CLI::Range(0, 256));
+  app->add_flag("--force", c.force, "Replace the output if it exists");
+  app->add_flag("-q,--quiet", c.quiet, "No progress output");
+}
+
+convert::ConvertOptions options_from(const Common& c, Progress& progress) {
+  convert::ConvertOptions o;
+  o.max_memory = parse_size(c.max_memory, "--max-memory");
+  o.threads = c.threads;
+  o.force = c.force;
+  o.progress = [&progress](int64_t done, int64_t total) { progress.update(done, total); };
+  return o;
+}
+
+struct ReshardCli {
+  Common common;
+  std::string source, output;
+  int world_size = 0;
+  int stage = -1;
+  int compress = -1;
+};
+
+int run_reshard(const ReshardCli& c) {
+  Progress progress("reshard", c.common.quiet);
+  convert::ReshardRequest r;
+  r.source = c.source;
+  r.output = c.output;
+  r.world_size = c.world_size;
+  if (c.stage >= 0) r.stage = c.stage;
+  if (c.compress >= 0) r.compression_level = c.compress;
+  const auto step_dir = convert::reshard(r, options_from(c.common, progress));
+  progress.finish();
+  std::printf("%s: %d ranks%s\n", step_dir.c_str(), c.world_size,
+              c.stage >= 0 ? (", ZeRO stage " + std::to_string(c.stage)).c_str() : "");
+  return 0;
+}
+
+struct ConsolidateCli {
+  Common common;
+  std::string source, output, format = "safetensors", dtype = "fp32", max_shard_size = "5GB";
+  bool with_optimizer = false;
+};
+
+int run_consolidate(const ConsolidateCli& c) {
+  convert::ConsolidateRequest r;
+  r.source = c.source;
+  r.output = c.output;
+  r.format = c.format == "hdf5"           ? convert::ExportFormat::kHdf5
+             : c.format == "hdf5-virtual" ? convert::ExportFormat::kHdf5Virtual
+                                          : convert::ExportFormat::kSafetensors;
+  r.dtype = c.dtype == "bf16"   ? convert::ExportDtype::kBF16
+            : c.dtype == "fp16" ? convert::ExportDtype::kF16
+                                : convert::ExportDtype::kF32;
+  r.with_optimizer = c.with_optimizer;
+  r.max_shard_bytes = static_cast<uint64_t>(parse_size(c.max_shard_size, "--max-shard-size"));
+  if (r.max_shard_bytes == 0) fail(ErrorKind::kInvalidInput, "--max-shard-size must be positive");
+  Progress progress("consolidate", c.common.quiet);
+  const std::vector<std::string> files = convert::consolidate(r, options_from(c.common, progress));
+  progress.finish();
+  for (const std::string& f : files) std::printf("%s\n", (std::filesystem::path(c.output) / f).c_str());
+  return 0;
+}
+
+struct ImportCli {
+  Common common;
+  std::string weights, output;
+  int world_size = 1;
+  int stage = 0;
+};
+
+int run_import(const ImportCli& c) {
+  convert::ImportRequest r;
+  r.weights = c.weights;
+  r.output = c.output;
+  r.world_size = c.world_size;
+  r.stage = c.stage;
+  Progress progress("import", c.common.quiet);
+  const auto step_dir = convert::import_weights(r, options_from(c.common, progress));
+  progress.finish();
+  std::printf("%s: step 0, %d ranks, ZeRO stage %d\n", step_dir.c_str(), c.world_size, c.stage);
+  return 0;
+}
+
+}  // namespace
+
+void add_convert_commands(CLI::App& app, Action& action) {
+  CLI::App* convert = app.add_subcommand("convert", "Reshard checkpoints, export consolidated weights, import weights");
+  convert->require_subcommand(1);
+
+  auto r = std::make_shared<ReshardCli>();
+  CLI::App* reshard = convert->add_subcommand(
+      "reshard",
+      "Rewrite a checkpoint for another world size and/or ZeRO stage (weights, Adam moments, trainer state)");
+  reshard->add_option("CKPT", r->source, "Step directory, or run directory (follows 'latest')")->required();
+  reshard->add_option("-o,--output", r->output, "New run directory (receives step-NNNNNNNN/ and 'latest')")->required();
+  reshard->add_option("--world-size", r->world_size, "Ranks of the new layout")->required()->check(CLI::PositiveNumber);
+  reshard->add_option("--stage", r->stage, "ZeRO stage of the new layout (default: the source's)")
+      ->check(CLI::Range(0, 3));
+  reshard->add_option("--compress", r->compress, "zstd level 1-19 or 0 for none (default: the source's)")
+      ->check(CLI::Range(0, 19));
+  add_common(reshard, r->common);
+  reshard->footer("Example: shardkit convert reshard runs/gpt2 -o runs/gpt2-8x --world-size 8 --stage 3");
+  reshard->callback([&action, r] { action = [r] { return run_reshard(*r); }; });
+
+  auto c = std::make_shared<ConsolidateCli>();
+  CLI::App* consolidate = convert->add_subcommand(
+      "consolidate", "Export full weights: safetensors for Hugging Face transformers, HDF5, or an HDF5 virtual view");
+  consolidate->add_option("CKPT", c->source, "Step directory, or run directory (follows 'latest')")->required();
+  consolidate->add_option("-o,--output", c->output, "New directory for the export")->required();
+  consolidate
+      ->add_option("--format", c->format,
+                   "safetensors (model.safetensors + config.json, GPT2LMHeadModel.from_pretrained loads it), "
+                   "hdf5 (model.h5, one dataset per tensor), or hdf5-virtual (view.h5: virtual datasets over "
+                   "the shard files, no copy)")
+      ->check(CLI::IsMember({"safetensors", "hdf5", "hdf5-virtual"}));
+  consolidate->add_option("--dtype", c->dtype, "fp32 (default), bf16 or fp16 (round to nearest even; safetensors)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  consolidate->add_flag("--with-optimizer", c->with_optimizer,
+                        "Also export the Adam moments, as optimizer.exp_avg.<name> and optimizer.exp_avg_sq.<name>");
+  consolidate->add_option("--max-shard-size", c->max_shard_size,
+                          "Split safetensors output into model-0000i-of-0000n files with an index above this size "
+                          "(default 5GB)");
+  add_common(consolidate, c->common);
+  consolidate->footer("Example: shardkit convert consolidate runs/gpt2 -o export/gpt2 --dtype bf16");
+  consolidate->callback([&action, c] { action = [c] { return run_consolidate(*c); }; });
+
+  auto i = std::make_shared<ImportCli>();
+  CLI::App* import = convert->add_subcommand(
+      "import", "Turn Hugging Face GPT-2 safetensors (+ config.json) into a checkpoint at step 0 to fine-tune from");
+  import
+      ->add_option("WEIGHTS", i->weights,
+                   "A .safetensors file (config.json beside it) or a folder with model.safetensors or "
+                   "model.safetensors.index.json")
+      ->required();
+  import->add_option("-o,--output", i->output, "New run directory (receives step-00000000/ and 'latest')")->required();
+  import->add_option("--world-size", i->world_size, "Ranks of the layout (default 1)")->check(CLI::PositiveNumber);
+  import->add_option("--stage", i->stage, "ZeRO stage of the layout (default 0)")->check(CLI::Range(0, 3));
+  add_common(import, i->common);
+  import->footer(
+      "Example: shardkit convert import hf/gpt2 -o runs/ft --world-size 2 --stage 2\n"
+      "         mpirun -n 2 shardkit train --config ds.json --model gpt2 --data d.bin --steps 100 --resume runs/ft");
+  import->callback([&action, i] { action = [i] { return run_import(*i);
+};
+}  // namespace shardkit::cli
+);
+}
+
+}  // namespace shardkit::cli

@@ -1,0 +1,242 @@
+#include "convert/consolidate.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+
+#include "ckpt/checkpoint_reader.hpp"
+#include "ckpt/dtype_convert.hpp"
+#include "ckpt/error.hpp"
+#include "ckpt/file_util.hpp"
+#include "ckpt/h5.hpp"
+#include "ckpt/safetensors.hpp"
+#include "ckpt/shard_format.hpp"
+#include "ckpt/thread_pool.hpp"
+#include "ckpt/virtual_view.hpp"
+#include "convert/staging.hpp"
+#include "model/hf_gpt2.hpp"
+
+namespace shardkit::convert {
+namespace {
+
+namespace st = ckpt::safetensors;
+
+// One exported tensor: which table tensor and state it comes from, and its name and dtype in the output.
+struct Item {
+  int tensor = 0;
+  int state = 0;
+  std::string name;
+  ExportDtype dtype = ExportDtype::kF32;
+};
+
+const char* dtype_string(ExportDtype d) {
+  return d == ExportDtype::kF32 ? "F32" : d == ExportDtype::kBF16 ? "BF16" : "F16";
+}
+const char* torch_dtype(ExportDtype d) {
+  return d == ExportDtype::kF32 ? "float32" : d == ExportDtype::kBF16 ? "bfloat16" : "float16";
+}
+
+// The checkpoint's GPT-2 configuration; its tensor table must be exactly GPT-2's.
+model::GptConfig gpt2_of(const ckpt::CheckpointReader& reader) {
+  const std::string where = reader.step_dir().string();
+  const model::GptConfig config = model::gpt_config_from_json(reader.manifest().model, where + " (model)");
+  if (!(reader.tensors() == model::gpt2_tensor_table(config))) {
+    fail(ErrorKind::kInvalidInput, where + ": its tensors do not fit GPT-2 with its model configuration");
+  }
+  return config;
+}
+
+std::vector<Item> export_items(const ckpt::CheckpointReader& reader, ExportDtype dtype, bool with_optimizer) {
+  std::vector<Item> items;
+  auto state = [&](std::string_view name) {
+    const int s = reader.find_state(name);
+    if (s < 0) fail(ErrorKind::kInvalidInput, reader.step_dir().string() + ": no '" + std::string(name) + "' state");
+    return s;
+  };
+  const int master = state(ckpt::kMasterWeights);
+  const ckpt::TensorTable& table = reader.tensors();
+  for (size_t t = 0; t < table.size(); ++t) items.push_back({static_cast<int>(t), master, table[t].name, dtype});
+  if (with_optimizer) {
+    for (std::string_view s : {ckpt::kExpAvg, ckpt::kExpAvgSq}) {
+      const int index = state(s);
+      for (size_t t = 0; t < table.size(); ++t) {
+        items.push_back(
+            {static_cast<int>(t), index, "optimizer." + std::string(s) + "." + table[t].name, ExportDtype::kF32});
+      }
+    }
+  }
+  return items;
+}
+
+// Converts fp32 values into the output dtype's little-endian bytes.
+std::span<const std::byte> encode(std::span<const float> values, ExportDtype dtype, std::vector<uint16_t>& scratch) {
+  if (dtype == ExportDtype::kF32) return std::as_bytes(values);
+  scratch.resize(values.size());
+  if (dtype == ExportDtype::kBF16) {
+    ckpt::convert_fp32_to_bf16(values, scratch);
+  } else {
+    ckpt::convert_fp32_to_fp16(values, scratch);
+  }
+  return std::as_bytes(std::span<const uint16_t>(scratch));
+}
+
+std::vector<std::string> write_safetensors(const ConsolidateRequest& request, const ConvertOptions& options,
+                                           const std::filesystem::path& dir, const std::filesystem::path& source) {
+  const ckpt::CheckpointReader probe(source);
+  const model::GptConfig config = gpt2_of(probe);
+  const std::vector<Item> items = export_items(probe, request.dtype, request.with_optimizer);
+  std::vector<st::TensorSpec> specs;
+  std::map<std::string, const Item*> by_name;
+  for (const Item& item : items) {
+    specs.push_back({item.name, dtype_string(item.dtype), probe.tensors()[static_cast<size_t>(item.tensor)].shape});
+    by_name[item.name] = &item;
+  }
+  const std::vector<std::vector<st::TensorSpec>> shards = st::plan_shards(specs, request.max_shard_bytes);
+  const StreamPlan plan = plan_stream(options, 64);
+  int64_t total = 0;
+  for (const Item& item : items) total += probe.tensors()[static_cast<size_t>(item.tensor)].numel() * 4;
+  SharedProgress progress(options.progress, total);
+  std::vector<std::unique_ptr<ckpt::CheckpointReader>> readers(static_cast<size_t>(plan.threads));
+  std::vector<std::vector<float>> pieces(static_cast<size_t>(plan.threads));
+  std::vector<std::vector<uint16_t>> scratch(static_cast<size_t>(plan.threads));
+  ckpt::ThreadPool pool(plan.threads - 1);
+
+  std::vector<std::string> files;
+  std::map<std::string, std::string> weight_map;
+  uint64_t total_size = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string file = shards.size() == 1
+                                 ? std::string(st::kSingleFileName)
+                                 : st::shard_file_name(static_cast<int>(i + 1), static_cast<int>(shards.size()));
+    st::Writer writer(dir / file, shards[i], {{std::string(st::kFormatKey), std::string(st::kFormatPyTorch)}});
+    // Work: every tensor of the file, cut into pieces that bound the memory in flight.
+    struct Task {
+      const Item* item;
+      int64_t offset;
+      int64_t length;
+    };
+    std::vector<Task> tasks;
+    for (const st::TensorSpec& spec : shards[i]) {
+      const Item* item = by_name.at(spec.name);
+      const int64_t n = probe.tensors()[static_cast<size_t>(item->tensor)].numel();
+      for (int64_t off = 0; off < n; off += plan.piece_elems)
+        tasks.push_back({item, off, std::min(plan.piece_elems, n - off)});
+      weight_map[spec.name] = file;
+      total_size += writer.tensor_bytes(spec.name);
+    }
+    pool.parallel_for(tasks.size(), [&](size_t k, int worker) {
+      const Task& task = tasks[k];
+      auto& reader = readers[static_cast<size_t>(worker)];
+      if (!reader) reader = std::make_unique<ckpt::CheckpointReader>(probe.step_dir());
+      auto& piece = pieces[static_cast<size_t>(worker)];
+      piece.resize(static_cast<size_t>(task.length));
+      reader->read(task.item->tensor, task.item->state, task.offset, piece);
+      const std::span<const std::byte> bytes = encode(piece, task.item->dtype, scratch[static_cast<size_t>(worker)]);
+      writer.write(task.item->name, static_cast<uint64_t>(task.offset) * (bytes.size() / piece.size()), bytes);
+      progress.add(task.length * 4);
+    });
+    writer.finish();
+    files.push_back(file);
+  }
+  if (shards.size() > 1) {
+    ckpt::write_file_durable(dir / st::kIndexFileName, st::index_json(total_size, weight_map));
+    files.emplace_back(st::kIndexFileName);
+  }
+  ckpt::write_file_durable(dir / "config.json",
+                           model::hf_config_json(config, torch_dtype(request.dtype)).dump(2) + "\n");
+  files.emplace_back("config.json");
+  progress.finish();
+  return files;
+}
+
+std::vector<std::string> write_hdf5(const ConsolidateRequest& request, const ConvertOptions& options,
+                                    const std::filesystem::path& dir, const std::filesystem::path& source) {
+  if (request.dtype != ExportDtype::kF32) {
+    fail(ErrorKind::kInvalidInput, "--format hdf5 writes fp32 (HDF5 1.10 has no bf16/fp16 type); use safetensors");
+  }
+  ckpt::CheckpointReader reader(source);
+  const model::GptConfig config = gpt2_of(reader);
+  const std::vector<Item> items = export_items(reader, request.dtype, request.with_optimizer);
+  const StreamPlan plan = plan_stream(options, 1);
+  const std::filesystem::path path = dir / "model.h5";
+  const std::string where = path.string();
+  ckpt::h5::Id file = ckpt::h5::create_file(path);
+  ckpt::h5::write_attribute(file.get(), "format", std::string("shardkit-consolidated"), where);
+  ckpt::h5::write_attribute(file.get(), "model", model::hf_config_json(config, "float32").dump(), where);
+  ckpt::h5::write_attribute(file.get(), "step", reader.manifest().step, where);
+  ckpt::h5::write_attribute(file.get(), "checkpoint_uid", reader.manifest().checkpoint_uid, where);
+  int64_t total = 0;
+  for (const Item& item : items) total += reader.tensors()[static_cast<size_t>(item.tensor)].numel() * 4;
+  SharedProgress progress(options.progress, total);
+  std::vector<float> piece;
+  for (const Item& item : items) {
+    const ckpt::TensorInfo& t = reader.tensors()[static_cast<size_t>(item.tensor)];
+    // Datasets are written in slices along the first dimension (whole rows), each a regular hyperslab.
+    std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+    ckpt::h5::Id space = ckpt::h5::check_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                                            where + ": dataspace of " + item.name);
+    ckpt::h5::Id lcpl = ckpt::h5::check_id(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate");
+    ckpt::h5::check(H5Pset_create_intermediate_group(lcpl.get(), 1), "H5Pset_create_intermediate_group");
+    const std::string name = (item.name.rfind("optimizer.", 0) == 0 ? "/" : "/model/") + item.name;
+    ckpt::h5::Id dataset = ckpt::h5::check_id(
+        H5Dcreate2(file.get(), name.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT),
+        where + ": cannot create " + name);
+    const int64_t n = t.numel();
+    if (n == 0) continue;
+    const int64_t row = dims.empty() ? 1 : n / static_cast<int64_t>(dims[0]);
+    const int64_t rows_per_piece = std::max<int64_t>(1, plan.piece_elems / row);
+    const int64_t rows = dims.empty() ? 1 : static_cast<int64_t>(dims[0]);
+    for (int64_t r0 = 0; r0 < rows; r0 += rows_per_piece) {
+      const int64_t count = std::min(rows_per_piece, rows - r0);
+      piece.resize(static_cast<size_t>(count * row));
+      reader.read(item.tensor, item.state, r0 * row, piece);
+      ckpt::h5::Id file_space = ckpt::h5::check_id(H5Dget_space(dataset.get()), where);
+      if (!dims.empty()) {
+        std::vector<hsize_t> start(dims.size(), 0), extent = dims;
+        start[0] = static_cast<hsize_t>(r0);
+        extent[0] = static_cast<hsize_t>(count);
+        ckpt::h5::check(
+            H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr),
+            where + ": select in " + name);
+      }
+      const hsize_t mem_dims[1] = {static_cast<hsize_t>(piece.size())};
+      ckpt::h5::Id mem_space = ckpt::h5::check_id(H5Screate_simple(1, mem_dims, nullptr), "H5Screate_simple");
+      ckpt::h5::check(
+          H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, mem_space.get(), file_space.get(), H5P_DEFAULT, piece.data()),
+          where + ": write " + name);
+      progress.add(static_cast<int64_t>(piece.size()) * 4);
+    }
+  }
+  file.close(where);
+  ckpt::fsync_path(path);
+  progress.finish();
+  return {"model.h5"};
+}
+
+}  // namespace
+
+std::vector<std::string> consolidate(const ConsolidateRequest& request, const ConvertOptions& options) {
+  StagedDirectory out(request.output, options.force);
+  std::vector<std::string> files;
+  switch (request.format) {
+    case ExportFormat::kSafetensors:
+      files = write_safetensors(request, options, out.path(), request.source);
+      break;
+    case ExportFormat::kHdf5:
+      files = write_hdf5(request, options, out.path(), request.source);
+      break;
+    case ExportFormat::kHdf5Virtual: {
+      if (request.dtype != ExportDtype::kF32) fail(ErrorKind::kInvalidInput, "--format hdf5-virtual presents fp32");
+      ckpt::VirtualViewOptions view;
+      view.states = {std::string(ckpt::kMasterWeights)};
+      if (request.with_optimizer) view.states = {};
+      ckpt::write_virtual_view(request.source, out.path() / "view.h5", view);
+      files = {"view.h5"};
+      break;
+    }
+  }
+  out.commit();
+  return files;
+}
+
+}  // namespace shardkit::convert

@@ -1,0 +1,35 @@
+// `shardkit convert consolidate`: full weights out of a sharded checkpoint, streamed.
+//   safetensors:   Hugging Face GPT-2 names and orientations, the tied output projection once,
+//                  {"format": "pt"}, config.json for GPT2LMHeadModel.from_pretrained, sharded with an
+//                  index above max_shard_bytes; fp32, or bf16/fp16 rounded to nearest even.
+//   hdf5:          model.h5, one fp32 dataset per tensor in its full shape, the model config in attributes.
+//   hdf5-virtual:  view.h5, HDF5 virtual datasets that present every full tensor straight out of the
+//                  shard files (no copy; see ckpt/virtual_view.hpp).
+// With with_optimizer, the Adam moments are exported too, as tensors named
+// "optimizer.exp_avg.<name>" and "optimizer.exp_avg_sq.<name>" (always fp32).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "convert/stream.hpp"
+
+namespace shardkit::convert {
+
+enum class ExportFormat { kSafetensors, kHdf5, kHdf5Virtual };
+enum class ExportDtype { kF32, kBF16, kF16 };
+
+struct ConsolidateRequest {
+  std::filesystem::path source;  // step or run directory
+  std::filesystem::path output;  // a new directory
+  ExportFormat format = ExportFormat::kSafetensors;
+  ExportDtype dtype = ExportDtype::kF32;
+  bool with_optimizer = false;
+  uint64_t max_shard_bytes = 5'000'000'000;  // Hugging Face's default "5GB"
+};
+
+// Returns the files written, relative to the output directory.
+std::vector<std::string> consolidate(const ConsolidateRequest& request, const ConvertOptions& options);
+
+}  // namespace shardkit::convert

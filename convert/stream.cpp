@@ -1,0 +1,71 @@
+#include "convert/stream.hpp"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "ckpt/error.hpp"
+
+namespace shardkit::convert {
+
+StreamPlan plan_stream(const ConvertOptions& options, int max_useful_threads) {
+  // Buffers in flight per thread: a read piece, its converted copy, and the chunk caches of the
+  // readers and writers (a few MiB); keep 64 MiB of headroom for those.
+  constexpr int64_t kOverheadPerThread = int64_t{64} << 20;
+  constexpr int64_t kMinPiece = int64_t{1} << 16;  // elements
+  if (options.max_memory < (int64_t{128} << 20)) {
+    fail(ErrorKind::kInvalidInput, "--max-memory must be at least 128MiB");
+  }
+  StreamPlan plan;
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  plan.threads = options.threads > 0 ? options.threads : std::min(hw, 8);
+  plan.threads = std::max(1, std::min(plan.threads, max_useful_threads));
+  // HDF5 must be built thread-safe for several threads to write shards at once.
+  hbool_t threadsafe = 0;
+  if (H5is_library_threadsafe(&threadsafe) < 0 || !threadsafe) plan.threads = 1;
+  while (plan.threads > 1 && options.max_memory / plan.threads < 2 * kOverheadPerThread) --plan.threads;
+  const int64_t per_thread = options.max_memory / plan.threads - kOverheadPerThread;
+  plan.piece_elems = std::max(kMinPiece, per_thread / 2 / static_cast<int64_t>(sizeof(float)));
+  return plan;
+}
+
+void SharedProgress::add(int64_t bytes) {
+  const int64_t done = done_.fetch_add(bytes) + bytes;
+  if (!fn_) return;
+  std::unique_lock lock(mutex_, std::try_to_lock);  // a busy reporter skips, it does not wait
+  if (lock.owns_lock()) fn_(std::min(done, total_), total_);
+}
+
+void SharedProgress::finish() {
+  if (!fn_) return;
+  std::lock_guard lock(mutex_);
+  fn_(total_, total_);
+}
+
+void stream_flat(const std::vector<ckpt::Fragment>& fragments, int64_t flat_size, const ReadFn& read,
+                 std::vector<float>& piece, ckpt::ShardWriter& writer, SharedProgress& progress) {
+  const int64_t capacity = static_cast<int64_t>(piece.size());
+  auto zeros = [&](int64_t count) {
+    while (count > 0) {
+      const int64_t n = std::min(count, capacity);
+      std::fill(piece.begin(), piece.begin() + n, 0.0f);
+      writer.append(std::span<const float>(piece.data(), static_cast<size_t>(n)));
+      count -= n;
+    }
+  };
+  int64_t position = 0;
+  for (const ckpt::Fragment& f : fragments) {
+    zeros(f.flat_offset - position);
+    for (int64_t done = 0; done < f.length; done += capacity) {
+      const std::span<float> part(piece.data(), static_cast<size_t>(std::min(capacity, f.length - done)));
+      read(f.tensor, f.tensor_offset + done, part);
+      writer.append(part);
+      progress.add(static_cast<int64_t>(part.size() * sizeof(float)));
+    }
+    position = f.flat_offset + f.length;
+  }
+  zeros(flat_size - position);
+}
+
+}  // namespace shardkit::convert

@@ -1,0 +1,75 @@
+#include "model/hf_gpt2.hpp"
+
+#include "ckpt/error.hpp"
+
+namespace shardkit::model {
+namespace {
+
+bool starts_with(std::string_view s, std::string_view p) {
+  return s.substr(0, p.size()) == p;
+}
+bool ends_with(std::string_view s, std::string_view p) {
+  return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
+}
+
+}  // namespace
+
+nlohmann::json hf_config_json(const GptConfig& c, const std::string& torch_dtype) {
+  // Dropouts are 0: shardkit trains without dropout, and inference does not use it.
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", c.vocab_size},
+          {"n_positions", c.n_positions},
+          {"n_ctx", c.n_positions},
+          {"n_embd", c.n_embd},
+          {"n_layer", c.n_layer},
+          {"n_head", c.n_head},
+          {"n_inner", nullptr},
+          {"activation_function", "gelu_new"},
+          {"resid_pdrop", 0.0},
+          {"embd_pdrop", 0.0},
+          {"attn_pdrop", 0.0},
+          {"layer_norm_epsilon", 1e-5},
+          {"initializer_range", 0.02},
+          {"scale_attn_weights", true},
+          {"scale_attn_by_inverse_layer_idx", false},
+          {"reorder_and_upcast_attn", false},
+          {"use_cache", true},
+          {"bos_token_id", c.vocab_size - 1},
+          {"eos_token_id", c.vocab_size - 1},
+          {"tie_word_embeddings", true},
+          {"torch_dtype", torch_dtype}};
+}
+
+GptConfig gpt_config_from_hf(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object()) fail(ErrorKind::kInvalidInput, where + ": not a JSON object");
+  if (j.contains("model_type") && j["model_type"] != "gpt2") {
+    fail(ErrorKind::kInvalidInput, where + ": model_type is " + j["model_type"].dump() + ", expected \"gpt2\"");
+  }
+  nlohmann::json fields = j;
+  if (!fields.contains("n_positions") && fields.contains("n_ctx")) fields["n_positions"] = fields["n_ctx"];
+  GptConfig c = gpt_config_from_json(fields, where);
+  const auto inner = j.find("n_inner");
+  if (inner != j.end() && !inner->is_null() && *inner != 4 * c.n_embd) {
+    fail(ErrorKind::kInvalidInput, where + ": n_inner other than 4 * n_embd is not supported");
+  }
+  c.name = where;
+  return c;
+}
+
+std::optional<HfName> classify_hf_name(std::string_view name) {
+  if (name == "lm_head.weight") return HfName{HfName::kTiedOutput, ""};
+  if (starts_with(name, "optimizer.exp_avg.") || starts_with(name, "optimizer.exp_avg_sq.")) {
+    return HfName{HfName::kOptimizer, ""};
+  }
+  std::string_view rest = name;
+  if (starts_with(rest, "transformer.")) rest.remove_prefix(12);
+  if (starts_with(rest, "h.") && (ends_with(rest, ".attn.bias") || ends_with(rest, ".attn.masked_bias"))) {
+    return HfName{HfName::kBuffer, ""};
+  }
+  // The rest must be a parameter name once prefixed; the caller checks it against the table.
+  if (rest.empty()) return std::nullopt;
+  return HfName{HfName::kParameter, "transformer." + std::string(rest)};
+}
+
+}  // namespace shardkit::model

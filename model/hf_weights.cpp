@@ -1,0 +1,114 @@
+#include "model/hf_weights.hpp"
+
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/dtype_convert.hpp"
+#include "ckpt/error.hpp"
+#include "ckpt/file_util.hpp"
+#include "model/hf_gpt2.hpp"
+
+namespace shardkit::model {
+namespace {
+
+constexpr size_t kMaxJsonBytes = size_t{64} << 20;
+
+nlohmann::json read_json(const std::filesystem::path& path) {
+  const nlohmann::json j = nlohmann::json::parse(ckpt::read_small_file(path, kMaxJsonBytes), nullptr, false);
+  if (j.is_discarded()) fail(ErrorKind::kInvalidInput, path.string() + ": not valid JSON");
+  return j;
+}
+
+// The safetensors files of `path`: the file itself, or a folder's model.safetensors, or the shards its
+// index names (each a plain file name in the folder).
+std::vector<std::filesystem::path> weight_files(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec)) return {path};
+  if (!std::filesystem::is_directory(path, ec))
+    fail(ErrorKind::kInvalidInput, path.string() + ": no such file or folder");
+  const std::filesystem::path index = path / ckpt::safetensors::kIndexFileName;
+  if (std::filesystem::exists(index, ec)) {
+    const nlohmann::json j = read_json(index);
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
+      fail(ErrorKind::kInvalidInput, index.string() + ": no \"weight_map\" object");
+    }
+    std::set<std::string> names;
+    for (const auto& [tensor, file] : j["weight_map"].items()) {
+      if (!file.is_string() || !ckpt::is_plain_name(file.get<std::string>())) {
+        fail(ErrorKind::kInvalidInput,
+             index.string() + ": weight_map entry for " + tensor.substr(0, 80) + " is not a plain file name");
+      }
+      names.insert(file.get<std::string>());
+    }
+    std::vector<std::filesystem::path> files;
+    for (const std::string& n : names) files.push_back(path / n);
+    return files;
+  }
+  if (std::filesystem::exists(path / ckpt::safetensors::kSingleFileName, ec))
+    return {path / ckpt::safetensors::kSingleFileName};
+  fail(ErrorKind::kInvalidInput, path.string() + ": holds neither model.safetensors nor model.safetensors.index.json");
+}
+
+std::filesystem::path config_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  const std::filesystem::path folder = std::filesystem::is_directory(path, ec) ? path : path.parent_path();
+  const std::filesystem::path file = (folder.empty() ? std::filesystem::path(".") : folder) / "config.json";
+  if (!std::filesystem::exists(file, ec)) {
+    fail(ErrorKind::kInvalidInput, file.string() + ": missing (the model's config.json must accompany the weights)");
+  }
+  return file;
+}
+
+}  // namespace
+
+HfWeights::HfWeights(const std::filesystem::path& path) : path_(path) {
+  const std::filesystem::path cfg = config_file(path);
+  config_ = gpt_config_from_hf(read_json(cfg), cfg.string());
+  table_ = gpt2_tensor_table(config_);
+  sources_.resize(table_.size());
+  for (const std::filesystem::path& file : weight_files(path)) {
+    files_.push_back(std::make_unique<ckpt::safetensors::Reader>(file));
+    const ckpt::safetensors::Reader& reader = *files_.back();
+    for (const auto& info : reader.header().tensors) {
+      const std::string where = file.string() + ": tensor " + info.name.substr(0, 120);
+      const auto kind = classify_hf_name(info.name);
+      // Skipped: the tied copy of wte, mask buffers, and exported Adam moments (an import starts with
+      // zeroed moments).
+      if (kind && kind->kind != HfName::kParameter) continue;
+      const int t = kind ? table_.find(kind->name) : -1;
+      if (t < 0) fail(ErrorKind::kInvalidInput, where + " does not fit GPT-2 (" + config_.name + ")");
+      if (info.shape != table_[static_cast<size_t>(t)].shape) {
+        fail(ErrorKind::kInvalidInput, where + " has the wrong shape for this GPT-2 configuration");
+      }
+      if (info.dtype != "F32" && info.dtype != "BF16" && info.dtype != "F16") {
+        fail(ErrorKind::kInvalidInput, where + " has dtype " + info.dtype + " (expected F32, BF16 or F16)");
+      }
+      if (sources_[static_cast<size_t>(t)].info) fail(ErrorKind::kInvalidInput, where + " appears twice");
+      sources_[static_cast<size_t>(t)] = {&reader, &info};
+    }
+  }
+  for (size_t t = 0; t < table_.size(); ++t) {
+    if (!sources_[t].info) fail(ErrorKind::kInvalidInput, path.string() + ": tensor " + table_[t].name + " is missing");
+  }
+}
+
+HfWeights::~HfWeights() = default;
+
+void HfWeights::read(int tensor, int64_t offset, std::span<float> out) const {
+  const Source& s = sources_[static_cast<size_t>(tensor)];
+  const uint64_t width = s.info->dtype == "F32" ? 4 : 2;
+  if (width == 4) {
+    s.file->read(*s.info, static_cast<uint64_t>(offset) * 4, std::as_writable_bytes(out));
+    return;
+  }
+  std::vector<uint16_t> half(out.size());
+  s.file->read(*s.info, static_cast<uint64_t>(offset) * 2, std::as_writable_bytes(std::span<uint16_t>(half)));
+  if (s.info->dtype == "BF16") {
+    ckpt::convert_bf16_to_fp32(half, out);
+  } else {
+    ckpt::convert_fp16_to_fp32(half, out);
+  }
+}
+
+}  // namespace shardkit::model

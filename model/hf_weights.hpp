@@ -1,0 +1,47 @@
+// Pretrained GPT-2 weights in Hugging Face's safetensors layout — one file, or a folder with
+// model.safetensors or model.safetensors.index.json and its shards, plus config.json — read as fp32
+// tensors of shardkit's table, in any piece. Used by `convert import` and `train --init-from`.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "ckpt/safetensors.hpp"
+#include "ckpt/tensor_table.hpp"
+#include "model/gpt2_config.hpp"
+
+namespace shardkit::model {
+
+class HfWeights {
+ public:
+  // Opens and validates everything up front: config.json (in the folder, or beside the file), every
+  // file's header, names that fit GPT-2 (prefix "transformer." optional; lm_head.weight and old
+  // attention-mask buffers are skipped), each table tensor present once with its shape and an F32, BF16
+  // or F16 dtype. Error(kInvalidInput) naming the file and tensor otherwise.
+  explicit HfWeights(const std::filesystem::path& path);
+  ~HfWeights();
+
+  const GptConfig& config() const noexcept { return config_; }
+  const ckpt::TensorTable& table() const noexcept { return table_; }
+  // Where the weights came from (for messages and manifests).
+  const std::filesystem::path& path() const noexcept { return path_; }
+
+  // Elements [offset, offset + out.size()) of table tensor `tensor`, converted to fp32 (exactly: bf16
+  // and fp16 widen without rounding). Thread-safe.
+  void read(int tensor, int64_t offset, std::span<float> out) const;
+
+ private:
+  struct Source {
+    const ckpt::safetensors::Reader* file = nullptr;
+    const ckpt::safetensors::TensorInfo* info = nullptr;
+  };
+  std::filesystem::path path_;
+  GptConfig config_;
+  ckpt::TensorTable table_;
+  std::vector<std::unique_ptr<ckpt::safetensors::Reader>> files_;
+  std::vector<Source> sources_;  // per table tensor
+};
+
+}  // namespace shardkit::model
