@@ -27,6 +27,7 @@ StreamPlan plan_stream(const ConvertOptions& options, int max_useful_threads) {
   while (plan.threads > 1 && options.max_memory / plan.threads < 2 * kOverheadPerThread) --plan.threads;
   const int64_t per_thread = options.max_memory / plan.threads - kOverheadPerThread;
   plan.piece_elems = std::max(kMinPiece, per_thread / 2 / static_cast<int64_t>(sizeof(float)));
+  if (options.piece_elems > 0) plan.piece_elems = std::min(plan.piece_elems, options.piece_elems);
   return plan;
 }
 

@@ -21,6 +21,7 @@ struct ConvertOptions {
   int64_t max_memory = int64_t{2} << 30;  // bytes of buffers in flight, all threads together
   int threads = 0;                        // I/O threads; 0 = chosen from the hardware (at most 8)
   bool force = false;                     // replace an existing output
+  int64_t piece_elems = 0;                // elements per piece; 0 = derived from max_memory (tests set it small)
   ProgressFn progress;
 };
 

@@ -222,5 +222,44 @@ TEST(Cli, TrainCheckpointsResumesAndEvaluates) {
   EXPECT_NE(r.err.find("none.bin"), std::string::npos) << r.err;
 }
 
+std::vector<nlohmann::json> read_metrics(const std::filesystem::path& file) {
+  std::vector<nlohmann::json> steps;
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (!j.contains("event")) steps.push_back(std::move(j));
+  }
+  return steps;
+}
+
+TEST(Cli, AReshardedCheckpointResumesAtItsWorldSizeAndContinuesTheRun) {
+  testing::TempDir dir;
+  const std::string data = write_text_tokens(dir).string();
+  const std::string full = (dir / "full").string();
+  Result r = run("train --config " + kSamples + "tiny_zero2.json --model gpt2-tiny --data " + data +
+                     " --steps 6 --save-interval 2 --threads 1 --save-dir " + full + " --metrics " +
+                     (dir / "full.jsonl").string(),
+                 mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("convert reshard " + full + "/step-00000002 -o " + (dir / "three").string() +
+          " --world-size 3 --stage 3 --quiet");
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run("train --config " + kSamples + "tiny_zero3.json --model gpt2-tiny --data " + data +
+              " --steps 6 --threads 1 --save-dir " + (dir / "three").string() + " --metrics " +
+              (dir / "three.jsonl").string(),
+          mpirun(3));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto uninterrupted = read_metrics(dir / "full.jsonl");
+  const auto resumed = read_metrics(dir / "three.jsonl");
+  ASSERT_EQ(uninterrupted.size(), 6u);
+  ASSERT_EQ(resumed.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(resumed[i]["step"], uninterrupted[i + 2]["step"]);
+    const double want = uninterrupted[i + 2]["loss"].get<double>();
+    EXPECT_NEAR(resumed[i]["loss"].get<double>(), want, 1e-5 * want) << "step " << resumed[i]["step"];
+  }
+}
+
 }  // namespace
 }  // namespace shardkit

@@ -34,7 +34,7 @@ const std::vector<std::string>& adam_states() {
 
 std::filesystem::path write_synthetic_checkpoint(const std::filesystem::path& run_dir, const ckpt::TensorTable& table,
                                                  const ckpt::LayoutSpec& spec, const ckpt::ShardOptions& options,
-                                                 uint64_t seed, int64_t step) {
+                                                 uint64_t seed, int64_t step, const nlohmann::json& model) {
   const ckpt::Layout layout(table, spec);
   const std::filesystem::path step_dir = run_dir / ckpt::step_dir_name(step);
   ckpt::prepare_step_dir(step_dir);
@@ -46,6 +46,7 @@ std::filesystem::path write_synthetic_checkpoint(const std::filesystem::path& ru
   meta.states = adam_states();
   meta.shard = options;
   meta.trainer_state = {{"step", step}};
+  meta.model = model;
   std::vector<ckpt::ShardRecord> records;
   std::vector<float> flat(static_cast<size_t>(layout.flat_size()));
   for (int rank = 0; rank < spec.world_size; ++rank) {

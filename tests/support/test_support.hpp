@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "ckpt/layout.hpp"
 #include "ckpt/shard_writer.hpp"
 #include "ckpt/tensor_table.hpp"
@@ -33,7 +35,8 @@ const std::vector<std::string>& adam_states();
 // `spec`, writing every rank's shard from this process. Returns the step directory.
 std::filesystem::path write_synthetic_checkpoint(const std::filesystem::path& run_dir, const ckpt::TensorTable& table,
                                                  const ckpt::LayoutSpec& spec, const ckpt::ShardOptions& options,
-                                                 uint64_t seed, int64_t step = 1);
+                                                 uint64_t seed, int64_t step = 1,
+                                                 const nlohmann::json& model = nlohmann::json::object());
 
 // Where chunk `chunk` of /state/<state> lies in a shard file (byte offset and stored size).
 struct ChunkExtent {
