@@ -26,7 +26,10 @@ StreamPlan plan_stream(const ConvertOptions& options, int max_useful_threads) {
   if (H5is_library_threadsafe(&threadsafe) < 0 || !threadsafe) plan.threads = 1;
   while (plan.threads > 1 && options.max_memory / plan.threads < 2 * kOverheadPerThread) --plan.threads;
   const int64_t per_thread = options.max_memory / plan.threads - kOverheadPerThread;
-  plan.piece_elems = std::max(kMinPiece, per_thread / 2 / static_cast<int64_t>(sizeof(float)));
+  // Pieces of at most 16 MiB: large enough for efficient I/O, small enough that the threads overlap
+  // reading and writing instead of taking a whole tensor each.
+  constexpr int64_t kMaxPiece = int64_t{1} << 22;
+  plan.piece_elems = std::clamp(per_thread / 2 / static_cast<int64_t>(sizeof(float)), kMinPiece, kMaxPiece);
   if (options.piece_elems > 0) plan.piece_elems = std::min(plan.piece_elems, options.piece_elems);
   return plan;
 }
