@@ -85,6 +85,14 @@ void FileDescriptor::close() {
   if (::close(fd) != 0 && errno != EINTR) fail_errno(path_.string() + ": close", errno);
 }
 
+void start_writeback(const FileDescriptor& fd, int64_t offset, int64_t length) noexcept {
+#ifdef __linux__
+  ::sync_file_range(fd.get(), offset, length, SYNC_FILE_RANGE_WRITE);
+#else
+  (void)fd, (void)offset, (void)length;
+#endif
+}
+
 void fsync_path(const std::filesystem::path& path) {
   FileDescriptor fd(path, O_RDONLY);
   fd.fsync();

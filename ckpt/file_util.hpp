@@ -39,6 +39,11 @@ class FileDescriptor {
   std::filesystem::path path_;
 };
 
+// Asks the kernel to start writing back dirty pages of [offset, offset + length) of the file (length 0:
+// to the end) without waiting for them: the final fsync then has little left to do, so writing and
+// flushing overlap. Advisory: errors are ignored here and surface at the fsync.
+void start_writeback(const FileDescriptor& fd, int64_t offset, int64_t length) noexcept;
+
 // fsync(2) of a file or of a directory (so that renames and creations in it are durable).
 void fsync_path(const std::filesystem::path& path);
 void fsync_directory(const std::filesystem::path& dir);

@@ -618,6 +618,7 @@ void Writer::write(std::string_view name, uint64_t offset, std::span<const std::
                                    std::to_string(t.size()) + " bytes");
   }
   pwrite_all(fd_, bytes.data(), bytes.size(), data_start_ + t.begin + offset);
+  start_writeback(fd_, static_cast<int64_t>(data_start_ + t.begin + offset), static_cast<int64_t>(bytes.size()));
 }
 
 void Writer::finish() {

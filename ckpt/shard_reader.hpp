@@ -75,7 +75,7 @@ class ShardReader {
   int64_t num_chunks_ = 0;
   std::vector<std::vector<ChunkLocation>> chunks_;  // [state][chunk]
   std::vector<std::vector<uint64_t>> checksums_;    // [state][chunk]
-  std::vector<std::byte> raw_;  // a compressed chunk as read
+  std::vector<std::byte> raw_;                      // a compressed chunk as read
   // The last decoded chunk (one for all states, so that memory per open shard stays one chunk):
   // ranges that start or end inside a chunk read it from here.
   size_t cached_state_ = 0;

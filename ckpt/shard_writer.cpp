@@ -1,5 +1,7 @@
 #include "ckpt/shard_writer.hpp"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -58,6 +60,7 @@ ShardWriter::ShardWriter(const std::filesystem::path& path, const TensorTable& t
   if (options.compression_level > 0) pool_ = std::make_unique<ThreadPool>(ThreadPool::default_threads(options.threads));
 
   file_ = h5::create_file(tmp_path_);
+  if (options_.durable) writeback_fd_ = FileDescriptor(tmp_path_, O_RDONLY);
   const hid_t root = file_.get();
   const LayoutSpec& spec = layout.spec();
   h5::write_attribute(root, shard_attr::kFormat, std::string(kShardFormatName), where_);
@@ -208,6 +211,12 @@ void ShardWriter::write_chunks(const std::vector<std::span<const float>>& chunks
   };
   const int64_t first = st.next_chunk;
   st.next_chunk += static_cast<int64_t>(chunks.size());
+  // Durable shards start write-back every 64 MiB, so that the fsync in commit() finds little to do.
+  unflushed_bytes_ += static_cast<int64_t>(chunks.size() * chunk_bytes);
+  if (writeback_fd_.get() >= 0 && unflushed_bytes_ >= (int64_t{64} << 20)) {
+    start_writeback(writeback_fd_, 0, 0);
+    unflushed_bytes_ = 0;
+  }
 
   if (options_.compression_level == 0) {
     std::vector<std::byte> padded;
@@ -254,6 +263,7 @@ ShardRecord ShardWriter::commit() {
   state_group_.close(where_);
   checksum_group_.close(where_);
   file_.close(where_ + ": closing the HDF5 file");  // flushes HDF5's metadata
+  writeback_fd_.close();
   if (options_.durable) fsync_path(tmp_path_);
   if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
     fail_errno("rename " + tmp_path_.string() + " -> " + path_.string(), errno);

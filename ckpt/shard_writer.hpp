@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/file_util.hpp"
 #include "ckpt/h5.hpp"
 #include "ckpt/layout.hpp"
 #include "ckpt/tensor_table.hpp"
@@ -96,6 +97,9 @@ class ShardWriter {
   std::vector<std::vector<std::byte>> padded_;                // per pool worker
   std::vector<std::vector<std::byte>> frames_;                // per chunk of a batch
   h5::Id file_;
+  // Another descriptor of the file being written, to start write-back as chunks accumulate.
+  FileDescriptor writeback_fd_;
+  int64_t unflushed_bytes_ = 0;
   h5::Id state_group_;
   h5::Id checksum_group_;
   bool committed_ = false;
