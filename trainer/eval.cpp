@@ -6,11 +6,11 @@
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/shard_format.hpp"
+#include "model/gpt2_config.hpp"
 #include "trainer/data.hpp"
 #include "trainer/dense_params.hpp"
 #include "trainer/gemm.hpp"
 #include "trainer/gpt2.hpp"
-#include "model/gpt2_config.hpp"
 
 namespace shardkit::trainer {
 

@@ -21,7 +21,8 @@ double ms_since(Clock::time_point t) {
 
 }  // namespace
 
-Gpt2::Gpt2(const model::GptConfig& config, int batch, int seq_len) : config_(config), max_batch_(batch), max_seq_(seq_len) {
+Gpt2::Gpt2(const model::GptConfig& config, int batch, int seq_len)
+    : config_(config), max_batch_(batch), max_seq_(seq_len) {
   model::validate(config, "model " + config.name);
   if (batch < 1 || seq_len < 1 || seq_len > config.n_positions) {
     fail(ErrorKind::kInvalidInput, "batch " + std::to_string(batch) + " x sequence " + std::to_string(seq_len) +
@@ -30,7 +31,8 @@ Gpt2::Gpt2(const model::GptConfig& config, int batch, int seq_len) : config_(con
   }
   const int L = config.n_layer;
   groups_.push_back({kWte, kWpe + 1});
-  for (int l = 0; l < L; ++l) groups_.push_back({2 + model::kTensorsPerBlock * l, 2 + model::kTensorsPerBlock * (l + 1)});
+  for (int l = 0; l < L; ++l)
+    groups_.push_back({2 + model::kTensorsPerBlock * l, 2 + model::kTensorsPerBlock * (l + 1)});
   groups_.push_back({2 + model::kTensorsPerBlock * L, 2 + model::kTensorsPerBlock * L + 2});
 
   const size_t N = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);

@@ -24,8 +24,8 @@ struct TrainOptions {
   std::filesystem::path metrics;
   uint64_t seed = 1234;
   std::filesystem::path init_from;  // Hugging Face GPT-2 weights to start from (when not resuming)
-  int threads = 0;     // compute threads per rank; 0: cores / ranks on this node
-  bool quiet = false;  // no console lines (metrics and errors still written)
+  int threads = 0;                  // compute threads per rank; 0: cores / ranks on this node
+  bool quiet = false;               // no console lines (metrics and errors still written)
 };
 
 // One optimizer step as the metrics contract reports it.

@@ -12,12 +12,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/gpt2_config.hpp"
 #include "trainer/data.hpp"
 #include "trainer/dense_params.hpp"
 #include "trainer/gemm.hpp"
 #include "trainer/gpt2.hpp"
 #include "trainer/init.hpp"
-#include "model/gpt2_config.hpp"
 
 namespace {
 
