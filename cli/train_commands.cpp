@@ -24,14 +24,12 @@ struct TrainCli {
 };
 
 int run_train(TrainCli& o, int* argc, char*** argv) {
-  if (o.device != "cpu") {
-    fail(ErrorKind::kInvalidInput, "--device " + o.device + ": this build trains on CPU ranks only (--device cpu)");
-  }
   o.options.config = o.config;
   o.options.data = o.data;
   o.options.save_dir = o.save_dir;
   o.options.metrics = o.metrics;
   o.options.init_from = o.init_from;
+  o.options.device = o.device;
   return run_on_ranks(argc, argv, [&](comm::MpiCollective& world) {
     trainer::Trainer t(world, o.options);
     t.run();
@@ -68,7 +66,10 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
   train->add_option("--resume", o->options.resume,
                     "auto: continue from --save-dir's latest checkpoint if any (default); none; or a checkpoint path "
                     "(any world size and ZeRO stage)");
-  train->add_option("--device", o->device, "cpu (default)");
+  train
+      ->add_option("--device", o->device,
+                   "cpu (default): fp32 on MPI ranks; cuda: one GPU per rank (local rank -> device), NCCL")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   train->add_option("--metrics", o->metrics,
                     "Append one JSON object per step and per checkpoint to this file (rank 0)");
   train->add_option("--seed", o->options.seed, "Seed of initialisation and data order (default 1234)");

@@ -42,7 +42,11 @@ if(CMAKE_CUDA_COMPILER)
     set(SHARDKIT_HAVE_CUDA ON)
   endif()
 endif()
-message(STATUS "shardkit: CUDA ${CUDAToolkit_VERSION} / NCCL found: ${SHARDKIT_HAVE_CUDA}")
+option(SHARDKIT_CUDA "Build the CUDA/NCCL backend (needs nvcc and NCCL)" ${SHARDKIT_HAVE_CUDA})
+if(SHARDKIT_CUDA AND NOT SHARDKIT_HAVE_CUDA)
+  message(FATAL_ERROR "SHARDKIT_CUDA=ON but CUDA or NCCL was not found")
+endif()
+message(STATUS "shardkit: CUDA ${CUDAToolkit_VERSION} / NCCL found: ${SHARDKIT_HAVE_CUDA}; CUDA backend: ${SHARDKIT_CUDA}")
 
 # Matrix products of the CPU trainer: OpenBLAS when present (Debian: libopenblas-dev), else the
 # trainer's built-in fallback. OpenMP parallelises the model's other loops.

@@ -11,7 +11,7 @@ echo "== system packages"
 ./scripts/setup-debian.sh
 
 echo "== format check (.clang-format)"
-git ls-files '*.cpp' '*.hpp' | xargs clang-format --dry-run --Werror
+git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror
 
 echo "== release build and full test suite"
 BUILD_DIR=build ./scripts/build.sh

@@ -29,20 +29,21 @@ Checkpointer::Checkpointer(comm::MpiCollective& comm, std::filesystem::path save
                            ckpt::ShardOptions shard)
     : comm_(comm), save_dir_(std::move(save_dir)), keep_last_(keep_last), shard_(shard) {}
 
-SaveOutcome Checkpointer::save(int64_t step, const ckpt::TensorTable& table, const ZeroEngine& engine,
+SaveOutcome Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& backend,
                                const nlohmann::json& trainer_state, const nlohmann::json& model,
                                const nlohmann::json& config) {
   const auto start = Clock::now();
   // Snapshot: a consistent copy of this step's states, taken between optimizer steps. The write below
   // reads only the snapshot, so it could run while training continues.
-  const std::span<const float> sources[3] = {engine.master_flat(), engine.exp_avg_flat(), engine.exp_avg_sq_flat()};
-  for (int s = 0; s < 3; ++s) snapshot_[s].assign(sources[s].begin(), sources[s].end());
+  const size_t flat = static_cast<size_t>(backend.layout().flat_size());
+  for (auto& buffer : snapshot_) buffer.resize(flat);
+  backend.snapshot(snapshot_[0], snapshot_[1], snapshot_[2]);
 
   ckpt::SaveRequest request;
   request.run_dir = save_dir_;
   request.meta.step = step;
   request.meta.table = &table;
-  request.meta.layout = engine.layout().spec();
+  request.meta.layout = backend.layout().spec();
   request.meta.states = state_names();
   request.meta.shard = shard_;
   request.meta.trainer_state = trainer_state;
@@ -85,8 +86,7 @@ std::optional<std::filesystem::path> resolve_resume(const std::string& resume, c
   return ckpt::resolve_checkpoint(resume);
 }
 
-nlohmann::json load_checkpoint(const std::filesystem::path& path, const ckpt::TensorTable& table, ZeroEngine& engine,
-                               nlohmann::json* model) {
+nlohmann::json load_checkpoint(const std::filesystem::path& path, const ckpt::TensorTable& table, Backend& backend) {
   ckpt::CheckpointReader reader(path);
   const std::string where = reader.step_dir().string();
   if (!(reader.tensors() == table)) {
@@ -97,19 +97,13 @@ nlohmann::json load_checkpoint(const std::filesystem::path& path, const ckpt::Te
   int states[3];
   for (int s = 0; s < 3; ++s) {
     states[s] = reader.find_state(state_names()[static_cast<size_t>(s)]);
-    if (states[s] < 0)
+    if (states[s] < 0) {
       fail(ErrorKind::kInvalidInput, where + " has no '" + state_names()[static_cast<size_t>(s)] + "' state");
-  }
-  const std::span<float> targets[3] = {engine.load_master(), engine.load_exp_avg(), engine.load_exp_avg_sq()};
-  for (int s = 0; s < 3; ++s) std::fill(targets[s].begin(), targets[s].end(), 0.0f);
-  for (const ckpt::Fragment& f : engine.load_plan()) {
-    for (int s = 0; s < 3; ++s) {
-      reader.read(f.tensor, states[s], f.tensor_offset,
-                  targets[s].subspan(static_cast<size_t>(f.flat_offset), static_cast<size_t>(f.length)));
     }
   }
-  engine.finish_load();
-  if (model) *model = reader.manifest().model;
+  backend.load([&](int tensor, int state, int64_t offset, std::span<float> out) {
+    reader.read(tensor, states[state], offset, out);
+  });
   return reader.manifest().trainer_state;
 }
 

@@ -13,7 +13,7 @@
 #include "ckpt/shard_writer.hpp"
 #include "ckpt/tensor_table.hpp"
 #include "comm/mpi.hpp"
-#include "trainer/zero_engine.hpp"
+#include "trainer/backend.hpp"
 
 namespace shardkit::trainer {
 
@@ -28,10 +28,10 @@ class Checkpointer {
  public:
   Checkpointer(comm::MpiCollective& comm, std::filesystem::path save_dir, int keep_last, ckpt::ShardOptions shard);
 
-  // Copies the engine's states into host buffers allocated once (the snapshot), then writes them:
+  // Copies the backend's states into host buffers allocated once (the snapshot), then writes them:
   // every rank its shard, rank 0 the manifest. Collective.
-  SaveOutcome save(int64_t step, const ckpt::TensorTable& table, const ZeroEngine& engine,
-                   const nlohmann::json& trainer_state, const nlohmann::json& model, const nlohmann::json& config);
+  SaveOutcome save(int64_t step, const ckpt::TensorTable& table, Backend& backend, const nlohmann::json& trainer_state,
+                   const nlohmann::json& model, const nlohmann::json& config);
 
  private:
   void prune();
@@ -47,10 +47,9 @@ class Checkpointer {
 // anything else is a step or run directory that must exist.
 std::optional<std::filesystem::path> resolve_resume(const std::string& resume, const std::filesystem::path& save_dir);
 
-// Restores the engine's master weights and Adam moments from `path` (any world size and stage) and
+// Restores the backend's master weights and Adam moments from `path` (any world size and stage) and
 // returns the manifest's trainer_state. Error(kInvalidInput) when the checkpoint holds another model.
 // Collective (every rank reads its part).
-nlohmann::json load_checkpoint(const std::filesystem::path& path, const ckpt::TensorTable& table, ZeroEngine& engine,
-                               nlohmann::json* model = nullptr);
+nlohmann::json load_checkpoint(const std::filesystem::path& path, const ckpt::TensorTable& table, Backend& backend);
 
 }  // namespace shardkit::trainer

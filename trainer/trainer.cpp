@@ -10,15 +10,14 @@
 #include "ckpt/error.hpp"
 #include "model/gpt2_config.hpp"
 #include "model/hf_weights.hpp"
+#include "trainer/backend.hpp"
 #include "trainer/checkpointing.hpp"
 #include "trainer/data.hpp"
 #include "trainer/ds_config.hpp"
 #include "trainer/gemm.hpp"
-#include "trainer/gpt2.hpp"
 #include "trainer/init.hpp"
 #include "trainer/loss_scaler.hpp"
 #include "trainer/lr_schedule.hpp"
-#include "trainer/zero_engine.hpp"
 
 namespace shardkit::trainer {
 namespace {
@@ -60,8 +59,7 @@ struct Trainer::State {
   DsConfig config;
   model::GptConfig model_config;
   ckpt::TensorTable table;
-  std::unique_ptr<Gpt2> model;
-  std::unique_ptr<ZeroEngine> engine;
+  std::unique_ptr<Backend> backend;
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<LossScaler> scaler;
   std::unique_ptr<TokenFile> tokens;
@@ -133,11 +131,12 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   s.model_config = model::resolve_model(options.model);
   s.config = load_ds_config(options.config, comm.size(), {s.model_config.n_embd});
   for (const std::string& w : s.config.warnings) s.log("warning: " + options.config.string() + ": " + w);
-  if (s.config.fp16.enabled || s.config.bf16) {
+  const bool cpu = options.device != "cuda";
+  if (cpu && (s.config.fp16.enabled || s.config.bf16)) {
     s.log(std::string("notice: ") + (s.config.bf16 ? "bf16" : "fp16") +
           " requested: on CPU ranks the arithmetic stays fp32; loss scaling and overflow checks run as configured");
   }
-  if (s.config.zero.offload_optimizer.device != "none" || s.config.zero.offload_param.device != "none") {
+  if (cpu && (s.config.zero.offload_optimizer.device != "none" || s.config.zero.offload_param.device != "none")) {
     s.log(
         "notice: offload_optimizer/offload_param have no effect on CPU ranks (the states are already in host memory)");
   }
@@ -146,8 +145,14 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   s.table = model::gpt2_tensor_table(s.model_config);
   const int T = s.model_config.n_positions;
   const int micro = static_cast<int>(s.config.micro_batch_per_gpu);
-  s.model = std::make_unique<Gpt2>(s.model_config, micro, T);
-  s.engine = std::make_unique<ZeroEngine>(s.table, s.model->groups(), s.config.zero, comm);
+  BackendOptions bo;
+  bo.model = &s.model_config;
+  bo.table = &s.table;
+  bo.config = &s.config;
+  bo.micro_batch = micro;
+  bo.seq_len = T;
+  bo.comm = &comm;
+  s.backend = options.device == "cuda" ? make_cuda_backend(bo) : make_cpu_backend(bo);
   s.schedule = std::make_unique<LrSchedule>(s.config.scheduler, s.config.optimizer.lr);
   s.scaler = std::make_unique<LossScaler>(s.config.fp16, s.config.bf16);
   s.tokens = std::make_unique<TokenFile>(options.data);
@@ -159,7 +164,7 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   }
 
   if (const auto resume = resolve_resume(options.resume, options.save_dir)) {
-    const nlohmann::json state = load_checkpoint(*resume, s.table, *s.engine);
+    const nlohmann::json state = load_checkpoint(*resume, s.table, *s.backend);
     s.restore(state, resume->string());
     s.log("resumed from " + resume->string() + " at step " + std::to_string(s.step) + " (" +
           std::to_string(s.comm.size()) + " ranks, ZeRO stage " + std::to_string(s.config.zero.stage) + ")");
@@ -169,30 +174,30 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
       fail(ErrorKind::kInvalidInput,
            options.init_from.string() + ": its config.json describes another model than " + s.model_config.name);
     }
-    s.engine->initialize([&](int t, int64_t offset, std::span<float> out) { weights.read(t, offset, out); });
+    s.backend->initialize([&](int t, int64_t offset, std::span<float> out) { weights.read(t, offset, out); });
     s.log("initialised from " + options.init_from.string());
   } else {
     const model::GptConfig& mc = s.model_config;
     const ckpt::TensorTable& table = s.table;
     const uint64_t seed = options.seed;
-    s.engine->initialize([&](int t, int64_t offset, std::span<float> out) {
+    s.backend->initialize([&](int t, int64_t offset, std::span<float> out) {
       init_gpt2_values(mc, table[static_cast<size_t>(t)], seed, offset, out);
     });
   }
   s.order = std::make_unique<SampleOrder>(*s.tokens, T, s.data_seed);
 
   // Every rank reports what it holds, so that ZeRO's 1/N savings are visible.
-  const MemoryReport m = s.engine->memory();
+  const MemoryReport m = s.backend->memory();
   const std::string mine = "rank " + std::to_string(comm.rank()) + ": parameters " + human_bytes(m.parameters) +
                            ", gradients " + human_bytes(m.gradients) + ", optimizer states " +
                            human_bytes(m.optimizer_states) + ", activations " +
-                           human_bytes(s.model->activation_bytes());
+                           human_bytes(s.backend->activation_bytes());
   const std::vector<std::string> all = comm.gather(mine);
   s.log("model " + s.model_config.name + ": " + std::to_string(s.table.total_elements()) + " parameters; " +
         std::to_string(comm.size()) + " ranks, ZeRO stage " + std::to_string(s.config.zero.stage) + "; batch " +
         std::to_string(s.config.train_batch_size) + " = " + std::to_string(micro) + " x " +
         std::to_string(s.config.gradient_accumulation_steps) + " accumulation x " + std::to_string(comm.size()) +
-        " ranks, sequence " + std::to_string(T) + "; matrix products: " + gemm_backend());
+        " ranks, sequence " + std::to_string(T) + "; " + s.backend->describe());
   for (const std::string& line : all) s.log("  " + line);
 
   if (s.root() && !options.metrics.empty()) {
@@ -213,7 +218,7 @@ StepRecord Trainer::State::train_step() {
   const float grad_scale = static_cast<float>(scale / static_cast<double>(gas));
   double fwd_ms = 0, bwd_ms = 0;
 
-  engine->zero_grads();
+  backend->zero_grads();
   double loss_sum = 0;
   for (int64_t m = 0; m < gas; ++m) {
     // Global sample indices of this step: micro-step m, rank r, row i -> consumed + (m * W + r) * micro + i.
@@ -223,13 +228,13 @@ StepRecord Trainer::State::train_step() {
                   targets.data() + static_cast<size_t>(i) * T);
     }
     PassTimes times;
-    loss_sum += model->forward_backward(*engine, inputs.data(), targets.data(), micro, T, grad_scale, &times);
+    loss_sum += backend->forward_backward(inputs.data(), targets.data(), grad_scale, &times);
     fwd_ms += times.forward_ms;
     bwd_ms += times.backward_ms;
   }
   const auto reduce_start = Clock::now();
-  engine->reduce_grads();
-  const bool overflow = scaler->checks_overflow() && engine->global_overflow();
+  backend->reduce_grads();
+  const bool overflow = scaler->checks_overflow() && backend->global_overflow();
   const double reduce_ms = ms_since(reduce_start);
 
   StepRecord r;
@@ -245,7 +250,7 @@ StepRecord Trainer::State::train_step() {
     ++skipped_steps;
   } else {
     // Gradients are summed over ranks and scaled by the loss scale the backward pass used.
-    const double norm = std::sqrt(engine->global_grad_sq()) / W / scale;
+    const double norm = std::sqrt(backend->global_grad_sq()) / W / scale;
     const double clip = config.gradient_clipping;
     const double clip_factor = clip > 0 ? std::max(1.0, (norm + 1e-6) / clip) : 1.0;
     AdamWStep a;
@@ -258,7 +263,7 @@ StepRecord Trainer::State::train_step() {
     a.bias_correction = config.optimizer.bias_correction;
     a.step = ++optimizer_steps;
     a.grad_multiplier = 1.0 / (static_cast<double>(W) * scale * clip_factor);
-    engine->step(a);
+    backend->step(a);
     ++last_batch_iteration;
     r.grad_norm = norm;
   }
@@ -295,7 +300,7 @@ void Trainer::State::write_metrics(const nlohmann::json& record) {
 
 void Trainer::State::save() {
   const SaveOutcome o =
-      checkpointer->save(step, table, *engine, trainer_state(), to_json(model_config), to_json(config));
+      checkpointer->save(step, table, *backend, trainer_state(), to_json(model_config), to_json(config));
   log("checkpoint " + o.path.string() + ": " + human_bytes(o.bytes) + " in " + std::to_string(o.write_ms) + " ms");
   write_metrics({{"event", "checkpoint"},
                  {"step", step},

@@ -24,6 +24,7 @@ struct TrainOptions {
   std::filesystem::path metrics;
   uint64_t seed = 1234;
   std::filesystem::path init_from;  // Hugging Face GPT-2 weights to start from (when not resuming)
+  std::string device = "cpu";       // cpu | cuda
   int threads = 0;                  // compute threads per rank; 0: cores / ranks on this node
   bool quiet = false;               // no console lines (metrics and errors still written)
 };

@@ -1,0 +1,75 @@
+// The device side of training: where parameters, gradients and optimizer states live, and how a
+// micro-batch, the gradient reduction and the optimizer step run. The CPU backend (Gpt2 + ZeroEngine on
+// MPI) and the CUDA backend (kernels + NCCL) implement it; the training loop, the loss scaler, the
+// schedule, checkpointing and metrics are shared.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "ckpt/layout.hpp"
+#include "ckpt/tensor_table.hpp"
+#include "comm/mpi.hpp"
+#include "model/gpt2_config.hpp"
+#include "trainer/ds_config.hpp"
+#include "trainer/gpt2.hpp"
+#include "trainer/zero_engine.hpp"
+
+namespace shardkit::trainer {
+
+struct BackendOptions {
+  const model::GptConfig* model = nullptr;
+  const ckpt::TensorTable* table = nullptr;
+  const DsConfig* config = nullptr;
+  int micro_batch = 1;
+  int seq_len = 1;
+  comm::MpiCollective* comm = nullptr;
+};
+
+// Fills elements [offset, offset + out.size()) of a tensor (initialisation, or a checkpoint read for
+// one state: 0 = fp32 master, 1 = exp_avg, 2 = exp_avg_sq).
+using InitFn = std::function<void(int tensor, int64_t offset, std::span<float> out)>;
+using LoadFn = std::function<void(int tensor, int state, int64_t offset, std::span<float> out)>;
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual const ckpt::Layout& layout() const = 0;
+  // One line for the start-up log: device, precision, matrix library.
+  virtual std::string describe() const = 0;
+  // Bytes this rank holds; `activations` the model's buffers for one micro-batch.
+  virtual MemoryReport memory() const = 0;
+  virtual int64_t activation_bytes() const = 0;
+
+  // Sets every parameter this rank keeps (moments zero).
+  virtual void initialize(const InitFn& init) = 0;
+  // Reads this rank's master weights and moments through `read`, whatever layout they came from.
+  virtual void load(const LoadFn& read) = 0;
+
+  // One optimizer step: zero_grads, forward_backward per micro-batch, reduce_grads, then either
+  // step or (overflow) nothing.
+  virtual void zero_grads() = 0;
+  // Micro-batch of micro_batch x seq_len tokens; returns its mean loss and accumulates the gradient
+  // of grad_scale * loss.
+  virtual double forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
+                                  PassTimes* times) = 0;
+  virtual void reduce_grads() = 0;
+  // Sum over ranks of the squares of the (summed, still scaled) gradients.
+  virtual double global_grad_sq() = 0;
+  virtual bool global_overflow() = 0;
+  virtual void step(const AdamWStep& step) = 0;
+
+  // Copies the rank's states in the checkpoint layout (layout().flat_size() elements each) into host
+  // memory: the snapshot of a save, taken between optimizer steps.
+  virtual void snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options);
+// Error(kInvalidInput) when this build has no CUDA or no GPU is visible.
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
+
+}  // namespace shardkit::trainer

@@ -1,0 +1,64 @@
+// The CPU backend: the fp32 GPT-2 of gpt2.hpp over the ZeRO engine of zero_engine.hpp, on MPI ranks.
+#include <algorithm>
+#include <vector>
+
+#include "trainer/backend.hpp"
+#include "trainer/gemm.hpp"
+
+namespace shardkit::trainer {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const BackendOptions& o)
+      : options_(o),
+        model_(*o.model, o.micro_batch, o.seq_len),
+        engine_(*o.table, model_.groups(), o.config->zero, *o.comm) {}
+
+  const ckpt::Layout& layout() const override { return engine_.layout(); }
+  std::string describe() const override { return std::string("CPU, fp32, matrix products: ") + gemm_backend(); }
+  MemoryReport memory() const override { return engine_.memory(); }
+  int64_t activation_bytes() const override { return model_.activation_bytes(); }
+
+  void initialize(const InitFn& init) override { engine_.initialize(init); }
+
+  void load(const LoadFn& read) override {
+    const std::span<float> targets[3] = {engine_.load_master(), engine_.load_exp_avg(), engine_.load_exp_avg_sq()};
+    for (const auto& t : targets) std::fill(t.begin(), t.end(), 0.0f);
+    for (const ckpt::Fragment& f : engine_.load_plan()) {
+      for (int s = 0; s < 3; ++s) {
+        read(f.tensor, s, f.tensor_offset,
+             targets[s].subspan(static_cast<size_t>(f.flat_offset), static_cast<size_t>(f.length)));
+      }
+    }
+    engine_.finish_load();
+  }
+
+  void zero_grads() override { engine_.zero_grads(); }
+  double forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale, PassTimes* times) override {
+    return model_.forward_backward(engine_, inputs, targets, options_.micro_batch, options_.seq_len, grad_scale, times);
+  }
+  void reduce_grads() override { engine_.reduce_grads(); }
+  double global_grad_sq() override { return engine_.global_grad_sq(); }
+  bool global_overflow() override { return engine_.global_overflow(); }
+  void step(const AdamWStep& s) override { engine_.step(s); }
+
+  void snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq) override {
+    std::ranges::copy(engine_.master_flat(), master.begin());
+    std::ranges::copy(engine_.exp_avg_flat(), exp_avg.begin());
+    std::ranges::copy(engine_.exp_avg_sq_flat(), exp_avg_sq.begin());
+  }
+
+ private:
+  BackendOptions options_;
+  Gpt2 model_;
+  ZeroEngine engine_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
+}
+
+}  // namespace shardkit::trainer

@@ -1,0 +1,141 @@
+// The CUDA backend: one GPU per MPI rank (the node-local rank picks the device), NCCL communicators
+// bootstrapped over MPI, the GPT-2 of gpu_model.cuh over the ZeRO engine of gpu_engine.cuh. The
+// compute type follows the config: bf16, fp16, or fp32 when neither is enabled.
+#include <cstdio>
+#include <string>
+
+#include "trainer/cuda/gpu_engine.cuh"
+
+namespace shardkit::trainer {
+namespace cuda {
+namespace {
+
+int local_rank(comm::MpiCollective& comm) {
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(comm.comm(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &node));
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(node, &rank));
+  MPI_CHECK(MPI_Comm_free(&node));
+  return rank;
+}
+
+template <typename T>
+const char* type_name();
+template <>
+const char* type_name<float>() {
+  return "fp32";
+}
+template <>
+const char* type_name<__nv_bfloat16>() {
+  return "bf16";
+}
+template <>
+const char* type_name<__half>() {
+  return "fp16";
+}
+
+// Owns the device context of one rank: device selection, stream, cuBLAS and NCCL handles.
+class DeviceContext {
+ public:
+  explicit DeviceContext(comm::MpiCollective& comm) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      fail(ErrorKind::kInvalidInput, "--device cuda: no CUDA device is visible on this node");
+    }
+    device_ = local_rank(comm) % count;
+    CUDA_CHECK(cudaSetDevice(device_));
+    CUDA_CHECK(cudaGetDeviceProperties(&props_, device_));
+    stream_ = std::make_unique<Stream>();
+    CUBLAS_CHECK(cublasCreate(&cublas_));
+    CUBLAS_CHECK(cublasSetStream(cublas_, stream_->get()));
+    // True fp32 for fp32 training (no TF32), tensor cores for bf16/fp16 inputs.
+    CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+    // NCCL: rank 0 creates the id, MPI carries it to every rank.
+    ncclUniqueId id;
+    if (comm.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    comm.broadcast_bytes(&id, sizeof(id));
+    NCCL_CHECK(ncclCommInitRank(&nccl_, comm.size(), id, comm.rank()));
+  }
+  ~DeviceContext() {
+    if (nccl_) ncclCommDestroy(nccl_);
+    if (cublas_) cublasDestroy(cublas_);
+  }
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+
+  int device() const noexcept { return device_; }
+  const cudaDeviceProp& props() const noexcept { return props_; }
+  cudaStream_t stream() const noexcept { return stream_->get(); }
+  cublasHandle_t cublas() const noexcept { return cublas_; }
+  ncclComm_t nccl() const noexcept { return nccl_; }
+
+ private:
+  int device_ = 0;
+  cudaDeviceProp props_{};
+  std::unique_ptr<Stream> stream_;
+  cublasHandle_t cublas_ = nullptr;
+  ncclComm_t nccl_ = nullptr;
+};
+
+template <typename T>
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const BackendOptions& o)
+      : options_(o),
+        context_(*o.comm),
+        model_(*o.model, o.micro_batch, o.seq_len, context_.cublas(), context_.stream()),
+        engine_(*o.table, model_.groups(), o.config->zero, *o.comm, context_.nccl(), context_.stream()),
+        inputs_(static_cast<size_t>(o.micro_batch) * o.seq_len),
+        targets_(static_cast<size_t>(o.micro_batch) * o.seq_len) {}
+
+  const ckpt::Layout& layout() const override { return engine_.layout(); }
+  std::string describe() const override {
+    int nccl = 0;
+    ncclGetVersion(&nccl);
+    return "CUDA device " + std::to_string(context_.device()) + " (" + context_.props().name + "), " + type_name<T>() +
+           " compute with fp32 master weights, cuBLAS, NCCL " + std::to_string(nccl);
+  }
+  MemoryReport memory() const override { return engine_.memory(); }
+  int64_t activation_bytes() const override { return model_.activation_bytes(); }
+
+  void initialize(const InitFn& init) override { engine_.initialize(init); }
+  void load(const LoadFn& read) override { engine_.load(read); }
+  void zero_grads() override { engine_.zero_grads(); }
+
+  double forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale, PassTimes* times) override {
+    const size_t bytes = inputs_.bytes();
+    CUDA_CHECK(cudaMemcpyAsync(inputs_.data(), inputs, bytes, cudaMemcpyHostToDevice, context_.stream()));
+    CUDA_CHECK(cudaMemcpyAsync(targets_.data(), targets, bytes, cudaMemcpyHostToDevice, context_.stream()));
+    return model_.forward_backward(engine_, inputs_.data(), targets_.data(), grad_scale, times);
+  }
+  void reduce_grads() override { engine_.reduce_grads(); }
+  double global_grad_sq() override { return engine_.global_grad_sq(); }
+  bool global_overflow() override { return engine_.global_overflow(); }
+  void step(const AdamWStep& s) override { engine_.step(s); }
+  void snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq) override {
+    engine_.snapshot(master, exp_avg, exp_avg_sq);
+  }
+
+ private:
+  BackendOptions options_;
+  DeviceContext context_;
+  GpuGpt2<T> model_;
+  GpuZeroEngine<T> engine_;
+  DeviceBuffer<int32_t> inputs_, targets_;
+};
+
+}  // namespace
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+  const ZeroConfig& z = options.config->zero;
+  if (z.offload_optimizer.device != "none" || z.offload_param.device != "none") {
+    fail(ErrorKind::kInvalidInput,
+         "offload_optimizer / offload_param: CPU offload is not available on the CUDA backend in this version");
+  }
+  if (options.config->bf16) return std::make_unique<cuda::CudaBackend<__nv_bfloat16>>(options);
+  if (options.config->fp16.enabled) return std::make_unique<cuda::CudaBackend<__half>>(options);
+  return std::make_unique<cuda::CudaBackend<float>>(options);
+}
+
+}  // namespace shardkit::trainer

@@ -1,0 +1,134 @@
+// CUDA, cuBLAS and NCCL error checks with file and line, and RAII owners of device memory, pinned host
+// memory, streams and events. Host code only (no kernels), so it compiles in .cpp and .cu files.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include "ckpt/error.hpp"
+
+namespace shardkit::trainer::cuda {
+
+[[noreturn]] void throw_cuda(const char* what, const char* detail, const char* file, int line);
+
+#define CUDA_CHECK(call)                                                                                             \
+  do {                                                                                                               \
+    const cudaError_t e_ = (call);                                                                                   \
+    if (e_ != cudaSuccess) ::shardkit::trainer::cuda::throw_cuda(#call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+  } while (0)
+#define CUBLAS_CHECK(call)                                                                         \
+  do {                                                                                             \
+    const cublasStatus_t e_ = (call);                                                              \
+    if (e_ != CUBLAS_STATUS_SUCCESS) {                                                             \
+      ::shardkit::trainer::cuda::throw_cuda(#call, cublasGetStatusString(e_), __FILE__, __LINE__); \
+    }                                                                                              \
+  } while (0)
+#define NCCL_CHECK(call)                                                                                             \
+  do {                                                                                                               \
+    const ncclResult_t e_ = (call);                                                                                  \
+    if (e_ != ncclSuccess) ::shardkit::trainer::cuda::throw_cuda(#call, ncclGetErrorString(e_), __FILE__, __LINE__); \
+  } while (0)
+
+// Device memory of `count` elements of T (cudaMalloc), freed on destruction.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t count) { resize(count); }
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      count_ = std::exchange(o.count_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // Reallocates when the size changes; contents are not kept.
+  void resize(size_t count) {
+    if (count == count_) return;
+    release();
+    if (count > 0) CUDA_CHECK(cudaMalloc(&data_, count * sizeof(T)));
+    count_ = count;
+  }
+  void release() noexcept {
+    if (data_) cudaFree(data_);
+    data_ = nullptr;
+    count_ = 0;
+  }
+  T* data() const noexcept { return data_; }
+  size_t size() const noexcept { return count_; }
+  size_t bytes() const noexcept { return count_ * sizeof(T); }
+
+ private:
+  T* data_ = nullptr;
+  size_t count_ = 0;
+};
+
+// Page-locked host memory (cudaMallocHost): device copies run at full speed and asynchronously.
+template <typename T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t count) { resize(count); }
+  ~PinnedBuffer() {
+    if (data_) cudaFreeHost(data_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  void resize(size_t count) {
+    if (count == count_) return;
+    if (data_) cudaFreeHost(data_);
+    data_ = nullptr;
+    if (count > 0) CUDA_CHECK(cudaMallocHost(&data_, count * sizeof(T)));
+    count_ = count;
+  }
+  T* data() const noexcept { return data_; }
+  size_t size() const noexcept { return count_; }
+
+ private:
+  T* data_ = nullptr;
+  size_t count_ = 0;
+};
+
+class Stream {
+ public:
+  Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(stream_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const noexcept { return stream_; }
+  void synchronize() const { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+class Event {
+ public:
+  Event() { CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~Event() { cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  // `waiter` waits (on the device) for everything `stream` has queued so far.
+  void order(cudaStream_t stream, cudaStream_t waiter) {
+    CUDA_CHECK(cudaEventRecord(event_, stream));
+    CUDA_CHECK(cudaStreamWaitEvent(waiter, event_, 0));
+  }
+  cudaEvent_t get() const noexcept { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+}  // namespace shardkit::trainer::cuda

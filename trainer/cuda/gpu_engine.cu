@@ -1,0 +1,388 @@
+#include <algorithm>
+#include <cmath>
+
+#include "trainer/cuda/gpu_engine.cuh"
+#include "trainer/cuda/kernels.cuh"
+
+namespace shardkit::trainer::cuda {
+namespace {
+
+template <typename T>
+ncclDataType_t nccl_type();
+template <>
+ncclDataType_t nccl_type<float>() {
+  return ncclFloat;
+}
+template <>
+ncclDataType_t nccl_type<__nv_bfloat16>() {
+  return ncclBfloat16;
+}
+template <>
+ncclDataType_t nccl_type<__half>() {
+  return ncclHalf;
+}
+
+}  // namespace
+
+template <typename T>
+GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<TensorGroup> groups,
+                                const ZeroConfig& config, comm::MpiCollective& mpi, ncclComm_t nccl,
+                                cudaStream_t stream)
+    : table_(table),
+      groups_(std::move(groups)),
+      config_(config),
+      mpi_(mpi),
+      nccl_(nccl),
+      stream_(stream),
+      layout_(table, {mpi.size(), config.stage, ckpt::kDefaultAlignment}),
+      rank_(mpi.rank()),
+      world_(mpi.size()) {
+  for (const auto& t : table) numel_.push_back(t.numel());
+  const size_t flat = static_cast<size_t>(layout_.flat_size());
+  const size_t full = static_cast<size_t>(world_) * flat;
+  const int stage = layout_.stage();
+  if (stage <= 2) params_full_.resize(full);
+  if (stage <= 1) grads_full_.resize(full);
+  const size_t view = stage == 0 ? full : flat;
+  master_.resize(view);
+  exp_avg_.resize(view);
+  exp_avg_sq_.resize(view);
+  if (stage >= 1) grad_part_.resize(flat);
+  if (stage == 3) {
+    param_part_.resize(flat);
+    gathered_.resize(table.size());
+  }
+  if (stage >= 2) grad_buffers_.resize(table.size());
+  acquired_count_.assign(groups_.size(), 0);
+  scalar_.resize(1);
+  flag_.resize(1);
+}
+
+template <typename T>
+MemoryReport GpuZeroEngine<T>::memory() const noexcept {
+  MemoryReport r;
+  r.parameters = static_cast<int64_t>(params_full_.bytes() + param_part_.bytes());
+  r.gradients = static_cast<int64_t>(grads_full_.bytes() + grad_part_.bytes());
+  r.optimizer_states = static_cast<int64_t>(master_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes());
+  return r;
+}
+
+template <typename T>
+std::vector<ckpt::Fragment> GpuZeroEngine<T>::plan() const {
+  if (layout_.stage() != 0) return layout_.fragments(rank_);
+  std::vector<ckpt::Fragment> all;  // stage 0 keeps every tensor whole at its global offset
+  for (size_t t = 0; t < numel_.size(); ++t) {
+    if (numel_[t] > 0)
+      all.push_back({static_cast<int32_t>(t), 0, numel_[t], layout_.global_offset(static_cast<int>(t))});
+  }
+  return all;
+}
+
+template <typename T>
+int64_t GpuZeroEngine<T>::owned_offset() const noexcept {
+  return layout_.stage() == 0 ? rank_ * layout_.flat_size() : 0;
+}
+
+template <typename T>
+int64_t GpuZeroEngine<T>::owned_size() const noexcept {
+  return layout_.flat_size();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::initialize(const InitFn& init) {
+  std::vector<float> host(master_.size(), 0.0f);
+  for (const ckpt::Fragment& f : plan()) {
+    init(f.tensor, f.tensor_offset, std::span<float>(host.data() + f.flat_offset, static_cast<size_t>(f.length)));
+  }
+  CUDA_CHECK(cudaMemcpy(master_.data(), host.data(), master_.bytes(), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
+  CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
+  publish_params();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::load(const LoadFn& read) {
+  std::vector<float> host(master_.size());
+  DeviceBuffer<float>* targets[3] = {&master_, &exp_avg_, &exp_avg_sq_};
+  for (int s = 0; s < 3; ++s) {
+    std::fill(host.begin(), host.end(), 0.0f);
+    for (const ckpt::Fragment& f : plan()) {
+      read(f.tensor, s, f.tensor_offset, std::span<float>(host.data() + f.flat_offset, static_cast<size_t>(f.length)));
+    }
+    CUDA_CHECK(cudaMemcpy(targets[s]->data(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  publish_params();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq) {
+  const DeviceBuffer<float>* sources[3] = {&master_, &exp_avg_, &exp_avg_sq_};
+  const std::span<float> targets[3] = {master, exp_avg, exp_avg_sq};
+  for (int s = 0; s < 3; ++s) {
+    CUDA_CHECK(cudaMemcpyAsync(targets[s].data(), sources[s]->data() + owned_offset(),
+                               static_cast<size_t>(owned_size()) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+template <typename T>
+void GpuZeroEngine<T>::publish_params() {
+  const int stage = layout_.stage();
+  if (stage == 0) {
+    cast_from_float(params_full_.data(), master_.data(), static_cast<int64_t>(master_.size()), stream_);
+  } else if (stage <= 2) {
+    const int64_t P = layout_.partition_size();
+    T* mine = params_full_.data() + rank_ * P;
+    cast_from_float(mine, master_.data(), P, stream_);
+    NCCL_CHECK(ncclAllGather(mine, params_full_.data(), static_cast<size_t>(P), nccl_type<T>(), nccl_, stream_));
+  } else {
+    cast_from_float(param_part_.data(), master_.data(), static_cast<int64_t>(master_.size()), stream_);
+  }
+}
+
+template <typename T>
+int64_t GpuZeroEngine<T>::slot_end(int last_tensor) const {
+  return last_tensor < static_cast<int>(numel_.size()) ? layout_.slot_offset(last_tensor) : layout_.flat_size();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::acquire(int group) {
+  if (layout_.stage() != 3 || acquired_count_[static_cast<size_t>(group)]++ > 0) return;
+  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  int a = g.first;
+  while (a < g.last) {
+    // A bucket: consecutive tensors whose slots together fit allgather_bucket_size (at least one).
+    int b = a + 1;
+    while (b < g.last && slot_end(b + 1) - layout_.slot_offset(a) <= config_.allgather_bucket_size) ++b;
+    const int64_t base = layout_.slot_offset(a);
+    const int64_t span = slot_end(b) - base;
+    gather_recv_.resize(static_cast<size_t>(span * world_));
+    NCCL_CHECK(ncclAllGather(param_part_.data() + base, gather_recv_.data(), static_cast<size_t>(span), nccl_type<T>(),
+                             nccl_, stream_));
+    for (int t = a; t < b; ++t) {
+      const int64_t n = numel(t), piece = layout_.piece_size(t);
+      DeviceBuffer<T>& full = gathered_[static_cast<size_t>(t)];
+      full.resize(static_cast<size_t>(n));
+      for (int r = 0; r < world_; ++r) {
+        const int64_t count = std::clamp<int64_t>(n - r * piece, 0, piece);
+        if (count == 0) continue;
+        CUDA_CHECK(cudaMemcpyAsync(full.data() + r * piece,
+                                   gather_recv_.data() + r * span + (layout_.slot_offset(t) - base),
+                                   static_cast<size_t>(count) * sizeof(T), cudaMemcpyDeviceToDevice, stream_));
+      }
+    }
+    a = b;
+  }
+}
+
+template <typename T>
+void GpuZeroEngine<T>::release(int group) {
+  if (layout_.stage() != 3 || --acquired_count_[static_cast<size_t>(group)] > 0) return;
+  // The memory is freed only after the stream has used it: cudaFree synchronises the device.
+  // (Pooling gathered buffers is a later optimisation; correctness first.)
+  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (int t = g.first; t < g.last; ++t) gathered_[static_cast<size_t>(t)].release();
+}
+
+template <typename T>
+const T* GpuZeroEngine<T>::param(int tensor) const {
+  if (layout_.stage() <= 2) return params_full_.data() + layout_.global_offset(tensor);
+  const DeviceBuffer<T>& full = gathered_[static_cast<size_t>(tensor)];
+  if (full.size() != static_cast<size_t>(numel(tensor))) {
+    fail(ErrorKind::kInternal, "parameter " + table_[static_cast<size_t>(tensor)].name + " used while not acquired");
+  }
+  return full.data();
+}
+
+template <typename T>
+DeviceBuffer<float> GpuZeroEngine<T>::take_buffer(size_t count) {
+  auto& free = pool_[count];
+  if (free.empty()) return DeviceBuffer<float>(count);
+  DeviceBuffer<float> b = std::move(free.back());
+  free.pop_back();
+  return b;
+}
+
+template <typename T>
+void GpuZeroEngine<T>::give_buffer(DeviceBuffer<float>&& buffer) {
+  if (buffer.size() > 0) pool_[buffer.size()].push_back(std::move(buffer));
+}
+
+template <typename T>
+void GpuZeroEngine<T>::open_grads(int group) {
+  if (layout_.stage() <= 1) return;
+  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  for (int t = g.first; t < g.last; ++t) {
+    DeviceBuffer<float>& b = grad_buffers_[static_cast<size_t>(t)];
+    b = take_buffer(static_cast<size_t>(numel(t)));
+    CUDA_CHECK(cudaMemsetAsync(b.data(), 0, b.bytes(), stream_));
+  }
+  ++open_groups_;
+}
+
+template <typename T>
+float* GpuZeroEngine<T>::grad(int tensor) {
+  if (layout_.stage() <= 1) return grads_full_.data() + layout_.global_offset(tensor);
+  return grad_buffers_[static_cast<size_t>(tensor)].data();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::close_grads(int group) {
+  if (layout_.stage() <= 1) return;
+  --open_groups_;
+  pending_groups_.push_back(group);
+  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  for (int t = g.first; t < g.last; ++t) pending_elems_ += numel(t);
+  if (pending_elems_ >= config_.reduce_bucket_size || open_groups_ == 0) flush_pending_grads();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::flush_pending_grads() {
+  std::vector<TensorGroup> closed;
+  for (int g : pending_groups_) closed.push_back(groups_[static_cast<size_t>(g)]);
+  std::sort(closed.begin(), closed.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  size_t i = 0;
+  while (i < closed.size()) {
+    size_t j = i + 1;
+    while (j < closed.size() && closed[j].first == closed[j - 1].last) ++j;
+    if (layout_.stage() == 2) {
+      reduce_stage2(closed[i].first, closed[j - 1].last);
+    } else {
+      reduce_stage3(closed[i].first, closed[j - 1].last);
+    }
+    for (size_t k = i; k < j; ++k) {
+      for (int t = closed[k].first; t < closed[k].last; ++t)
+        give_buffer(std::move(grad_buffers_[static_cast<size_t>(t)]));
+    }
+    i = j;
+  }
+  pending_groups_.clear();
+  pending_elems_ = 0;
+}
+
+template <typename T>
+void GpuZeroEngine<T>::reduce_stage2(int first, int last) {
+  // Global positions [lo, hi) split across partitions in rank order: one reduce per owning rank,
+  // grouped into one NCCL call.
+  const int64_t lo = layout_.global_offset(first);
+  const int64_t hi = layout_.global_offset(last - 1) + numel(last - 1);
+  const int64_t P = layout_.partition_size();
+  send_.resize(static_cast<size_t>(hi - lo));
+  for (int t = first; t < last; ++t) {
+    const DeviceBuffer<float>& g = grad_buffers_[static_cast<size_t>(t)];
+    CUDA_CHECK(cudaMemcpyAsync(send_.data() + (layout_.global_offset(t) - lo), g.data(), g.bytes(),
+                               cudaMemcpyDeviceToDevice, stream_));
+  }
+  const int64_t my_lo = std::max(lo, rank_ * P), my_hi = std::min(hi, (rank_ + 1) * P);
+  recv_.resize(static_cast<size_t>(std::max<int64_t>(1, my_hi - my_lo)));
+  NCCL_CHECK(ncclGroupStart());
+  for (int r = 0; r < world_; ++r) {
+    const int64_t a = std::max(lo, r * P), b = std::min(hi, (r + 1) * P);
+    if (b <= a) continue;
+    NCCL_CHECK(ncclReduce(send_.data() + (a - lo), recv_.data(), static_cast<size_t>(b - a), ncclFloat, ncclSum, r,
+                          nccl_, stream_));
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  if (my_hi > my_lo) add_inplace(grad_part_.data() + (my_lo - rank_ * P), recv_.data(), my_hi - my_lo, stream_);
+}
+
+template <typename T>
+void GpuZeroEngine<T>::reduce_stage3(int first, int last) {
+  // Block r of the send buffer holds rank r's pieces at their slot positions, zeros in the padding.
+  const int64_t base = layout_.slot_offset(first);
+  const int64_t span = slot_end(last) - base;
+  send_.resize(static_cast<size_t>(span * world_));
+  CUDA_CHECK(cudaMemsetAsync(send_.data(), 0, send_.bytes(), stream_));
+  for (int t = first; t < last; ++t) {
+    const int64_t n = numel(t), piece = layout_.piece_size(t);
+    const DeviceBuffer<float>& g = grad_buffers_[static_cast<size_t>(t)];
+    for (int r = 0; r < world_; ++r) {
+      const int64_t count = std::clamp<int64_t>(n - r * piece, 0, piece);
+      if (count == 0) continue;
+      CUDA_CHECK(cudaMemcpyAsync(send_.data() + r * span + (layout_.slot_offset(t) - base), g.data() + r * piece,
+                                 static_cast<size_t>(count) * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    }
+  }
+  recv_.resize(static_cast<size_t>(span));
+  NCCL_CHECK(
+      ncclReduceScatter(send_.data(), recv_.data(), static_cast<size_t>(span), ncclFloat, ncclSum, nccl_, stream_));
+  add_inplace(grad_part_.data() + base, recv_.data(), span, stream_);
+}
+
+template <typename T>
+void GpuZeroEngine<T>::zero_grads() {
+  if (grads_full_.size()) CUDA_CHECK(cudaMemsetAsync(grads_full_.data(), 0, grads_full_.bytes(), stream_));
+  if (grad_part_.size()) CUDA_CHECK(cudaMemsetAsync(grad_part_.data(), 0, grad_part_.bytes(), stream_));
+}
+
+template <typename T>
+void GpuZeroEngine<T>::reduce_grads() {
+  const int stage = layout_.stage();
+  if (stage == 0) {
+    NCCL_CHECK(
+        ncclAllReduce(grads_full_.data(), grads_full_.data(), grads_full_.size(), ncclFloat, ncclSum, nccl_, stream_));
+  } else if (stage == 1) {
+    NCCL_CHECK(ncclReduceScatter(grads_full_.data(), grad_part_.data(), static_cast<size_t>(layout_.partition_size()),
+                                 ncclFloat, ncclSum, nccl_, stream_));
+  } else if (!pending_groups_.empty() || open_groups_ != 0) {
+    fail(ErrorKind::kInternal, "gradients still open at the end of the step");
+  }
+}
+
+template <typename T>
+double GpuZeroEngine<T>::global_grad_sq() {
+  const float* g = (layout_.stage() == 0 ? grads_full_.data() : grad_part_.data()) + owned_offset();
+  CUDA_CHECK(cudaMemsetAsync(scalar_.data(), 0, sizeof(double), stream_));
+  sum_squares(scalar_.data(), g, owned_size(), stream_);
+  double local = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&local, scalar_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));  // the norm decides the step's clipping factor on the host
+  return mpi_.allreduce_sum(local);
+}
+
+template <typename T>
+bool GpuZeroEngine<T>::global_overflow() {
+  const float* g = (layout_.stage() == 0 ? grads_full_.data() : grad_part_.data()) + owned_offset();
+  CUDA_CHECK(cudaMemsetAsync(flag_.data(), 0, sizeof(int), stream_));
+  find_nonfinite(flag_.data(), g, owned_size(), stream_);
+  int local = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&local, flag_.data(), sizeof(int), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));  // the loss scaler decides on the host whether to step
+  return mpi_.allreduce_max(local) > 0;
+}
+
+template <typename T>
+void GpuZeroEngine<T>::step(const AdamWStep& s) {
+  const int stage = layout_.stage();
+  AdamWArgs a;
+  const double bc1 = s.bias_correction ? 1.0 - std::pow(s.beta1, static_cast<double>(s.step)) : 1.0;
+  const double bc2 = s.bias_correction ? 1.0 - std::pow(s.beta2, static_cast<double>(s.step)) : 1.0;
+  a.lr = static_cast<float>(s.lr);
+  a.beta1 = static_cast<float>(s.beta1);
+  a.beta2 = static_cast<float>(s.beta2);
+  a.eps = static_cast<float>(s.eps);
+  a.weight_decay = static_cast<float>(s.weight_decay);
+  a.step_size = static_cast<float>(s.lr / bc1);
+  a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  a.grad_multiplier = static_cast<float>(s.grad_multiplier);
+  a.adam_w_mode = s.adam_w_mode;
+  const float* grads = stage == 0 ? grads_full_.data() : grad_part_.data();
+  // The update writes the compute-precision copy directly where the model reads it (stage 0: the
+  // replicated buffer; 1-2: this rank's partition of it, then all-gathered; 3: the partition).
+  T* params = stage == 0   ? params_full_.data()
+              : stage <= 2 ? params_full_.data() + rank_ * layout_.partition_size()
+                           : param_part_.data();
+  adamw(master_.data(), exp_avg_.data(), exp_avg_sq_.data(), grads, params, static_cast<int64_t>(master_.size()), a,
+        stream_);
+  if (stage == 1 || stage == 2) {
+    const int64_t P = layout_.partition_size();
+    NCCL_CHECK(ncclAllGather(params, params_full_.data(), static_cast<size_t>(P), nccl_type<T>(), nccl_, stream_));
+  }
+}
+
+template class GpuZeroEngine<float>;
+template class GpuZeroEngine<__nv_bfloat16>;
+template class GpuZeroEngine<__half>;
+
+}  // namespace shardkit::trainer::cuda

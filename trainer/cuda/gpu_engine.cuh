@@ -1,0 +1,86 @@
+// ZeRO on GPUs: the rank's share of parameters (in T), fp32 gradients, fp32 master weights and AdamW
+// moments in device memory, partitioned by ckpt's layout function exactly as the CPU engine does
+// (zero_engine.hpp describes the stages), with NCCL collectives on the compute stream.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "ckpt/layout.hpp"
+#include "trainer/backend.hpp"
+#include "trainer/cuda/gpu_model.cuh"
+
+namespace shardkit::trainer::cuda {
+
+template <typename T>
+class GpuZeroEngine final : public GpuParamStore<T> {
+ public:
+  GpuZeroEngine(const ckpt::TensorTable& table, std::vector<TensorGroup> groups, const ZeroConfig& config,
+                comm::MpiCollective& mpi, ncclComm_t nccl, cudaStream_t stream);
+
+  const ckpt::Layout& layout() const noexcept { return layout_; }
+  MemoryReport memory() const noexcept;
+
+  void initialize(const InitFn& init);
+  void load(const LoadFn& read);
+  void snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq);
+
+  void acquire(int group) override;
+  void release(int group) override;
+  const T* param(int tensor) const override;
+  void open_grads(int group) override;
+  float* grad(int tensor) override;
+  void close_grads(int group) override;
+
+  void zero_grads();
+  void reduce_grads();
+  double global_grad_sq();
+  bool global_overflow();
+  void step(const AdamWStep& step);
+
+ private:
+  // What this rank keeps master weights for: (tensor, offset, length, position in the optimizer view).
+  std::vector<ckpt::Fragment> plan() const;
+  int64_t owned_offset() const noexcept;  // first element of the owned slice within the optimizer view
+  int64_t owned_size() const noexcept;
+  void publish_params();
+  void flush_pending_grads();
+  void reduce_stage2(int first, int last);
+  void reduce_stage3(int first, int last);
+  int64_t slot_end(int last_tensor) const;
+  int64_t numel(int t) const noexcept { return numel_[static_cast<size_t>(t)]; }
+  DeviceBuffer<float> take_buffer(size_t count);
+  void give_buffer(DeviceBuffer<float>&& buffer);
+
+  const ckpt::TensorTable& table_;
+  std::vector<TensorGroup> groups_;
+  ZeroConfig config_;
+  comm::MpiCollective& mpi_;
+  ncclComm_t nccl_;
+  cudaStream_t stream_;
+  ckpt::Layout layout_;
+  std::vector<int64_t> numel_;
+  int rank_, world_;
+
+  DeviceBuffer<T> params_full_;     // stages 0-2: W * P, tensors at global offsets
+  DeviceBuffer<float> grads_full_;  // stages 0-1: W * P
+  DeviceBuffer<T> param_part_;      // stage 3: the partition in T, gathered from
+  // Optimizer view: stage 0 the full W * P, stages 1-2 the partition P, stage 3 the slots F.
+  DeviceBuffer<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
+
+  std::vector<DeviceBuffer<T>> gathered_;  // stage 3: full tensors of acquired groups
+  std::vector<int> acquired_count_;
+  std::vector<DeviceBuffer<float>> grad_buffers_;            // stages 2-3: gradients of open / pending groups
+  std::map<size_t, std::vector<DeviceBuffer<float>>> pool_;  // freed gradient buffers by size
+  std::vector<int> pending_groups_;
+  int64_t pending_elems_ = 0;
+  int open_groups_ = 0;
+  DeviceBuffer<float> send_, recv_;
+  DeviceBuffer<T> gather_recv_;
+  DeviceBuffer<double> scalar_;
+  DeviceBuffer<int> flag_;
+};
+
+}  // namespace shardkit::trainer::cuda

@@ -1,0 +1,228 @@
+#include <algorithm>
+#include <chrono>
+
+#include "trainer/cuda/gpu_model.cuh"
+#include "trainer/cuda/kernels.cuh"
+
+namespace shardkit::trainer::cuda {
+namespace {
+
+enum BlockTensor { kLn1W, kLn1B, kQkvW, kQkvB, kAttProjW, kAttProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB };
+constexpr int kWte = 0;
+constexpr int kWpe = 1;
+
+template <typename T>
+cudaDataType_t data_type();
+template <>
+cudaDataType_t data_type<float>() {
+  return CUDA_R_32F;
+}
+template <>
+cudaDataType_t data_type<__nv_bfloat16>() {
+  return CUDA_R_16BF;
+}
+template <>
+cudaDataType_t data_type<__half>() {
+  return CUDA_R_16F;
+}
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// out (N, OC) = inp (N, IC) @ weight (IC, OC) + bias
+template <typename T>
+void matmul_forward(cublasHandle_t h, cudaStream_t st, T* out, const T* inp, const T* weight, const T* bias, int N,
+                    int IC, int OC) {
+  gemm<T, T>(h, false, false, N, OC, IC, 1.0f, inp, IC, weight, OC, 0.0f, out, OC);
+  bias_forward(out, bias, N, OC, st);
+}
+
+// dinp = dout @ weight^T;  dweight += inp^T @ dout;  dbias += colsum(dout)
+template <typename T>
+void matmul_backward(cublasHandle_t h, cudaStream_t st, T* dinp, float* dweight, float* dbias, const T* dout,
+                     const T* inp, const T* weight, int N, int IC, int OC) {
+  gemm<T, T>(h, false, true, N, IC, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp, IC);
+  gemm<T, float>(h, true, false, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dweight, OC);
+  bias_backward(dbias, dout, N, OC, st);
+}
+
+}  // namespace
+
+template <typename T, typename TC>
+void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const T* a, int lda,
+          const T* b, int ldb, float beta, TC* c, int ldc) {
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
+  CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k,
+                            &alpha, b, data_type<T>(), ldb, a, data_type<T>(), lda, &beta, c, data_type<TC>(), ldc,
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+template <typename T>
+GpuGpt2<T>::GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cublasHandle_t cublas, cudaStream_t stream)
+    : config_(config), B_(batch), S_(seq_len), cublas_(cublas), stream_(stream) {
+  const int L = config.n_layer;
+  groups_.push_back({kWte, kWpe + 1});
+  for (int l = 0; l < L; ++l) {
+    groups_.push_back({2 + model::kTensorsPerBlock * l, 2 + model::kTensorsPerBlock * (l + 1)});
+  }
+  groups_.push_back({2 + model::kTensorsPerBlock * L, 2 + model::kTensorsPerBlock * L + 2});
+  const size_t N = static_cast<size_t>(batch) * seq_len, C = static_cast<size_t>(config.n_embd);
+  const size_t Ls = static_cast<size_t>(L);
+  // Logits for up to 256 MiB at once.
+  head_rows_ = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / (sizeof(T) * config.vocab_size), 1, N));
+  auto T_ = [&](DeviceBuffer<T>& b, size_t n) {
+    b.resize(n);
+    activation_bytes_ += static_cast<int64_t>(b.bytes());
+  };
+  auto F_ = [&](DeviceBuffer<float>& b, size_t n) {
+    b.resize(n);
+    activation_bytes_ += static_cast<int64_t>(b.bytes());
+  };
+  T_(encoded_, N * C);
+  T_(ln1_, Ls * N * C);
+  T_(qkv_, Ls * N * 3 * C);
+  T_(atty_, Ls * N * C);
+  T_(res2_, Ls * N * C);
+  T_(ln2_, Ls * N * C);
+  T_(fch_, Ls * N * 4 * C);
+  T_(fch_gelu_, Ls * N * 4 * C);
+  T_(res3_, Ls * N * C);
+  T_(lnf_, N * C);
+  T_(logits_, static_cast<size_t>(head_rows_) * config.vocab_size);
+  F_(ln1_mean_, Ls * N);
+  F_(ln1_rstd_, Ls * N);
+  F_(ln2_mean_, Ls * N);
+  F_(ln2_rstd_, Ls * N);
+  F_(lnf_mean_, N);
+  F_(lnf_rstd_, N);
+  F_(lse_, Ls * N * static_cast<size_t>(config.n_head));
+  F_(losses_, N);
+  T_(dres_, N * C);
+  T_(dbuf_c_, N * C);
+  T_(dbuf_c2_, N * C);
+  T_(dbuf_3c_, N * 3 * C);
+  T_(dbuf_4c_, N * 4 * C);
+  T_(dbuf_4c2_, N * 4 * C);
+  F_(delta_, N * static_cast<size_t>(config.n_head));
+  loss_sum_.resize(1);
+}
+
+template <typename T>
+void GpuGpt2<T>::forward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
+  const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
+  const int N = B_ * S_;
+  const size_t NC = static_cast<size_t>(N) * C;
+  p.acquire(0);
+  encoder_forward(encoded_.data(), inputs, p.param(kWte), p.param(kWpe), B_, S_, C, stream_);
+  p.release(0);
+  const T* residual = encoded_.data();
+  for (int l = 0; l < L; ++l) {
+    p.acquire(1 + l);
+    auto w = [&](int k) { return p.param(block_tensor(l, k)); };
+    const size_t lc = static_cast<size_t>(l) * NC, ln = static_cast<size_t>(l) * N;
+    T* tmp = dbuf_c_.data();  // the projection outputs before the residual add
+    layernorm_forward(ln1_.data() + lc, ln1_mean_.data() + ln, ln1_rstd_.data() + ln, residual, w(kLn1W), w(kLn1B), N,
+                      C, stream_);
+    matmul_forward(cublas_, stream_, qkv_.data() + 3 * lc, ln1_.data() + lc, w(kQkvW), w(kQkvB), N, C, 3 * C);
+    attention_forward(atty_.data() + lc, lse_.data() + ln * NH, qkv_.data() + 3 * lc, B_, S_, C, NH, stream_);
+    matmul_forward(cublas_, stream_, tmp, atty_.data() + lc, w(kAttProjW), w(kAttProjB), N, C, C);
+    residual_forward(res2_.data() + lc, residual, tmp, static_cast<int64_t>(NC), stream_);
+    layernorm_forward(ln2_.data() + lc, ln2_mean_.data() + ln, ln2_rstd_.data() + ln, res2_.data() + lc, w(kLn2W),
+                      w(kLn2B), N, C, stream_);
+    matmul_forward(cublas_, stream_, fch_.data() + 4 * lc, ln2_.data() + lc, w(kFcW), w(kFcB), N, C, 4 * C);
+    gelu_forward(fch_gelu_.data() + 4 * lc, fch_.data() + 4 * lc, static_cast<int64_t>(4 * NC), stream_);
+    matmul_forward(cublas_, stream_, tmp, fch_gelu_.data() + 4 * lc, w(kFcProjW), w(kFcProjB), N, 4 * C, C);
+    residual_forward(res3_.data() + lc, res2_.data() + lc, tmp, static_cast<int64_t>(NC), stream_);
+    p.release(1 + l);
+    residual = res3_.data() + lc;
+  }
+  const int lnf = groups_[static_cast<size_t>(L + 1)].first;
+  p.acquire(L + 1);
+  layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, p.param(lnf), p.param(lnf + 1), N, C,
+                    stream_);
+  p.release(L + 1);
+}
+
+template <typename T>
+double GpuGpt2<T>::forward_backward(GpuParamStore<T>& p, const int32_t* inputs, const int32_t* targets,
+                                    float grad_scale, PassTimes* times) {
+  const auto start = Clock::now();
+  forward_blocks(p, inputs);
+  const int N = B_ * S_, C = config_.n_embd, V = config_.vocab_size;
+  // Output projection (tied to wte) fused with the cross-entropy and its gradient, in blocks of rows.
+  p.open_grads(0);
+  p.acquire(0);
+  const float dscale = grad_scale / static_cast<float>(N);
+  for (int r0 = 0; r0 < N; r0 += head_rows_) {
+    const int rows = std::min(head_rows_, N - r0);
+    const T* x = lnf_.data() + static_cast<size_t>(r0) * C;
+    gemm<T, T>(cublas_, false, true, rows, V, C, 1.0f, x, C, p.param(kWte), C, 0.0f, logits_.data(), V);
+    softmax_cross_entropy(logits_.data(), losses_.data() + r0, targets + r0, rows, V, dscale, true, stream_);
+    gemm<T, T>(cublas_, false, false, rows, C, V, 1.0f, logits_.data(), V, p.param(kWte), C, 0.0f,
+               dbuf_c_.data() + static_cast<size_t>(r0) * C, C);
+    gemm<T, float>(cublas_, true, false, V, C, rows, 1.0f, logits_.data(), V, x, C, 1.0f, p.grad(kWte), C);
+  }
+  p.release(0);
+  CUDA_CHECK(cudaMemsetAsync(loss_sum_.data(), 0, sizeof(double), stream_));
+  sum_floats(loss_sum_.data(), losses_.data(), N, stream_);
+  if (times) times->forward_ms = ms_since(start);
+  const auto backward_start = Clock::now();
+  backward_blocks(p, inputs);
+  double loss = 0;
+  // The loss is needed on the host for the step's record; this is the pass's one synchronisation.
+  CUDA_CHECK(cudaMemcpyAsync(&loss, loss_sum_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  if (times) times->backward_ms = ms_since(backward_start);
+  return loss / N;
+}
+
+template <typename T>
+void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
+  const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
+  const int N = B_ * S_;
+  const size_t NC = static_cast<size_t>(N) * C;
+  auto block_output = [&](int l) { return l < 0 ? encoded_.data() : res3_.data() + static_cast<size_t>(l) * NC; };
+  const int lnf = groups_[static_cast<size_t>(L + 1)].first;
+  CUDA_CHECK(cudaMemsetAsync(dres_.data(), 0, NC * sizeof(T), stream_));
+  p.acquire(L + 1);
+  p.open_grads(L + 1);
+  layernorm_backward(dres_.data(), p.grad(lnf), p.grad(lnf + 1), dbuf_c_.data(), block_output(L - 1), p.param(lnf),
+                     lnf_mean_.data(), lnf_rstd_.data(), N, C, stream_);
+  p.close_grads(L + 1);
+  p.release(L + 1);
+  for (int l = L - 1; l >= 0; --l) {
+    p.acquire(1 + l);
+    p.open_grads(1 + l);
+    auto w = [&](int k) { return p.param(block_tensor(l, k)); };
+    auto g = [&](int k) { return p.grad(block_tensor(l, k)); };
+    const size_t lc = static_cast<size_t>(l) * NC, ln = static_cast<size_t>(l) * N;
+    T* dres = dres_.data();
+    matmul_backward(cublas_, stream_, dbuf_4c_.data(), g(kFcProjW), g(kFcProjB), dres, fch_gelu_.data() + 4 * lc,
+                    w(kFcProjW), N, 4 * C, C);
+    gelu_backward(dbuf_4c2_.data(), fch_.data() + 4 * lc, dbuf_4c_.data(), static_cast<int64_t>(4 * NC), stream_);
+    matmul_backward(cublas_, stream_, dbuf_c_.data(), g(kFcW), g(kFcB), dbuf_4c2_.data(), ln2_.data() + lc, w(kFcW), N,
+                    C, 4 * C);
+    layernorm_backward(dres, g(kLn2W), g(kLn2B), dbuf_c_.data(), res2_.data() + lc, w(kLn2W), ln2_mean_.data() + ln,
+                       ln2_rstd_.data() + ln, N, C, stream_);
+    matmul_backward(cublas_, stream_, dbuf_c_.data(), g(kAttProjW), g(kAttProjB), dres, atty_.data() + lc, w(kAttProjW),
+                    N, C, C);
+    attention_backward(dbuf_3c_.data(), delta_.data(), dbuf_c_.data(), atty_.data() + lc, qkv_.data() + 3 * lc,
+                       lse_.data() + ln * NH, B_, S_, C, NH, stream_);
+    matmul_backward(cublas_, stream_, dbuf_c2_.data(), g(kQkvW), g(kQkvB), dbuf_3c_.data(), ln1_.data() + lc, w(kQkvW),
+                    N, C, 3 * C);
+    layernorm_backward(dres, g(kLn1W), g(kLn1B), dbuf_c2_.data(), block_output(l - 1), w(kLn1W), ln1_mean_.data() + ln,
+                       ln1_rstd_.data() + ln, N, C, stream_);
+    p.close_grads(1 + l);
+    p.release(1 + l);
+  }
+  encoder_backward(p.grad(kWte), p.grad(kWpe), dres_.data(), inputs, B_, S_, C, stream_);
+  p.close_grads(0);
+}
+
+template class GpuGpt2<float>;
+template class GpuGpt2<__nv_bfloat16>;
+template class GpuGpt2<__half>;
+
+}  // namespace shardkit::trainer::cuda

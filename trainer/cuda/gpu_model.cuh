@@ -1,0 +1,74 @@
+// GPT-2 on one GPU: the same computation as trainer/gpt2.hpp (Hugging Face's GPT2LMHeadModel, no
+// dropout), with activations and parameters in T (float, bf16 or fp16), fp32 accumulation, fp32
+// parameter gradients, cuBLAS matrix products and the kernels of kernels.cuh. Parameters and
+// gradients come from a GpuParamStore: the model knows nothing of ZeRO.
+#pragma once
+
+#include <cublas_v2.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "model/gpt2_config.hpp"
+#include "trainer/cuda/cuda_common.hpp"
+#include "trainer/gpt2.hpp"
+#include "trainer/param_store.hpp"
+
+namespace shardkit::trainer::cuda {
+
+// The GPU counterpart of ParameterStore: device pointers, parameters in T, gradients in fp32.
+template <typename T>
+class GpuParamStore {
+ public:
+  virtual ~GpuParamStore() = default;
+  virtual void acquire(int group) = 0;
+  virtual void release(int group) = 0;
+  virtual const T* param(int tensor) const = 0;
+  virtual void open_grads(int group) = 0;
+  virtual float* grad(int tensor) = 0;
+  virtual void close_grads(int group) = 0;
+};
+
+// Row-major C (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * C, A and B in T, C in TC (T or
+// float), fp32 accumulation (tensor cores for bf16/fp16; true fp32, no TF32, for float).
+template <typename T, typename TC>
+void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const T* a, int lda,
+          const T* b, int ldb, float beta, TC* c, int ldc);
+
+template <typename T>
+class GpuGpt2 {
+ public:
+  GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cublasHandle_t cublas, cudaStream_t stream);
+
+  // Parameter groups: 0 = embeddings, 1..L = blocks, L+1 = final LayerNorm (as the CPU model).
+  const std::vector<TensorGroup>& groups() const noexcept { return groups_; }
+  int64_t activation_bytes() const noexcept { return activation_bytes_; }
+
+  // A micro-batch of device token ids (batch x seq_len): adds the gradient of grad_scale * loss into
+  // the store's gradient buffers and returns the mean loss (the one host synchronisation of the pass).
+  double forward_backward(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets, float grad_scale,
+                          PassTimes* times);
+
+ private:
+  void forward_blocks(GpuParamStore<T>& p, const int32_t* inputs);
+  void backward_blocks(GpuParamStore<T>& p, const int32_t* inputs);
+  int block_tensor(int layer, int k) const noexcept { return 2 + model::kTensorsPerBlock * layer + k; }
+
+  model::GptConfig config_;
+  int B_, S_;
+  cublasHandle_t cublas_;
+  cudaStream_t stream_;
+  std::vector<TensorGroup> groups_;
+  int head_rows_;  // rows of logits computed at once
+  int64_t activation_bytes_ = 0;
+
+  // Activations: per layer l and N = B*S rows.
+  DeviceBuffer<T> encoded_, ln1_, qkv_, atty_, res2_, ln2_, fch_, fch_gelu_, res3_, lnf_, logits_;
+  DeviceBuffer<float> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_, lnf_mean_, lnf_rstd_, lse_, losses_;
+  // Backward scratch.
+  DeviceBuffer<T> dres_, dbuf_c_, dbuf_c2_, dbuf_3c_, dbuf_4c_, dbuf_4c2_;
+  DeviceBuffer<float> delta_;
+  DeviceBuffer<double> loss_sum_;
+};
+
+}  // namespace shardkit::trainer::cuda

@@ -1,0 +1,680 @@
+#include <cfloat>
+
+#include "trainer/cuda/cuda_common.hpp"
+#include "trainer/cuda/kernels.cuh"
+
+namespace shardkit::trainer::cuda {
+namespace {
+
+constexpr float kLayerNormEps = 1e-5f;
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+
+__device__ __forceinline__ float to_float(float x) {
+  return x;
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ float to_float(__half x) {
+  return __half2float(x);
+}
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+int blocks_for(int64_t n, int threads) {
+  return static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 16));
+}
+
+void check_launch() {
+  CUDA_CHECK(cudaGetLastError());
+}
+
+// ------------------------------------------------------------------------------------------------
+// Embeddings
+
+template <typename T>
+__global__ void encoder_forward_kernel(T* out, const int32_t* inputs, const T* wte, const T* wpe, int N, int S, int C) {
+  const int64_t total = int64_t{N} * C;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t n = i / C;
+    const int c = static_cast<int>(i % C);
+    const int s = static_cast<int>(n % S);
+    out[i] = from_float<T>(to_float(wte[int64_t{inputs[n]} * C + c]) + to_float(wpe[int64_t{s} * C + c]));
+  }
+}
+
+template <typename T>
+__global__ void encoder_backward_kernel(float* dwte, float* dwpe, const T* dout, const int32_t* inputs, int N, int S,
+                                        int C) {
+  const int64_t total = int64_t{N} * C;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t n = i / C;
+    const int c = static_cast<int>(i % C);
+    const float d = to_float(dout[i]);
+    atomicAdd(dwte + int64_t{inputs[n]} * C + c, d);
+    atomicAdd(dwpe + (n % S) * C + c, d);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// LayerNorm: one warp per row.
+
+template <typename T>
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias,
+                                         int N, int C) {
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const T* x = inp + int64_t{row} * C;
+  float sum = 0.0f;
+  for (int c = lane; c < C; c += 32) sum += to_float(x[c]);
+  const float m = warp_sum(sum) / C;
+  float var = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float d = to_float(x[c]) - m;
+    var += d * d;
+  }
+  const float s = rsqrtf(warp_sum(var) / C + kLayerNormEps);
+  T* o = out + int64_t{row} * C;
+  for (int c = lane; c < C; c += 32) {
+    o[c] = from_float<T>((to_float(x[c]) - m) * s * to_float(weight[c]) + to_float(bias[c]));
+  }
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+// Each block takes a range of rows, one warp per row at a time; dweight/dbias are summed in shared
+// memory and added to global memory once per block.
+template <typename T>
+__global__ void layernorm_backward_kernel(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
+                                          const T* weight, const float* mean, const float* rstd, int N, int C) {
+  extern __shared__ float partial[];  // dweight[C], dbias[C]
+  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) partial[c] = 0.0f;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  const int lane = threadIdx.x % 32;
+  for (int row = blockIdx.x * warps + threadIdx.x / 32; row < N; row += gridDim.x * warps) {
+    const T* x = inp + int64_t{row} * C;
+    const T* d = dout + int64_t{row} * C;
+    const float m = mean[row];
+    const float s = rstd[row];
+    float mean_dnorm = 0.0f, mean_dnorm_norm = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+      const float norm = (to_float(x[c]) - m) * s;
+      const float dnorm = to_float(weight[c]) * to_float(d[c]);
+      mean_dnorm += dnorm;
+      mean_dnorm_norm += dnorm * norm;
+    }
+    mean_dnorm = warp_sum(mean_dnorm) / C;
+    mean_dnorm_norm = warp_sum(mean_dnorm_norm) / C;
+    T* di = dinp + int64_t{row} * C;
+    for (int c = lane; c < C; c += 32) {
+      const float norm = (to_float(x[c]) - m) * s;
+      const float dc = to_float(d[c]);
+      atomicAdd(&partial[c], norm * dc);
+      atomicAdd(&partial[C + c], dc);
+      const float g = (to_float(weight[c]) * dc - mean_dnorm - norm * mean_dnorm_norm) * s;
+      di[c] = from_float<T>(to_float(di[c]) + g);
+    }
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    atomicAdd(dweight + c, partial[c]);
+    atomicAdd(dbias + c, partial[C + c]);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Bias, GELU, residual
+
+template <typename T>
+__global__ void bias_forward_kernel(T* out, const T* bias, int N, int OC) {
+  const int64_t total = int64_t{N} * OC;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = from_float<T>(to_float(out[i]) + to_float(bias[i % OC]));
+  }
+}
+
+// Column sums: block (32 columns x 8 row groups), partial sums reduced in shared memory.
+template <typename T>
+__global__ void bias_backward_kernel(float* dbias, const T* dout, int N, int OC) {
+  __shared__ float sums[8][33];
+  const int col = blockIdx.x * 32 + threadIdx.x;
+  float sum = 0.0f;
+  if (col < OC) {
+    for (int row = blockIdx.y * 8 + threadIdx.y; row < N; row += gridDim.y * 8)
+      sum += to_float(dout[int64_t{row} * OC + col]);
+  }
+  sums[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < OC) {
+    float total = 0.0f;
+    for (int y = 0; y < 8; ++y) total += sums[y][threadIdx.x];
+    atomicAdd(dbias + col, total);
+  }
+}
+
+template <typename T>
+__global__ void gelu_forward_kernel(T* out, const T* inp, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = to_float(inp[i]);
+    out[i] = from_float<T>(0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCubic * x * x * x))));
+  }
+}
+
+template <typename T>
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = to_float(inp[i]);
+    const float th = tanhf(kGeluScale * (x + kGeluCubic * x * x * x));
+    const float grad =
+        0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    dinp[i] = from_float<T>(grad * to_float(dout[i]));
+  }
+}
+
+template <typename T>
+__global__ void residual_kernel(T* out, const T* a, const T* b, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = from_float<T>(to_float(a[i]) + to_float(b[i]));
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Attention. Threads own rows: a query row in the forward and dq kernels, a key row in the dk/dv kernel.
+// Tiles of the other side are staged in shared memory; scores never leave registers.
+
+// Rows per tile: 64, or 32 for head size 128 (to stay within 48 KiB of static shared memory).
+template <int HS>
+constexpr int tile_rows() {
+  return HS > 64 ? 32 : 64;
+}
+
+template <typename T, int HS>
+__global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int S, int C, int NH, float scale) {
+  constexpr int kTileRows = tile_rows<HS>();
+  __shared__ float ks[kTileRows][HS + 1];
+  __shared__ float vs[kTileRows][HS + 1];
+  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int q0 = blockIdx.x * kTileRows;
+  const int t = q0 + threadIdx.x;
+  const int64_t C3 = 3 * int64_t{C};
+  const T* base = qkv + int64_t{b} * S * C3 + h * HS;
+  float q[HS], o[HS];
+  for (int i = 0; i < HS; ++i) {
+    q[i] = t < S ? to_float(base[t * C3 + i]) * scale : 0.0f;
+    o[i] = 0.0f;
+  }
+  float m = -FLT_MAX, l = 0.0f;
+  const int k_end = min(S, q0 + kTileRows);
+  for (int k0 = 0; k0 < k_end; k0 += kTileRows) {
+    __syncthreads();
+    const int kr = k0 + threadIdx.x;
+    for (int i = 0; i < HS; ++i) {
+      ks[threadIdx.x][i] = kr < S ? to_float(base[kr * C3 + C + i]) : 0.0f;
+      vs[threadIdx.x][i] = kr < S ? to_float(base[kr * C3 + 2 * C + i]) : 0.0f;
+    }
+    __syncthreads();
+    if (t >= S) continue;
+    const int count = min(kTileRows, t - k0 + 1);  // causal: keys k0 .. t
+    if (count <= 0) continue;
+    float s[kTileRows];
+    float tile_max = -FLT_MAX;
+    for (int j = 0; j < count; ++j) {
+      float dot = 0.0f;
+      for (int i = 0; i < HS; ++i) dot += q[i] * ks[j][i];
+      s[j] = dot;
+      tile_max = fmaxf(tile_max, dot);
+    }
+    const float m_new = fmaxf(m, tile_max);
+    const float correction = __expf(m - m_new);
+    l *= correction;
+    for (int i = 0; i < HS; ++i) o[i] *= correction;
+    for (int j = 0; j < count; ++j) {
+      const float p = __expf(s[j] - m_new);
+      l += p;
+      for (int i = 0; i < HS; ++i) o[i] += p * vs[j][i];
+    }
+    m = m_new;
+  }
+  if (t >= S) return;
+  T* dst = out + (int64_t{b} * S + t) * C + h * HS;
+  const float inv = 1.0f / l;
+  for (int i = 0; i < HS; ++i) dst[i] = from_float<T>(o[i] * inv);
+  lse[(int64_t{b} * NH + h) * S + t] = m + __logf(l);
+}
+
+// delta[b, h, t] = sum_i dout[t, i] * out[t, i] over the head's channels (one warp per row).
+template <typename T, int HS>
+__global__ void attention_delta_kernel(float* delta, const T* dout, const T* out, int B, int S, int C, int NH) {
+  const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;  // over B*NH*S
+  const int lane = threadIdx.x % 32;
+  if (row >= int64_t{B} * NH * S) return;
+  const int t = static_cast<int>(row % S);
+  const int h = static_cast<int>((row / S) % NH);
+  const int b = static_cast<int>(row / (int64_t{S} * NH));
+  const int64_t off = (int64_t{b} * S + t) * C + h * HS;
+  float sum = 0.0f;
+  for (int i = lane; i < HS; i += 32) sum += to_float(dout[off + i]) * to_float(out[off + i]);
+  sum = warp_sum(sum);
+  if (lane == 0) delta[row] = sum;
+}
+
+// dq: a thread per query row; key/value tiles in shared memory.
+template <typename T, int HS>
+__global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int S,
+                                    int C, int NH, float scale) {
+  constexpr int kTileRows = tile_rows<HS>();
+  __shared__ float ks[kTileRows][HS + 1];
+  __shared__ float vs[kTileRows][HS + 1];
+  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int q0 = blockIdx.x * kTileRows;
+  const int t = q0 + threadIdx.x;
+  const int64_t C3 = 3 * int64_t{C};
+  const T* base = qkv + int64_t{b} * S * C3 + h * HS;
+  float q[HS], d[HS], dq[HS];
+  const int64_t orow = (int64_t{b} * S + t) * C + h * HS;
+  for (int i = 0; i < HS; ++i) {
+    q[i] = t < S ? to_float(base[t * C3 + i]) * scale : 0.0f;
+    d[i] = t < S ? to_float(dout[orow + i]) : 0.0f;
+    dq[i] = 0.0f;
+  }
+  const int64_t stat = (int64_t{b} * NH + h) * S + t;
+  const float row_lse = t < S ? lse[stat] : 0.0f;
+  const float row_delta = t < S ? delta[stat] : 0.0f;
+  const int k_end = min(S, q0 + kTileRows);
+  for (int k0 = 0; k0 < k_end; k0 += kTileRows) {
+    __syncthreads();
+    const int kr = k0 + threadIdx.x;
+    for (int i = 0; i < HS; ++i) {
+      ks[threadIdx.x][i] = kr < S ? to_float(base[kr * C3 + C + i]) : 0.0f;
+      vs[threadIdx.x][i] = kr < S ? to_float(base[kr * C3 + 2 * C + i]) : 0.0f;
+    }
+    __syncthreads();
+    if (t >= S) continue;
+    const int count = min(kTileRows, t - k0 + 1);
+    for (int j = 0; j < count; ++j) {
+      float s = 0.0f, dp = 0.0f;
+      for (int i = 0; i < HS; ++i) {
+        s += q[i] * ks[j][i];
+        dp += d[i] * vs[j][i];
+      }
+      const float ds = __expf(s - row_lse) * (dp - row_delta);
+      for (int i = 0; i < HS; ++i) dq[i] += ds * ks[j][i];
+    }
+  }
+  if (t >= S) return;
+  T* dst = dqkv + int64_t{b} * S * C3 + t * C3 + h * HS;
+  for (int i = 0; i < HS; ++i) dst[i] = from_float<T>(dq[i] * scale);
+}
+
+// dk, dv: a thread per key row (kept in shared memory); query tiles in shared memory.
+template <typename T, int HS>
+__global__ void attention_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int S,
+                                     int C, int NH, float scale) {
+  constexpr int kTileRows = tile_rows<HS>();
+  __shared__ float qs[kTileRows][HS + 1];
+  __shared__ float ds_[kTileRows][HS + 1];
+  __shared__ float stats[kTileRows][2];
+  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int k0 = blockIdx.x * kTileRows;
+  const int u = k0 + threadIdx.x;
+  const int64_t C3 = 3 * int64_t{C};
+  const T* base = qkv + int64_t{b} * S * C3 + h * HS;
+  float k[HS], v[HS], dk[HS], dv[HS];
+  for (int i = 0; i < HS; ++i) {
+    k[i] = u < S ? to_float(base[u * C3 + C + i]) : 0.0f;
+    v[i] = u < S ? to_float(base[u * C3 + 2 * C + i]) : 0.0f;
+    dk[i] = dv[i] = 0.0f;
+  }
+  for (int q0 = k0; q0 < S; q0 += kTileRows) {  // causal: queries t >= u
+    __syncthreads();
+    const int tr = q0 + threadIdx.x;
+    const int64_t orow = (int64_t{b} * S + tr) * C + h * HS;
+    for (int i = 0; i < HS; ++i) {
+      qs[threadIdx.x][i] = tr < S ? to_float(base[tr * C3 + i]) * scale : 0.0f;
+      ds_[threadIdx.x][i] = tr < S ? to_float(dout[orow + i]) : 0.0f;
+    }
+    const int64_t stat = (int64_t{b} * NH + h) * S + tr;
+    stats[threadIdx.x][0] = tr < S ? lse[stat] : 0.0f;
+    stats[threadIdx.x][1] = tr < S ? delta[stat] : 0.0f;
+    __syncthreads();
+    if (u >= S) continue;
+    const int first = max(0, u - q0);
+    const int last = min(kTileRows, S - q0);
+    for (int j = first; j < last; ++j) {
+      float s = 0.0f, dp = 0.0f;
+      for (int i = 0; i < HS; ++i) {
+        s += qs[j][i] * k[i];
+        dp += ds_[j][i] * v[i];
+      }
+      const float p = __expf(s - stats[j][0]);
+      const float dscore = p * (dp - stats[j][1]);
+      for (int i = 0; i < HS; ++i) {
+        dv[i] += p * ds_[j][i];
+        dk[i] += dscore * qs[j][i];  // qs holds scale * q: this is scale * dscore * q
+      }
+    }
+  }
+  if (u >= S) return;
+  T* dst = dqkv + int64_t{b} * S * C3 + u * C3 + h * HS;
+  for (int i = 0; i < HS; ++i) {
+    dst[C + i] = from_float<T>(dk[i]);
+    dst[2 * C + i] = from_float<T>(dv[i]);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Softmax cross-entropy, one block per row.
+
+template <typename T>
+__global__ void softmax_xent_kernel(T* logits, float* losses, const int32_t* targets, int V, float dscale,
+                                    bool backward) {
+  __shared__ float shared[32];
+  const int64_t row = blockIdx.x;
+  T* x = logits + row * V;
+  float m = -FLT_MAX;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, to_float(x[v]));
+  m = warp_max(m);
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float w = threadIdx.x < blockDim.x / 32 ? shared[threadIdx.x] : -FLT_MAX;
+    w = warp_max(w);
+    if (threadIdx.x == 0) shared[0] = w;
+  }
+  __syncthreads();
+  m = shared[0];
+  __syncthreads();
+  float sum = 0.0f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) sum += __expf(to_float(x[v]) - m);
+  sum = warp_sum(sum);
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float w = threadIdx.x < blockDim.x / 32 ? shared[threadIdx.x] : 0.0f;
+    w = warp_sum(w);
+    if (threadIdx.x == 0) shared[0] = w;
+  }
+  __syncthreads();
+  const float lse = m + __logf(shared[0]);
+  const int target = targets[row];
+  if (threadIdx.x == 0) losses[row] = lse - to_float(x[target]);
+  __syncthreads();  // the target logit is read before it is overwritten
+  if (!backward) return;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    const float p = __expf(to_float(x[v]) - lse);
+    x[v] = from_float<T>((p - (v == target ? 1.0f : 0.0f)) * dscale);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Optimizer and reductions
+
+template <typename T>
+__global__ void cast_kernel(T* out, const float* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = from_float<T>(in[i]);
+  }
+}
+
+template <typename T>
+__global__ void adamw_kernel(float* p, float* m, float* v, const float* grad, T* params, int64_t n, AdamWArgs a) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    float g = grad[i] * a.grad_multiplier;
+    float w = p[i];
+    if (!a.adam_w_mode) g += a.weight_decay * w;  // Adam with L2 regularisation
+    const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;
+    const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * g * g;
+    const float denom = sqrtf(vi) * a.inv_sqrt_bc2 + a.eps;
+    if (a.adam_w_mode) w -= a.lr * a.weight_decay * w;  // decoupled weight decay
+    w -= a.step_size * mi / denom;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = w;
+    if (params) params[i] = from_float<T>(w);
+  }
+}
+
+__global__ void sum_squares_kernel(double* accum, const float* x, int64_t n) {
+  __shared__ double shared[32];
+  double sum = 0.0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    sum += double{x[i]} * double{x[i]};
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < blockDim.x / 32; ++w) total += shared[w];
+    atomicAdd(accum, total);
+  }
+}
+
+__global__ void sum_floats_kernel(double* accum, const float* x, int64_t n) {
+  double sum = 0.0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    sum += x[i];
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (threadIdx.x % 32 == 0) atomicAdd(accum, sum);
+}
+
+__global__ void nonfinite_kernel(int* flag, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    if (!isfinite(x[i])) {
+      *flag = 1;
+      return;
+    }
+  }
+}
+
+template <typename T, int HS>
+void attention_forward_hs(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
+  const dim3 grid((S + tile_rows<HS>() - 1) / tile_rows<HS>(), B * NH);
+  attention_forward_kernel<T, HS><<<grid, tile_rows<HS>(), 0, st>>>(out, lse, qkv, S, C, NH, 1.0f / sqrtf(float(HS)));
+  check_launch();
+}
+
+template <typename T, int HS>
+void attention_backward_hs(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B,
+                           int S, int C, int NH, cudaStream_t st) {
+  const int64_t rows = int64_t{B} * NH * S;
+  attention_delta_kernel<T, HS><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st>>>(delta, dout, out, B, S, C, NH);
+  check_launch();
+  const dim3 grid((S + tile_rows<HS>() - 1) / tile_rows<HS>(), B * NH);
+  const float scale = 1.0f / sqrtf(float(HS));
+  attention_dq_kernel<T, HS><<<grid, tile_rows<HS>(), 0, st>>>(dqkv, dout, qkv, lse, delta, S, C, NH, scale);
+  check_launch();
+  attention_dkv_kernel<T, HS><<<grid, tile_rows<HS>(), 0, st>>>(dqkv, dout, qkv, lse, delta, S, C, NH, scale);
+  check_launch();
+}
+
+}  // namespace
+
+template <typename T>
+void encoder_forward(T* out, const int32_t* inputs, const T* wte, const T* wpe, int B, int S, int C, cudaStream_t st) {
+  encoder_forward_kernel<<<blocks_for(int64_t{B} * S * C, 256), 256, 0, st>>>(out, inputs, wte, wpe, B * S, S, C);
+  check_launch();
+}
+
+template <typename T>
+void encoder_backward(float* dwte, float* dwpe, const T* dout, const int32_t* inputs, int B, int S, int C,
+                      cudaStream_t st) {
+  encoder_backward_kernel<<<blocks_for(int64_t{B} * S * C, 256), 256, 0, st>>>(dwte, dwpe, dout, inputs, B * S, S, C);
+  check_launch();
+}
+
+template <typename T>
+void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
+                       cudaStream_t st) {
+  layernorm_forward_kernel<<<(N + 7) / 8, 256, 0, st>>>(out, mean, rstd, inp, weight, bias, N, C);
+  check_launch();
+}
+
+template <typename T>
+void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+                        const float* mean, const float* rstd, int N, int C, cudaStream_t st) {
+  const int blocks = std::min((N + 7) / 8, 1024);
+  layernorm_backward_kernel<<<blocks, 256, 2 * C * sizeof(float), st>>>(dinp, dweight, dbias, dout, inp, weight, mean,
+                                                                        rstd, N, C);
+  check_launch();
+}
+
+template <typename T>
+void bias_forward(T* out, const T* bias, int N, int OC, cudaStream_t st) {
+  bias_forward_kernel<<<blocks_for(int64_t{N} * OC, 256), 256, 0, st>>>(out, bias, N, OC);
+  check_launch();
+}
+
+template <typename T>
+void bias_backward(float* dbias, const T* dout, int N, int OC, cudaStream_t st) {
+  const dim3 grid((OC + 31) / 32, std::min(64, (N + 7) / 8));
+  bias_backward_kernel<<<grid, dim3(32, 8), 0, st>>>(dbias, dout, N, OC);
+  check_launch();
+}
+
+template <typename T>
+void gelu_forward(T* out, const T* inp, int64_t n, cudaStream_t st) {
+  gelu_forward_kernel<<<blocks_for(n, 256), 256, 0, st>>>(out, inp, n);
+  check_launch();
+}
+
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, cudaStream_t st) {
+  gelu_backward_kernel<<<blocks_for(n, 256), 256, 0, st>>>(dinp, inp, dout, n);
+  check_launch();
+}
+
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, int64_t n, cudaStream_t st) {
+  residual_kernel<<<blocks_for(n, 256), 256, 0, st>>>(out, a, b, n);
+  check_launch();
+}
+
+template <typename T>
+void add_inplace(T* y, const T* x, int64_t n, cudaStream_t st) {
+  residual_kernel<<<blocks_for(n, 256), 256, 0, st>>>(y, y, x, n);
+  check_launch();
+}
+
+template <typename T>
+void attention_forward(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
+  switch (C / NH) {
+    case 32:
+      return attention_forward_hs<T, 32>(out, lse, qkv, B, S, C, NH, st);
+    case 64:
+      return attention_forward_hs<T, 64>(out, lse, qkv, B, S, C, NH, st);
+    case 128:
+      return attention_forward_hs<T, 128>(out, lse, qkv, B, S, C, NH, st);
+    default:
+      fail(ErrorKind::kInvalidInput,
+           "CUDA attention supports head sizes 32, 64 and 128, not " + std::to_string(C / NH));
+  }
+}
+
+template <typename T>
+void attention_backward(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B,
+                        int S, int C, int NH, cudaStream_t st) {
+  switch (C / NH) {
+    case 32:
+      return attention_backward_hs<T, 32>(dqkv, delta, dout, out, qkv, lse, B, S, C, NH, st);
+    case 64:
+      return attention_backward_hs<T, 64>(dqkv, delta, dout, out, qkv, lse, B, S, C, NH, st);
+    case 128:
+      return attention_backward_hs<T, 128>(dqkv, delta, dout, out, qkv, lse, B, S, C, NH, st);
+    default:
+      fail(ErrorKind::kInvalidInput,
+           "CUDA attention supports head sizes 32, 64 and 128, not " + std::to_string(C / NH));
+  }
+}
+
+template <typename T>
+void softmax_cross_entropy(T* logits, float* losses, const int32_t* targets, int rows, int V, float dscale,
+                           bool backward, cudaStream_t st) {
+  if (rows == 0) return;
+  softmax_xent_kernel<<<rows, 1024, 0, st>>>(logits, losses, targets, V, dscale, backward);
+  check_launch();
+}
+
+template <typename T>
+void cast_from_float(T* out, const float* in, int64_t n, cudaStream_t st) {
+  if (n == 0) return;
+  cast_kernel<<<blocks_for(n, 256), 256, 0, st>>>(out, in, n);
+  check_launch();
+}
+
+template <typename T>
+void adamw(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, T* params, int64_t n,
+           const AdamWArgs& args, cudaStream_t st) {
+  if (n == 0) return;
+  adamw_kernel<<<blocks_for(n, 256), 256, 0, st>>>(master, exp_avg, exp_avg_sq, grad, params, n, args);
+  check_launch();
+}
+
+void sum_squares(double* accum, const float* x, int64_t n, cudaStream_t st) {
+  if (n == 0) return;
+  sum_squares_kernel<<<std::min(blocks_for(n, 256), 1024), 256, 0, st>>>(accum, x, n);
+  check_launch();
+}
+
+void sum_floats(double* accum, const float* x, int64_t n, cudaStream_t st) {
+  if (n == 0) return;
+  sum_floats_kernel<<<std::min(blocks_for(n, 256), 1024), 256, 0, st>>>(accum, x, n);
+  check_launch();
+}
+
+void find_nonfinite(int* flag, const float* x, int64_t n, cudaStream_t st) {
+  if (n == 0) return;
+  nonfinite_kernel<<<std::min(blocks_for(n, 256), 1024), 256, 0, st>>>(flag, x, n);
+  check_launch();
+}
+
+#define SHARDKIT_INSTANTIATE(T)                                                                                     \
+  template void encoder_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int, cudaStream_t);            \
+  template void encoder_backward<T>(float*, float*, const T*, const int32_t*, int, int, int, cudaStream_t);         \
+  template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, cudaStream_t);     \
+  template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, const float*, \
+                                      int, int, cudaStream_t);                                                      \
+  template void bias_forward<T>(T*, const T*, int, int, cudaStream_t);                                              \
+  template void bias_backward<T>(float*, const T*, int, int, cudaStream_t);                                         \
+  template void gelu_forward<T>(T*, const T*, int64_t, cudaStream_t);                                               \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t, cudaStream_t);                                    \
+  template void residual_forward<T>(T*, const T*, const T*, int64_t, cudaStream_t);                                 \
+  template void add_inplace<T>(T*, const T*, int64_t, cudaStream_t);                                                \
+  template void attention_forward<T>(T*, float*, const T*, int, int, int, int, cudaStream_t);                       \
+  template void attention_backward<T>(T*, float*, const T*, const T*, const T*, const float*, int, int, int, int,   \
+                                      cudaStream_t);                                                                \
+  template void softmax_cross_entropy<T>(T*, float*, const int32_t*, int, int, float, bool, cudaStream_t);          \
+  template void cast_from_float<T>(T*, const float*, int64_t, cudaStream_t);                                        \
+  template void adamw<T>(float*, float*, float*, const float*, T*, int64_t, const AdamWArgs&, cudaStream_t);
+
+SHARDKIT_INSTANTIATE(float)
+SHARDKIT_INSTANTIATE(__nv_bfloat16)
+SHARDKIT_INSTANTIATE(__half)
+
+}  // namespace shardkit::trainer::cuda

@@ -1,0 +1,88 @@
+// CUDA kernels of the GPT-2 forward and backward passes and of the optimizer, as host launchers that
+// take an explicit stream. T is the compute type of activations and parameters: float, __nv_bfloat16
+// or __half; all arithmetic accumulates in fp32, and parameter gradients are fp32. Shapes: B batch,
+// S sequence, C channels, NH heads, V vocabulary, N = B*S rows.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace shardkit::trainer::cuda {
+
+// out (N, C) = wte[inputs] + wpe[s]
+template <typename T>
+void encoder_forward(T* out, const int32_t* inputs, const T* wte, const T* wpe, int B, int S, int C, cudaStream_t st);
+// dwte[inputs[n]] += dout[n]; dwpe[s] += dout[b, s]   (fp32 atomics)
+template <typename T>
+void encoder_backward(float* dwte, float* dwpe, const T* dout, const int32_t* inputs, int B, int S, int C,
+                      cudaStream_t st);
+
+// LayerNorm over C (eps 1e-5); mean, rstd (N) saved for the backward pass.
+template <typename T>
+void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
+                       cudaStream_t st);
+// dinp (N, C) += ...; dweight, dbias (C) += ...
+template <typename T>
+void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
+                        const float* mean, const float* rstd, int N, int C, cudaStream_t st);
+
+// out (N, OC) += bias;  dbias (OC) += column sums of dout (N, OC)
+template <typename T>
+void bias_forward(T* out, const T* bias, int N, int OC, cudaStream_t st);
+template <typename T>
+void bias_backward(float* dbias, const T* dout, int N, int OC, cudaStream_t st);
+
+// GELU, tanh approximation (gelu_new); backward: dinp = dout * gelu'(inp)
+template <typename T>
+void gelu_forward(T* out, const T* inp, int64_t n, cudaStream_t st);
+template <typename T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, cudaStream_t st);
+
+// out = a + b;  y += x
+template <typename T>
+void residual_forward(T* out, const T* a, const T* b, int64_t n, cudaStream_t st);
+template <typename T>
+void add_inplace(T* y, const T* x, int64_t n, cudaStream_t st);
+
+// Causal attention, memory-efficient: qkv (B, S, 3C) -> out (B, S, C); no (S x S) matrix is stored,
+// only lse (B, NH, S), the log-sum-exp of each query's scores, for the backward pass, which
+// recomputes the probabilities tile by tile. Head size C/NH must be 32, 64 or 128.
+template <typename T>
+void attention_forward(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st);
+// dqkv (B, S, 3C) overwritten; delta (B, NH, S) is scratch.
+template <typename T>
+void attention_backward(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B,
+                        int S, int C, int NH, cudaStream_t st);
+
+// Softmax cross-entropy of logits (rows, V): losses[r] = logsumexp - logit[target]; with `backward`,
+// logits are replaced by (softmax - onehot) * dscale.
+template <typename T>
+void softmax_cross_entropy(T* logits, float* losses, const int32_t* targets, int rows, int V, float dscale,
+                           bool backward, cudaStream_t st);
+
+// out = (T) in
+template <typename T>
+void cast_from_float(T* out, const float* in, int64_t n, cudaStream_t st);
+
+struct AdamWArgs {
+  float lr, beta1, beta2, eps, weight_decay;
+  float step_size;     // lr / bias_correction1
+  float inv_sqrt_bc2;  // 1 / sqrt(bias_correction2)
+  float grad_multiplier;
+  bool adam_w_mode;
+};
+// AdamW on fp32 master weights and moments; `params` (may be null) receives the updated weights in T.
+template <typename T>
+void adamw(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, T* params, int64_t n,
+           const AdamWArgs& args, cudaStream_t st);
+
+// accum[0] += sum(x^2) (double); flag[0] |= any non-finite in x
+void sum_squares(double* accum, const float* x, int64_t n, cudaStream_t st);
+void find_nonfinite(int* flag, const float* x, int64_t n, cudaStream_t st);
+// Sum of losses (device) into accum[0] (double)
+void sum_floats(double* accum, const float* x, int64_t n, cudaStream_t st);
+
+}  // namespace shardkit::trainer::cuda

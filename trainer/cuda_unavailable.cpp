@@ -1,0 +1,12 @@
+// make_cuda_backend in builds without CUDA: a clear error instead of a missing feature.
+#include "ckpt/error.hpp"
+#include "trainer/backend.hpp"
+
+namespace shardkit::trainer {
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {
+  fail(ErrorKind::kInvalidInput,
+       "--device cuda: this shardkit was built without CUDA (configure on a machine with nvcc and NCCL)");
+}
+
+}  // namespace shardkit::trainer
