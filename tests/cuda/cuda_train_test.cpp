@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/mpi.hpp"
-#include "tests/support/test_support.hpp"
+#include "tests/support/mpi_support.hpp"
 #include "trainer/trainer.hpp"
 
 namespace shardkit {
@@ -31,44 +31,21 @@ int visible_gpus() {
     }                                                                                                    \
   } while (0)
 
-class Workspace {
+// A shared directory with a token file and fp32/bf16 configs.
+class Workspace : public testing::SharedDir {
  public:
-  explicit Workspace(comm::MpiCollective& world) : world_(world) {
-    std::string path;
-    if (world.rank() == 0) {
-      local_ = std::make_unique<testing::TempDir>();
-      path = local_->path().string();
-      std::ofstream tokens(local_->path() / "tokens.bin", std::ios::binary);
-      for (int i = 0; i < 60000; ++i) {
-        const uint16_t t = static_cast<uint16_t>(32 + (i * 7 + (i / 13) * 3 + (i / 97)) % 90);
-        tokens.write(reinterpret_cast<const char*>(&t), sizeof(t));
-      }
-    }
-    path_ = world.broadcast(path);
-  }
-  ~Workspace() { world_.barrier(); }
-  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+  explicit Workspace(comm::MpiCollective& world) : SharedDir(world) { write_tokens("tokens.bin", 60000); }
 
   std::filesystem::path config(int stage, const std::string& precision, const std::string& name) {
-    const std::filesystem::path file = path_ / (name + ".json");
-    if (world_.rank() == 0) {
-      nlohmann::json j = {
-          {"train_batch_size", 8},
-          {"gradient_accumulation_steps", 2},
-          {"gradient_clipping", 1.0},
-          {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 50000}, {"allgather_bucket_size", 60000}}},
-          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"weight_decay", 0.01}}}}}};
-      if (precision == "bf16") j["bf16"] = {{"enabled", true}};
-      std::ofstream(file) << j.dump(2);
-    }
-    world_.barrier();
-    return file;
+    nlohmann::json j = {
+        {"train_batch_size", 8},
+        {"gradient_accumulation_steps", 2},
+        {"gradient_clipping", 1.0},
+        {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 50000}, {"allgather_bucket_size", 60000}}},
+        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"weight_decay", 0.01}}}}}};
+    if (precision == "bf16") j["bf16"] = {{"enabled", true}};
+    return write_json(name + ".json", j);
   }
-
- private:
-  comm::MpiCollective& world_;
-  std::unique_ptr<testing::TempDir> local_;
-  std::filesystem::path path_;
 };
 
 TrainOptions options(const std::filesystem::path& config, const std::filesystem::path& data, int64_t steps,
@@ -153,6 +130,28 @@ TEST(CudaTrain, CheckpointsMoveBetweenGpuAndCpu) {
   TrainOptions back = options(ws.config(1, "fp32", "g1"), ws / "tokens.bin", 8, "cuda");
   back.resume = (on_cpu.save_dir / "step-00000005").string();
   expect_close(train(world, back), uninterrupted, 5, 1e-4, "CPU -> GPU");
+}
+
+TEST(CudaTrain, ResumesAcrossGpuCounts) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  REQUIRE_GPUS(world);
+  Workspace ws(world);
+  // W GPUs (stage 3) -> 1 GPU (stage 0).
+  TrainOptions full = options(ws.config(3, "fp32", "w3"), ws / "tokens.bin", 8, "cuda");
+  full.save_dir = ws / "w";
+  full.save_interval = 4;
+  const auto uninterrupted = train(world, full);
+  TrainOptions one = options(ws.config(0, "fp32", "one0"), ws / "tokens.bin", 8, "cuda");
+  one.resume = (full.save_dir / "step-00000004").string();
+  expect_close(testing::train_on_rank0(world, one), uninterrupted, 4, 1e-4, "W GPUs -> 1 GPU");
+  // 1 GPU (stage 1) -> W GPUs (stage 2).
+  TrainOptions single = options(ws.config(1, "fp32", "one1"), ws / "tokens.bin", 8, "cuda");
+  single.save_dir = ws / "one";
+  single.save_interval = 4;
+  const auto reference = testing::train_on_rank0(world, single);
+  TrainOptions wide = options(ws.config(2, "fp32", "w2"), ws / "tokens.bin", 8, "cuda");
+  wide.resume = (single.save_dir / "step-00000004").string();
+  expect_close(train(world, wide), reference, 4, 1e-4, "1 GPU -> W GPUs");
 }
 
 }  // namespace

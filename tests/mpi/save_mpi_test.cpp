@@ -10,30 +10,10 @@
 #include "ckpt/save.hpp"
 #include "ckpt/shard_format.hpp"
 #include "comm/mpi.hpp"
-#include "tests/support/test_support.hpp"
+#include "tests/support/mpi_support.hpp"
 
 namespace shardkit {
 namespace {
-
-// A directory shared by all ranks: rank 0 creates it and broadcasts the path.
-class SharedTempDir {
- public:
-  explicit SharedTempDir(comm::MpiCollective& world) : world_(world) {
-    std::string path;
-    if (world.rank() == 0) {
-      local_ = std::make_unique<testing::TempDir>();
-      path = local_->path().string();
-    }
-    path_ = world.broadcast(path);
-  }
-  ~SharedTempDir() { world_.barrier(); }  // nobody reads while rank 0 deletes
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  comm::MpiCollective& world_;
-  std::unique_ptr<testing::TempDir> local_;
-  std::filesystem::path path_;
-};
 
 std::vector<std::vector<float>> synthetic_buffers(const ckpt::Layout& layout, int rank, uint64_t seed) {
   std::vector<std::vector<float>> buffers(3, std::vector<float>(static_cast<size_t>(layout.flat_size())));
@@ -63,7 +43,7 @@ TEST(SaveMpi, EveryRankWritesItsShardAndAnyRankReadsEverything) {
   const ckpt::TensorTable table = testing::random_table(21, 12, 700);
   for (int stage = 0; stage <= 3; ++stage) {
     for (int level : {0, 3}) {
-      SharedTempDir dir(world);
+      testing::SharedDir dir(world);
       const ckpt::SaveResult result = save(world, dir.path(), table, stage, level, 99, 7);
       EXPECT_EQ(result.step_dir, dir.path() / "step-00000007");
       // Every rank reads the whole checkpoint, in pieces that straddle shards and chunks.
@@ -98,7 +78,7 @@ TEST(SaveMpi, EveryRankWritesItsShardAndAnyRankReadsEverything) {
 TEST(SaveMpi, LatestMovesOnlyWhenACheckpointCommits) {
   comm::MpiCollective world(MPI_COMM_WORLD);
   const ckpt::TensorTable table = testing::random_table(4, 6, 300);
-  SharedTempDir dir(world);
+  testing::SharedDir dir(world);
   save(world, dir.path(), table, 2, 0, 1, 10);
   save(world, dir.path(), table, 2, 0, 2, 20);
   ckpt::CheckpointReader latest(dir.path());
@@ -124,7 +104,7 @@ TEST(SaveMpi, LatestMovesOnlyWhenACheckpointCommits) {
 TEST(SaveMpi, AFailingRankFailsTheSaveOnEveryRankWithoutAHang) {
   comm::MpiCollective world(MPI_COMM_WORLD);
   const ckpt::TensorTable table = testing::random_table(8, 6, 300);
-  SharedTempDir dir(world);
+  testing::SharedDir dir(world);
   // The last rank cannot create its shard: a directory stands where its file must go.
   const std::filesystem::path step_dir = dir.path() / "step-00000003";
   if (world.rank() == 0) {

@@ -10,7 +10,7 @@
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/diff.hpp"
 #include "comm/mpi.hpp"
-#include "tests/support/test_support.hpp"
+#include "tests/support/mpi_support.hpp"
 #include "trainer/trainer.hpp"
 
 namespace shardkit {
@@ -19,50 +19,25 @@ namespace {
 using trainer::StepRecord;
 using trainer::TrainOptions;
 
-// A directory shared by all ranks (rank 0 creates it) holding a token file and configs.
-class Workspace {
+// A shared directory with a token file and configs with small buckets, so that reduction and gathering
+// run in many pieces.
+class Workspace : public testing::SharedDir {
  public:
-  explicit Workspace(comm::MpiCollective& world) : world_(world) {
-    std::string path;
-    if (world.rank() == 0) {
-      local_ = std::make_unique<testing::TempDir>();
-      path = local_->path().string();
-      // Byte-level text with structure: a few sentences repeated with variations.
-      std::ofstream tokens(local_->path() / "tokens.bin", std::ios::binary);
-      for (int i = 0; i < 6000; ++i) {
-        const uint16_t t = static_cast<uint16_t>(32 + (i * 7 + (i / 13) * 3) % 90);
-        tokens.write(reinterpret_cast<const char*>(&t), sizeof(t));
-      }
-    }
-    path_ = world.broadcast(path);
-  }
-  ~Workspace() { world_.barrier(); }
-  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+  explicit Workspace(comm::MpiCollective& world) : SharedDir(world) { write_tokens("tokens.bin", 6000); }
 
-  // A config for `stage` with small buckets, so that reduction and gathering run in many pieces.
   std::filesystem::path config(int stage, const std::string& name) {
-    const std::filesystem::path file = path_ / (name + ".json");
-    if (world_.rank() == 0) {
-      const nlohmann::json j = {
-          {"train_batch_size", 24},
-          {"gradient_accumulation_steps", 2},
-          {"gradient_clipping", 1.0},
-          {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 5000}, {"allgather_bucket_size", 20000}}},
-          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 2e-3}, {"weight_decay", 0.01}}}}},
-          {"scheduler",
-           {{"type", "WarmupDecayLR"},
-            {"params", {{"warmup_num_steps", 3}, {"total_num_steps", 40}, {"warmup_max_lr", 2e-3}}}}},
-          {"fp16", {{"enabled", true}, {"initial_scale_power", 12}, {"loss_scale_window", 4}}}};
-      std::ofstream(file) << j.dump(2);
-    }
-    world_.barrier();
-    return file;
+    return write_json(
+        name + ".json",
+        {{"train_batch_size", 24},
+         {"gradient_accumulation_steps", 2},
+         {"gradient_clipping", 1.0},
+         {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 5000}, {"allgather_bucket_size", 20000}}},
+         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 2e-3}, {"weight_decay", 0.01}}}}},
+         {"scheduler",
+          {{"type", "WarmupDecayLR"},
+           {"params", {{"warmup_num_steps", 3}, {"total_num_steps", 40}, {"warmup_max_lr", 2e-3}}}}},
+         {"fp16", {{"enabled", true}, {"initial_scale_power", 12}, {"loss_scale_window", 4}}}});
   }
-
- private:
-  comm::MpiCollective& world_;
-  std::unique_ptr<testing::TempDir> local_;
-  std::filesystem::path path_;
 };
 
 TrainOptions options(const std::filesystem::path& config, const std::filesystem::path& data, int64_t steps) {
@@ -83,27 +58,6 @@ std::vector<StepRecord> train(comm::MpiCollective& comm, const TrainOptions& o) 
   return t.run();
 }
 
-// Trains on rank 0 alone (a world of one) and gives every rank the records; the other ranks wait.
-std::vector<StepRecord> train_on_rank0(comm::MpiCollective& world, const TrainOptions& o) {
-  nlohmann::json out = nlohmann::json::array();
-  if (world.rank() == 0) {
-    comm::MpiCollective self(MPI_COMM_SELF);
-    for (const StepRecord& r : train(self, o)) {
-      out.push_back({r.step, r.loss, r.lr, r.loss_scale});
-    }
-  }
-  std::vector<StepRecord> records;
-  for (const auto& r : nlohmann::json::parse(world.broadcast(out.dump()))) {
-    StepRecord rec;
-    rec.step = r[0].get<int64_t>();
-    rec.loss = r[1].get<double>();
-    rec.lr = r[2].get<double>();
-    rec.loss_scale = r[3].get<double>();
-    records.push_back(rec);
-  }
-  return records;
-}
-
 void expect_losses_close(const std::vector<StepRecord>& got, const std::vector<StepRecord>& want, size_t offset,
                          double rtol, const std::string& what) {
   ASSERT_EQ(got.size() + offset, want.size()) << what;
@@ -120,7 +74,8 @@ TEST(TrainMpi, EveryStageMatchesOneRankAtStage0) {
   comm::MpiCollective world(MPI_COMM_WORLD);
   Workspace ws(world);
   // The reference: one rank, stage 0.
-  const std::vector<StepRecord> reference = train_on_rank0(world, options(ws.config(0, "s0"), ws / "tokens.bin", 6));
+  const std::vector<StepRecord> reference =
+      testing::train_on_rank0(world, options(ws.config(0, "s0"), ws / "tokens.bin", 6));
   ASSERT_EQ(reference.size(), 6u);
   EXPECT_LT(reference.back().loss, reference.front().loss) << "the model does not learn";
   for (int stage = 0; stage <= 3; ++stage) {
@@ -168,13 +123,14 @@ TEST(TrainMpi, ResumeAtAnotherWorldSizeAndStageContinuesTheRun) {
   const auto uninterrupted = train(world, full);
   TrainOptions to_one = options(ws.config(3, "one_s3"), ws / "tokens.bin", 13);
   to_one.resume = (full.save_dir / "step-00000003").string();
-  expect_losses_close(train_on_rank0(world, to_one), uninterrupted, 3, 1e-5, "W ranks stage 2 -> 1 rank stage 3");
+  expect_losses_close(testing::train_on_rank0(world, to_one), uninterrupted, 3, 1e-5,
+                      "W ranks stage 2 -> 1 rank stage 3");
 
   // One rank at stage 1 -> this world at stage 0 and at stage 3.
   TrainOptions single = options(ws.config(1, "one_s1"), ws / "tokens.bin", 13);
   single.save_dir = ws / "single";
   single.save_interval = 3;
-  const std::vector<StepRecord> reference = train_on_rank0(world, single);
+  const std::vector<StepRecord> reference = testing::train_on_rank0(world, single);
   for (int stage : {0, 3}) {
     TrainOptions resumed = options(ws.config(stage, "w_from_one" + std::to_string(stage)), ws / "tokens.bin", 13);
     resumed.resume = (single.save_dir / "step-00000003").string();
