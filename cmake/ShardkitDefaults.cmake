@@ -8,7 +8,9 @@ endif()
 
 if(SHARDKIT_SANITIZE)
   # Applied globally so that tests, libraries and the binary agree on the runtime.
-  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  # C/C++ only: device code (nvcc) is not instrumented.
+  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=address,undefined> $<$<COMPILE_LANGUAGE:C,CXX>:-fno-omit-frame-pointer>
+                      $<$<COMPILE_LANGUAGE:C,CXX>:-fno-sanitize-recover=undefined>)
   add_link_options(-fsanitize=address,undefined)
 endif()
 
