@@ -27,11 +27,12 @@ std::string slurp(const std::filesystem::path& p) {
   return s.str();
 }
 
-// Runs a shell command line; `prefix` goes before the binary (e.g. "mpirun -n 2").
+// Runs a shell command line; `prefix` goes before the binary (e.g. "mpirun -n 2"), the test
+// environment (OpenMPI as root, sanitizer options) before both.
 Result run(const std::string& args, const std::string& prefix = "") {
   static testing::TempDir scratch;
-  const std::string command = prefix + " " + SHARDKIT_BINARY + " " + args + " >" + (scratch / "out").string() + " 2>" +
-                              (scratch / "err").string();
+  const std::string command = std::string(SHARDKIT_TEST_ENV) + " " + prefix + " " + SHARDKIT_BINARY + " " + args +
+                              " >" + (scratch / "out").string() + " 2>" + (scratch / "err").string();
   const int status = std::system(command.c_str());
   Result r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
