@@ -1,6 +1,9 @@
 #include <cfloat>
 
+#include <type_traits>
+
 #include "trainer/cuda/cuda_common.hpp"
+#include "trainer/cuda/flash_attention.cuh"
 #include "trainer/cuda/kernels.cuh"
 
 namespace shardkit::trainer::cuda {
@@ -205,8 +208,9 @@ __global__ void residual_kernel(T* out, const T* a, const T* b, int64_t n) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Attention. Threads own rows: a query row in the forward and dq kernels, a key row in the dk/dv kernel.
-// Tiles of the other side are staged in shared memory; scores never leave registers.
+// Attention in fp32 (the exact path that follows the CPU reference; 16-bit types run on tensor cores,
+// flash_attention.cu). Threads own rows: a query row in the forward and dq kernels, a key row in the
+// dk/dv kernel. Tiles of the other side are staged in shared memory; scores never leave registers.
 
 // Rows per tile: 64, or 32 for head size 128 (to stay within 48 KiB of static shared memory).
 template <int HS>
@@ -269,8 +273,9 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int S
 }
 
 // delta[b, h, t] = sum_i dout[t, i] * out[t, i] over the head's channels (one warp per row).
-template <typename T, int HS>
+template <typename T>
 __global__ void attention_delta_kernel(float* delta, const T* dout, const T* out, int B, int S, int C, int NH) {
+  const int HS = C / NH;
   const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;  // over B*NH*S
   const int lane = threadIdx.x % 32;
   if (row >= int64_t{B} * NH * S) return;
@@ -500,12 +505,16 @@ void attention_forward_hs(T* out, float* lse, const T* qkv, int B, int S, int C,
   check_launch();
 }
 
-template <typename T, int HS>
-void attention_backward_hs(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B,
-                           int S, int C, int NH, cudaStream_t st) {
+template <typename T>
+void attention_delta(float* delta, const T* dout, const T* out, int B, int S, int C, int NH, cudaStream_t st) {
   const int64_t rows = int64_t{B} * NH * S;
-  attention_delta_kernel<T, HS><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st>>>(delta, dout, out, B, S, C, NH);
+  attention_delta_kernel<T><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, st>>>(delta, dout, out, B, S, C, NH);
   check_launch();
+}
+
+template <typename T, int HS>
+void attention_backward_hs(T* dqkv, const float* delta, const T* dout, const T* qkv, const float* lse, int B, int S,
+                           int C, int NH, cudaStream_t st) {
   const dim3 grid((S + tile_rows<HS>() - 1) / tile_rows<HS>(), B * NH);
   const float scale = 1.0f / sqrtf(float(HS));
   attention_dq_kernel<T, HS><<<grid, tile_rows<HS>(), 0, st>>>(dqkv, dout, qkv, lse, delta, S, C, NH, scale);
@@ -584,32 +593,41 @@ void add_inplace(T* y, const T* x, int64_t n, cudaStream_t st) {
 
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
-  switch (C / NH) {
-    case 32:
-      return attention_forward_hs<T, 32>(out, lse, qkv, B, S, C, NH, st);
-    case 64:
-      return attention_forward_hs<T, 64>(out, lse, qkv, B, S, C, NH, st);
-    case 128:
-      return attention_forward_hs<T, 128>(out, lse, qkv, B, S, C, NH, st);
-    default:
-      fail(ErrorKind::kInvalidInput,
-           "CUDA attention supports head sizes 32, 64 and 128, not " + std::to_string(C / NH));
+  if constexpr (std::is_same_v<T, float>) {
+    switch (C / NH) {
+      case 32:
+        return attention_forward_hs<T, 32>(out, lse, qkv, B, S, C, NH, st);
+      case 64:
+        return attention_forward_hs<T, 64>(out, lse, qkv, B, S, C, NH, st);
+      case 128:
+        return attention_forward_hs<T, 128>(out, lse, qkv, B, S, C, NH, st);
+      default:
+        fail(ErrorKind::kInvalidInput,
+             "CUDA attention supports head sizes 32, 64 and 128, not " + std::to_string(C / NH));
+    }
+  } else {
+    flash_attention_forward(out, lse, qkv, B, S, C, NH, st);
   }
 }
 
 template <typename T>
 void attention_backward(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B,
                         int S, int C, int NH, cudaStream_t st) {
-  switch (C / NH) {
-    case 32:
-      return attention_backward_hs<T, 32>(dqkv, delta, dout, out, qkv, lse, B, S, C, NH, st);
-    case 64:
-      return attention_backward_hs<T, 64>(dqkv, delta, dout, out, qkv, lse, B, S, C, NH, st);
-    case 128:
-      return attention_backward_hs<T, 128>(dqkv, delta, dout, out, qkv, lse, B, S, C, NH, st);
-    default:
-      fail(ErrorKind::kInvalidInput,
-           "CUDA attention supports head sizes 32, 64 and 128, not " + std::to_string(C / NH));
+  attention_delta(delta, dout, out, B, S, C, NH, st);
+  if constexpr (std::is_same_v<T, float>) {
+    switch (C / NH) {
+      case 32:
+        return attention_backward_hs<T, 32>(dqkv, delta, dout, qkv, lse, B, S, C, NH, st);
+      case 64:
+        return attention_backward_hs<T, 64>(dqkv, delta, dout, qkv, lse, B, S, C, NH, st);
+      case 128:
+        return attention_backward_hs<T, 128>(dqkv, delta, dout, qkv, lse, B, S, C, NH, st);
+      default:
+        fail(ErrorKind::kInvalidInput,
+             "CUDA attention supports head sizes 32, 64 and 128, not " + std::to_string(C / NH));
+    }
+  } else {
+    flash_attention_backward(dqkv, dout, qkv, lse, delta, B, S, C, NH, st);
   }
 }
 

@@ -1,0 +1,203 @@
+// Where a GPT-2 training step spends its GPU time: every kernel and matrix product of one step, timed
+// alone with CUDA events at the step's shapes, times the number of calls per step. Prints a table and
+// (with --json) one JSON object. Usage: shardkit_gpu_kernels_bench [--model gpt2] [--batch 16]
+// [--seq 1024] [--json]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/gpt2_config.hpp"
+#include "trainer/cuda/cuda_common.hpp"
+#include "trainer/cuda/gpu_model.cuh"
+#include "trainer/cuda/kernels.cuh"
+
+namespace shardkit::trainer::cuda {
+namespace {
+
+using T = __nv_bfloat16;
+
+struct Row {
+  std::string name;
+  int calls_per_step;
+  double ms_per_call;
+};
+
+// Median of `reps` timed runs of fn, after two warm-up runs.
+double time_ms(cudaStream_t st, const std::function<void()>& fn, int reps = 15) {
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  fn();
+  fn();
+  std::vector<float> times;
+  for (int r = 0; r < reps; ++r) {
+    CUDA_CHECK(cudaEventRecord(start, st));
+    fn();
+    CUDA_CHECK(cudaEventRecord(stop, st));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+template <typename U>
+DeviceBuffer<U> filled(size_t n, cudaStream_t st) {
+  DeviceBuffer<U> b(n);
+  // Small non-zero values (0x3c3c is about 0.011 in bf16, 0x3c3c3c3c in fp32); speed does not depend on them.
+  CUDA_CHECK(cudaMemsetAsync(b.data(), 0x3c, b.bytes(), st));
+  return b;
+}
+
+int run(int argc, char** argv) {
+  std::string model_name = "gpt2";
+  int B = 16, S = 1024;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--model" && i + 1 < argc)
+      model_name = argv[++i];
+    else if (a == "--batch" && i + 1 < argc)
+      B = std::stoi(argv[++i]);
+    else if (a == "--seq" && i + 1 < argc)
+      S = std::stoi(argv[++i]);
+    else if (a == "--json")
+      json = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--model NAME] [--batch B] [--seq S] [--json]\n", argv[0]);
+      return 2;
+    }
+  }
+  const model::GptConfig cfg = model::resolve_model(model_name);
+  const int C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size, L = cfg.n_layer, N = B * S;
+  const size_t NC = size_t{1} * N * C;
+  Stream stream;
+  cudaStream_t st = stream.get();
+  cublasHandle_t cublas;
+  CUBLAS_CHECK(cublasCreate(&cublas));
+  CUBLAS_CHECK(cublasSetStream(cublas, st));
+
+  auto x = filled<T>(NC, st), y = filled<T>(NC, st), big = filled<T>(4 * NC, st), big2 = filled<T>(4 * NC, st);
+  auto qkv = filled<T>(3 * NC, st), dqkv = filled<T>(3 * NC, st);
+  auto w = filled<T>(size_t{4} * C * C, st), bias = filled<T>(size_t{4} * C, st);
+  auto gw = filled<float>(size_t{4} * C * C, st), gb = filled<float>(size_t{4} * C, st);
+  auto mean = filled<float>(N, st), rstd = filled<float>(N, st);
+  auto lse = filled<float>(size_t{1} * N * NH, st), delta = filled<float>(size_t{1} * N * NH, st);
+  const int head_rows = static_cast<int>(std::min<size_t>((size_t{256} << 20) / (sizeof(T) * V), N));
+  auto logits = filled<T>(size_t{1} * head_rows * V, st), wte = filled<T>(size_t{1} * V * C, st);
+  auto gwte = filled<float>(size_t{1} * V * C, st), losses = filled<float>(N, st);
+  DeviceBuffer<int32_t> targets(N);
+  CUDA_CHECK(cudaMemsetAsync(targets.data(), 0, targets.bytes(), st));
+  const int64_t P = model::parameter_count(cfg);
+  auto master = filled<float>(P, st), m = filled<float>(P, st), v = filled<float>(P, st), g = filled<float>(P, st);
+  auto params = filled<T>(P, st);
+  CUDA_CHECK(cudaMemsetAsync(master.data(), 0, master.bytes(), st));
+  CUDA_CHECK(cudaMemsetAsync(m.data(), 0, m.bytes(), st));
+  CUDA_CHECK(cudaMemsetAsync(v.data(), 0, v.bytes(), st));
+  CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.bytes(), st));
+
+  auto mm = [&](int oc, int ic) {  // forward: out (N, oc) = in (N, ic) @ w
+    return [&, oc, ic] {
+      gemm<T, T>(cublas, false, false, N, oc, ic, 1.0f, big.data(), ic, w.data(), oc, 0.0f, big2.data(), oc);
+    };
+  };
+  auto mm_dinp = [&](int oc, int ic) {
+    return [&, oc, ic] {
+      gemm<T, T>(cublas, false, true, N, ic, oc, 1.0f, big.data(), oc, w.data(), oc, 0.0f, big2.data(), ic);
+    };
+  };
+  auto mm_dw = [&](int oc, int ic) {
+    return [&, oc, ic] {
+      gemm<T, float>(cublas, true, false, ic, oc, N, 1.0f, big.data(), ic, big2.data(), oc, 1.0f, gw.data(), oc);
+    };
+  };
+  std::vector<Row> rows;
+  auto add = [&](const std::string& name, int calls, const std::function<void()>& fn) {
+    rows.push_back({name, calls, time_ms(st, fn)});
+  };
+  add("layernorm_forward", 2 * L + 1,
+      [&] { layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), bias.data(), bias.data(), N, C, st); });
+  add("layernorm_backward", 2 * L + 1, [&] {
+    layernorm_backward(y.data(), gb.data(), gb.data() + C, x.data(), x.data(), bias.data(), mean.data(), rstd.data(), N,
+                       C, st);
+  });
+  add("gemm qkv forward", L, mm(3 * C, C));
+  add("gemm attproj forward", L, mm(C, C));
+  add("gemm fc forward", L, mm(4 * C, C));
+  add("gemm fcproj forward", L, mm(C, 4 * C));
+  add("gemm qkv dinp", L, mm_dinp(3 * C, C));
+  add("gemm attproj dinp", L, mm_dinp(C, C));
+  add("gemm fc dinp", L, mm_dinp(4 * C, C));
+  add("gemm fcproj dinp", L, mm_dinp(C, 4 * C));
+  add("gemm qkv dweight", L, mm_dw(3 * C, C));
+  add("gemm attproj dweight", L, mm_dw(C, C));
+  add("gemm fc dweight", L, mm_dw(4 * C, C));
+  add("gemm fcproj dweight", L, mm_dw(C, 4 * C));
+  add("bias_forward (3C)", L, [&] { bias_forward(qkv.data(), bias.data(), N, 3 * C, st); });
+  add("bias_forward (C)", 2 * L, [&] { bias_forward(x.data(), bias.data(), N, C, st); });
+  add("bias_forward (4C)", L, [&] { bias_forward(big.data(), bias.data(), N, 4 * C, st); });
+  add("bias_backward (3C)", L, [&] { bias_backward(gb.data(), qkv.data(), N, 3 * C, st); });
+  add("bias_backward (C)", 2 * L, [&] { bias_backward(gb.data(), x.data(), N, C, st); });
+  add("bias_backward (4C)", L, [&] { bias_backward(gb.data(), big.data(), N, 4 * C, st); });
+  add("gelu_forward", L, [&] { gelu_forward(big2.data(), big.data(), 4 * static_cast<int64_t>(NC), st); });
+  add("gelu_backward", L,
+      [&] { gelu_backward(big2.data(), big.data(), big.data(), 4 * static_cast<int64_t>(NC), st); });
+  add("residual_forward", 2 * L, [&] { residual_forward(y.data(), x.data(), x.data(), static_cast<int64_t>(NC), st); });
+  add("attention_forward", L, [&] { attention_forward(x.data(), lse.data(), qkv.data(), B, S, C, NH, st); });
+  add("attention_backward", L, [&] {
+    attention_backward(dqkv.data(), delta.data(), y.data(), x.data(), qkv.data(), lse.data(), B, S, C, NH, st);
+  });
+  const int head_blocks = (N + head_rows - 1) / head_rows;
+  add("head gemm logits", head_blocks, [&] {
+    gemm<T, T>(cublas, false, true, head_rows, V, C, 1.0f, x.data(), C, wte.data(), C, 0.0f, logits.data(), V);
+  });
+  add("head softmax_cross_entropy", head_blocks,
+      [&] { softmax_cross_entropy(logits.data(), losses.data(), targets.data(), head_rows, V, 1.0f, true, st); });
+  add("head gemm dinp", head_blocks, [&] {
+    gemm<T, T>(cublas, false, false, head_rows, C, V, 1.0f, logits.data(), V, wte.data(), C, 0.0f, y.data(), C);
+  });
+  add("head gemm dwte", head_blocks, [&] {
+    gemm<T, float>(cublas, true, false, V, C, head_rows, 1.0f, logits.data(), V, x.data(), C, 1.0f, gwte.data(), C);
+  });
+  const AdamWArgs args{6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 6e-4f, 1.0f, 1.0f, true};
+  add("adamw (all parameters)", 1,
+      [&] { adamw(master.data(), m.data(), v.data(), g.data(), params.data(), P, args, st); });
+
+  double total = 0;
+  for (const auto& r : rows) total += r.ms_per_call * r.calls_per_step;
+  nlohmann::json out = {{"model", model_name}, {"batch", B}, {"seq", S}, {"dtype", "bf16"}, {"step_ms", total}};
+  std::printf("%-32s %6s %10s %10s %6s\n", "kernel", "calls", "ms/call", "ms/step", "%");
+  for (const auto& r : rows) {
+    const double step = r.ms_per_call * r.calls_per_step;
+    std::printf("%-32s %6d %10.4f %10.3f %6.1f\n", r.name.c_str(), r.calls_per_step, r.ms_per_call, step,
+                100 * step / total);
+    out["kernels"].push_back({{"name", r.name}, {"calls", r.calls_per_step}, {"ms_per_call", r.ms_per_call}});
+  }
+  std::printf("sum of kernel times per step: %.2f ms = %.0f tokens/s if nothing else ran\n", total, N / total * 1e3);
+  if (json) std::printf("%s\n", out.dump().c_str());
+  cublasDestroy(cublas);
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardkit::trainer::cuda
+
+int main(int argc, char** argv) {
+  try {
+    return shardkit::trainer::cuda::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardkit_gpu_kernels_bench: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""GPU training speed of `shardkit train --device cuda` against PyTorch on the same GPU(s), side by side.
+
+GPT-2 124M, sequence 1024, bf16, AdamW (lr 6e-4, weight decay 0.1), gradient clipping 1.0, batch 16 per
+GPU. PyTorch: the same model as an nn.Module with scaled_dot_product_attention (flash), bf16 autocast,
+fused AdamW, eager and torch.compile. shardkit: 1 GPU (ZeRO stage 1), and with two visible GPUs
+stage 2 and stage 3 on 2 GPUs (and ZeRO-Offload on 1 GPU, when --offload). The figure is the median
+tokens/s over the timed steps after warm-up. Prints one JSON line per case and a table.
+
+The PyTorch side is a reference for the benchmark only; it is not part of shardkit.
+
+Usage: bench/gpu_vs_pytorch.py [--shardkit build-gpu/shardkit] [--steps 20] [--skip-pytorch]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--shardkit", default=os.path.join(os.path.dirname(__file__), "..", "build-gpu", "shardkit"))
+ap.add_argument("--steps", type=int, default=20)
+ap.add_argument("--warmup", type=int, default=5)
+ap.add_argument("--batch", type=int, default=16)
+ap.add_argument("--model", default="gpt2")
+ap.add_argument("--skip-pytorch", action="store_true")
+ap.add_argument("--offload", action="store_true", help="also run stage 2 with the optimizer on the CPU")
+args = ap.parse_args()
+
+SEQ = 1024
+PRESETS = {"gpt2": (12, 12, 768), "gpt2-medium": (24, 16, 1024), "gpt2-large": (36, 20, 1280), "gpt2-xl": (48, 25, 1600)}
+
+
+class Block(nn.Module):
+    def __init__(self, C, NH):
+        super().__init__()
+        self.NH = NH
+        self.ln_1, self.ln_2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.c_attn, self.c_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.c_fc, self.c_fc_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.NH, C // self.NH).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+        x = x + self.c_proj(y)
+        return x + self.c_fc_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT2(nn.Module):
+    def __init__(self, L, NH, C, V=50257):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(V, C), nn.Embedding(SEQ, C)
+        self.blocks = nn.ModuleList(Block(C, NH) for _ in range(L))
+        self.ln_f = nn.LayerNorm(C)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for b in self.blocks:
+            x = b(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)  # tied output projection
+        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.view(-1))
+
+
+def pytorch_tokens_per_s(compiled, tokens):
+    torch.manual_seed(0)
+    model = GPT2(*PRESETS[args.model]).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, fused=True)
+    step_fn = torch.compile(model) if compiled else model
+    windows = (len(tokens) - 1) // SEQ
+    rng = np.random.default_rng(0)
+    rates = []
+    for step in range(args.warmup + args.steps):
+        idx = rng.integers(0, windows, args.batch)
+        x = torch.from_numpy(np.stack([tokens[i * SEQ:(i + 1) * SEQ] for i in idx]).astype(np.int64)).cuda()
+        y = torch.from_numpy(np.stack([tokens[i * SEQ + 1:(i + 1) * SEQ + 1] for i in idx]).astype(np.int64)).cuda()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = step_fn(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()  # the loss reaches the host every step, as shardkit's metrics need it
+        if step >= args.warmup:
+            rates.append(args.batch * SEQ / (time.perf_counter() - start))
+    del model, opt
+    torch.cuda.empty_cache()
+    return statistics.median(rates)
+
+
+def shardkit_tokens_per_s(tmp, data, ranks, stage, offload=False):
+    config = {"train_batch_size": args.batch * ranks, "gradient_clipping": 1.0, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": stage, "overlap_comm": True, "contiguous_gradients": True},
+              "optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "weight_decay": 0.1}}}
+    if offload:
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    name = f"np{ranks}-stage{stage}{'-offload' if offload else ''}"
+    config_file = os.path.join(tmp, name + ".json")
+    with open(config_file, "w") as f:
+        json.dump(config, f)
+    metrics = os.path.join(tmp, name + ".jsonl")
+    command = [args.shardkit, "train", "--config", config_file, "--model", args.model, "--data", data, "--steps",
+               str(args.warmup + args.steps), "--metrics", metrics, "--device", "cuda", "--quiet"]
+    if ranks > 1:
+        command = ["mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to", "none"] + command
+    subprocess.run(command, check=True, env=dict(os.environ, NCCL_NVLS_ENABLE="0"))
+    steps = [json.loads(line) for line in open(metrics)][args.warmup:]
+    return statistics.median(s["tokens_per_s"] for s in steps)
+
+
+gpus = torch.cuda.device_count()
+rows = []
+
+
+def report(case, tokens_per_s, gpus_used):
+    row = {"case": case, "model": args.model, "batch_per_gpu": args.batch, "seq": SEQ, "gpus": gpus_used,
+           "tokens_per_s": round(tokens_per_s), "device": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    print(json.dumps(row), flush=True)
+    rows.append(row)
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    tokens = np.random.default_rng(1).integers(0, 50257, 8_000_000).astype("<u2")
+    data = os.path.join(tmp, "tokens.bin")
+    tokens.tofile(data)
+    report("shardkit 1 GPU, stage 1", shardkit_tokens_per_s(tmp, data, 1, 1), 1)
+    if args.offload:
+        report("shardkit 1 GPU, stage 2 + CPU optimizer offload", shardkit_tokens_per_s(tmp, data, 1, 2, True), 1)
+    if gpus >= 2:
+        report("shardkit 2 GPUs, stage 2", shardkit_tokens_per_s(tmp, data, 2, 2), 2)
+        report("shardkit 2 GPUs, stage 3", shardkit_tokens_per_s(tmp, data, 2, 3), 2)
+    if not args.skip_pytorch:
+        report("PyTorch eager, SDPA", pytorch_tokens_per_s(False, tokens), 1)
+        report("PyTorch torch.compile, SDPA", pytorch_tokens_per_s(True, tokens), 1)
+
+base = rows[0]["tokens_per_s"]
+print(f"\n{'case':52} {'GPUs':>4} {'tokens/s':>10} {'vs shardkit 1 GPU':>18}")
+for r in rows:
+    print(f"{r['case']:52} {r['gpus']:4d} {r['tokens_per_s']:10d} {r['tokens_per_s'] / base:18.2f}")

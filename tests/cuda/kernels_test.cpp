@@ -1,0 +1,213 @@
+// The 16-bit kernels against the fp32 ones on the same (rounded) inputs: tensor-core attention forward
+// and backward at every supported head size, sequence lengths that are and are not multiples of the
+// tiles, and LayerNorm's backward pass. Skipped (with a message) without a GPU.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "trainer/cuda/cuda_common.hpp"
+#include "trainer/cuda/kernels.cuh"
+
+namespace shardkit::trainer::cuda {
+namespace {
+
+bool have_gpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+#define REQUIRE_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device, none visible"
+
+template <typename T>
+T to(float x);
+template <>
+__nv_bfloat16 to<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__half to<__half>(float x) {
+  return __float2half_rn(x);
+}
+float from(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+float from(__half x) {
+  return __half2float(x);
+}
+
+// Random values rounded to T, returned both as T and as the exact floats they represent.
+template <typename T>
+void random_values(size_t n, float stddev, uint32_t seed, std::vector<T>& as_t, std::vector<float>& as_float) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, stddev);
+  as_t.resize(n);
+  as_float.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    as_t[i] = to<T>(dist(rng));
+    as_float[i] = from(as_t[i]);
+  }
+}
+
+template <typename U>
+DeviceBuffer<U> upload(const std::vector<U>& host) {
+  DeviceBuffer<U> d(host.size());
+  CUDA_CHECK(cudaMemcpy(d.data(), host.data(), host.size() * sizeof(U), cudaMemcpyHostToDevice));
+  return d;
+}
+
+template <typename U>
+std::vector<U> download(const DeviceBuffer<U>& d) {
+  std::vector<U> host(d.size());
+  CUDA_CHECK(cudaMemcpy(host.data(), d.data(), d.bytes(), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+std::vector<float> widen(const std::vector<float>& x) {
+  return x;
+}
+template <typename T>
+std::vector<float> widen(const std::vector<T>& x) {
+  std::vector<float> out(x.size());
+  std::transform(x.begin(), x.end(), out.begin(), [](T v) { return from(v); });
+  return out;
+}
+
+// Largest |got - want| relative to the largest |want|: 16-bit outputs carry about 3 significant digits.
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, std::abs(double{got[i]} - double{want[i]}));
+    scale = std::max(scale, std::abs(double{want[i]}));
+  }
+  return err / std::max(scale, 1e-30);
+}
+
+struct AttentionCase {
+  int B, S, NH, HS;
+};
+
+// Runs attention forward and backward in T and in fp32 on identical inputs; compares out, lse and
+// dqkv (the q, k and v parts separately, so an error in one kernel is not hidden by the others).
+template <typename T>
+void check_attention(const AttentionCase& c) {
+  const int C = c.NH * c.HS, N = c.B * c.S;
+  const std::string what = "B=" + std::to_string(c.B) + " S=" + std::to_string(c.S) + " NH=" + std::to_string(c.NH) +
+                           " HS=" + std::to_string(c.HS);
+  std::vector<T> qkv_t, dout_t;
+  std::vector<float> qkv_f, dout_f;
+  random_values<T>(size_t{3} * N * C, 1.0f, 1, qkv_t, qkv_f);  // scores of order sqrt(HS) / sqrt(HS): peaky enough
+  random_values<T>(size_t{1} * N * C, 1.0f, 2, dout_t, dout_f);
+  const size_t stats = size_t{1} * c.B * c.NH * c.S;
+
+  auto qkv16 = upload(qkv_t), dout16 = upload(dout_t);
+  DeviceBuffer<T> out16(size_t{1} * N * C), dqkv16(size_t{3} * N * C);
+  DeviceBuffer<float> lse16(stats), delta16(stats);
+  attention_forward<T>(out16.data(), lse16.data(), qkv16.data(), c.B, c.S, C, c.NH, nullptr);
+  attention_backward<T>(dqkv16.data(), delta16.data(), dout16.data(), out16.data(), qkv16.data(), lse16.data(), c.B,
+                        c.S, C, c.NH, nullptr);
+
+  auto qkv32 = upload(qkv_f), dout32 = upload(dout_f);
+  DeviceBuffer<float> out32(size_t{1} * N * C), dqkv32(size_t{3} * N * C), lse32(stats), delta32(stats);
+  attention_forward<float>(out32.data(), lse32.data(), qkv32.data(), c.B, c.S, C, c.NH, nullptr);
+  attention_backward<float>(dqkv32.data(), delta32.data(), dout32.data(), out32.data(), qkv32.data(), lse32.data(), c.B,
+                            c.S, C, c.NH, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+
+  EXPECT_LT(relative_error(widen(download(out16)), download(out32)), 1e-2) << "out " << what;
+  EXPECT_LT(relative_error(download(lse16), download(lse32)), 1e-3) << "lse " << what;
+  const auto got = widen(download(dqkv16)), want = download(dqkv32);
+  for (int part = 0; part < 3; ++part) {
+    std::vector<float> g, w;
+    for (int n = 0; n < N; ++n) {
+      const size_t row = size_t{3} * C * n + size_t{1} * part * C;
+      g.insert(g.end(), got.begin() + row, got.begin() + row + C);
+      w.insert(w.end(), want.begin() + row, want.begin() + row + C);
+    }
+    EXPECT_LT(relative_error(g, w), 2e-2) << "d"
+                                          << "qkv"[part] << " " << what;
+  }
+}
+
+const AttentionCase kCases[] = {
+    {2, 64, 4, 32},    // gpt2-tiny
+    {2, 100, 3, 64},   // S not a multiple of the tiles
+    {1, 1024, 2, 64},  // GPT-2's sequence
+    {1, 200, 2, 128},  // the largest head size, different tile sizes
+    {3, 17, 1, 32},    // shorter than one tile
+};
+
+TEST(CudaKernels, Bf16AttentionMatchesFp32) {
+  REQUIRE_GPU();
+  for (const auto& c : kCases) check_attention<__nv_bfloat16>(c);
+}
+
+TEST(CudaKernels, Fp16AttentionMatchesFp32) {
+  REQUIRE_GPU();
+  for (const auto& c : kCases) check_attention<__half>(c);
+}
+
+TEST(CudaKernels, CausalMaskHoldsInTheTensorCorePath) {
+  REQUIRE_GPU();
+  // Changing the last key/value row must leave every output row but the last untouched.
+  const AttentionCase c{1, 130, 2, 64};
+  const int C = c.NH * c.HS, N = c.S;
+  std::vector<__nv_bfloat16> qkv;
+  std::vector<float> unused;
+  random_values<__nv_bfloat16>(size_t{3} * N * C, 1.0f, 7, qkv, unused);
+  auto run = [&](const std::vector<__nv_bfloat16>& input) {
+    auto d = upload(input);
+    DeviceBuffer<__nv_bfloat16> out(size_t{1} * N * C);
+    DeviceBuffer<float> lse(size_t{1} * c.NH * c.S);
+    attention_forward<__nv_bfloat16>(out.data(), lse.data(), d.data(), c.B, c.S, C, c.NH, nullptr);
+    return widen(download(out));
+  };
+  const auto before = run(qkv);
+  for (int i = C; i < 3 * C; ++i) qkv[size_t{3} * C * (N - 1) + i] = to<__nv_bfloat16>(5.0f);
+  const auto after = run(qkv);
+  for (size_t i = 0; i < size_t{1} * (N - 1) * C; ++i) ASSERT_EQ(before[i], after[i]) << "element " << i;
+  EXPECT_NE(std::vector<float>(before.end() - C, before.end()), std::vector<float>(after.end() - C, after.end()));
+}
+
+TEST(CudaKernels, Bf16LayerNormBackwardMatchesFp32) {
+  REQUIRE_GPU();
+  for (const auto& [N, C] : {std::pair{1000, 768}, std::pair{37, 128}, std::pair{4096, 1600}}) {
+    std::vector<__nv_bfloat16> x_t, w_t, b_t, d_t;
+    std::vector<float> x_f, w_f, b_f, d_f;
+    random_values<__nv_bfloat16>(size_t{1} * N * C, 1.0f, 3, x_t, x_f);
+    random_values<__nv_bfloat16>(C, 1.0f, 4, w_t, w_f);
+    random_values<__nv_bfloat16>(C, 1.0f, 5, b_t, b_f);
+    random_values<__nv_bfloat16>(size_t{1} * N * C, 1.0f, 6, d_t, d_f);
+    auto run = [&](auto x, auto w, auto b, auto d) {
+      using U = typename decltype(x)::value_type;
+      auto dx = upload(x), dw = upload(w), db = upload(b), dd = upload(d);
+      DeviceBuffer<U> out(x.size()), dinp(x.size());
+      DeviceBuffer<float> mean(N), rstd(N), gw(C), gb(C);
+      CUDA_CHECK(cudaMemset(dinp.data(), 0, dinp.bytes()));
+      CUDA_CHECK(cudaMemset(gw.data(), 0, gw.bytes()));
+      CUDA_CHECK(cudaMemset(gb.data(), 0, gb.bytes()));
+      layernorm_forward<U>(out.data(), mean.data(), rstd.data(), dx.data(), dw.data(), db.data(), N, C, nullptr);
+      layernorm_backward<U>(dinp.data(), gw.data(), gb.data(), dd.data(), dx.data(), dw.data(), mean.data(),
+                            rstd.data(), N, C, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      return std::tuple{widen(download(out)), widen(download(dinp)), download(gw), download(gb)};
+    };
+    const auto [out16, dinp16, gw16, gb16] = run(x_t, w_t, b_t, d_t);
+    const auto [out32, dinp32, gw32, gb32] = run(x_f, w_f, b_f, d_f);
+    const std::string what = "N=" + std::to_string(N) + " C=" + std::to_string(C);
+    EXPECT_LT(relative_error(out16, out32), 1e-2) << what;
+    EXPECT_LT(relative_error(dinp16, dinp32), 1e-2) << what;
+    EXPECT_LT(relative_error(gw16, gw32), 1e-3) << what;  // fp32 sums of the same bf16 products
+    EXPECT_LT(relative_error(gb16, gb32), 1e-5) << what;
+  }
+}
+
+}  // namespace
+}  // namespace shardkit::trainer::cuda

@@ -1,0 +1,423 @@
+#include <cstdint>
+
+#include "trainer/cuda/cuda_common.hpp"
+#include "trainer/cuda/flash_attention.cuh"
+
+namespace shardkit::trainer::cuda {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+// Padding (elements) of every shared-memory row: the 8 rows a fragment load touches then start in
+// 8 different groups of 4 banks, so the loads are free of bank conflicts.
+constexpr int kPad = 8;
+
+// d += a * b on tensor cores (mma.sync.m16n8k16, fp32 accumulators). Fragment layouts (PTX ISA,
+// "Matrix fragments for mma.m16n8k16"), with g = lane / 4 and t = lane % 4, two 16-bit values per
+// register, the lower column/row in the low half:
+//   a (16x16, row-major): a[0] = A[g][2t, 2t+1]   a[1] = A[g+8][2t, 2t+1]
+//                         a[2] = A[g][2t+8, +9]   a[3] = A[g+8][2t+8, +9]
+//   b (16x8):             b0 = B[2t, 2t+1][g]     b1 = B[2t+8, 2t+9][g]
+//   d (16x8, fp32):       d[0], d[1] = D[g][2t, 2t+1]   d[2], d[3] = D[g+8][2t, 2t+1]
+// So the d fragments of two neighbouring 8-column tiles, rounded to 16 bits, are exactly the a
+// fragment of the next product: probabilities never leave registers.
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats rounded (to nearest even) into one register of two 16-bit values, `lo` in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t pack(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t ld32(const T* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Rows [r0, r0 + R) of a row-major matrix with leading dimension ld, HS columns, into shared memory
+// dst[R][HS + kPad]; rows at or past S are zero (so padding never produces NaN).
+template <typename T, int R, int HS>
+__device__ void load_rows(T* dst, const T* src, int r0, int S, int64_t ld) {
+  constexpr int kVec = 8;  // 16 bytes per load
+  for (int v = threadIdx.x; v < R * HS / kVec; v += blockDim.x) {
+    const int r = v / (HS / kVec), c = (v % (HS / kVec)) * kVec;
+    uint4 x = make_uint4(0, 0, 0, 0);
+    if (r0 + r < S) x = *reinterpret_cast<const uint4*>(src + (r0 + r) * ld + c);
+    *reinterpret_cast<uint4*>(dst + r * (HS + kPad) + c) = x;
+  }
+}
+
+// The same rows transposed: dst[HS][R + kPad] with dst[c][r] = src[r0 + r][c].
+template <typename T, int R, int HS>
+__device__ void load_rows_transposed(T* dst, const T* src, int r0, int S, int64_t ld) {
+  constexpr int kVec = 8;
+  for (int v = threadIdx.x; v < R * HS / kVec; v += blockDim.x) {
+    const int r = v / (HS / kVec), c = (v % (HS / kVec)) * kVec;
+    uint4 x = make_uint4(0, 0, 0, 0);
+    if (r0 + r < S) x = *reinterpret_cast<const uint4*>(src + (r0 + r) * ld + c);
+    const T* e = reinterpret_cast<const T*>(&x);
+    for (int i = 0; i < kVec; ++i) dst[(c + i) * (R + kPad) + r] = e[i];
+  }
+}
+
+// The a fragments of rows (row0, row0 + 8) x HS columns of a row-major matrix in global memory; rows
+// at or past S are zero.
+template <typename T, int HS>
+__device__ void load_a_fragments(uint32_t (&a)[HS / 16][4], const T* src, int row0, int S, int64_t ld) {
+  const int t = threadIdx.x % 4;
+  const T* r0 = src + row0 * ld;
+  const T* r1 = src + (row0 + 8) * ld;
+  for (int kk = 0; kk < HS / 16; ++kk) {
+    const int c = kk * 16 + 2 * t;
+    a[kk][0] = row0 < S ? ld32(r0 + c) : 0u;
+    a[kk][1] = row0 + 8 < S ? ld32(r1 + c) : 0u;
+    a[kk][2] = row0 < S ? ld32(r0 + c + 8) : 0u;
+    a[kk][3] = row0 + 8 < S ? ld32(r1 + c + 8) : 0u;
+  }
+}
+
+// acc (16 x 8 N8 columns) += A (16 x HS, fragments) * B^T, where B is N8*8 rows x HS columns in shared
+// memory (row stride HS + kPad) starting at row `b_row`.
+template <typename T, int HS, int N8>
+__device__ __forceinline__ void mma_abt(float (&acc)[N8][4], const uint32_t (&a)[HS / 16][4], const T* b) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int n = 0; n < N8; ++n) {
+    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    const T* row = b + (n * 8 + g) * (HS + kPad) + 2 * t;
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; ++kk) mma<T>(acc[n], a[kk], ld32(row + kk * 16), ld32(row + kk * 16 + 8));
+  }
+}
+
+// acc (16 x HS) += P (16 x K, as N8 = K/8 fp32 d fragments, rounded here) * B, where B (K x HS) is
+// stored transposed in shared memory: bt[HS][K + kPad].
+template <typename T, int HS, int K>
+__device__ __forceinline__ void mma_pb(float (&acc)[HS / 8][4], const float (&p)[K / 8][4], const T* bt) {
+  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int j = 0; j < K / 16; ++j) {
+    const uint32_t a[4] = {pack<T>(p[2 * j][0], p[2 * j][1]), pack<T>(p[2 * j][2], p[2 * j][3]),
+                           pack<T>(p[2 * j + 1][0], p[2 * j + 1][1]), pack<T>(p[2 * j + 1][2], p[2 * j + 1][3])};
+#pragma unroll
+    for (int n = 0; n < HS / 8; ++n) {
+      const T* row = bt + (n * 8 + g) * (K + kPad) + j * 16 + 2 * t;
+      mma<T>(acc[n], a, ld32(row), ld32(row + 8));
+    }
+  }
+}
+
+// Writes acc (16 x HS) * (scale0 for row0, scale1 for row0 + 8) to rows of a row-major matrix.
+template <typename T, int HS>
+__device__ void store_rows(T* dst, const float (&acc)[HS / 8][4], int row0, int S, int64_t ld, float scale0,
+                           float scale1) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int n = 0; n < HS / 8; ++n) {
+    const int c = n * 8 + 2 * t;
+    if (row0 < S) *reinterpret_cast<uint32_t*>(dst + row0 * ld + c) = pack<T>(acc[n][0] * scale0, acc[n][1] * scale0);
+    if (row0 + 8 < S) {
+      *reinterpret_cast<uint32_t*>(dst + (row0 + 8) * ld + c) = pack<T>(acc[n][2] * scale1, acc[n][3] * scale1);
+    }
+  }
+}
+
+// Forward: a block owns kBq query rows of one (batch, head), a warp 16 of them; key/value tiles of kBk
+// rows pass through shared memory (V transposed, as the b operand of P V wants it).
+template <typename T, int HS, int kBq, int kBk>
+__global__ void __launch_bounds__(kBq * 2)
+    flash_forward_kernel(T* out, float* lse, const T* qkv, int S, int C, int NH, float scale_log2) {
+  __shared__ __align__(16) T ks[kBk * (HS + kPad)];
+  __shared__ __align__(16) T vt[HS * (kBk + kPad)];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBq;  // the longest rows (most keys) start first
+  const int64_t ld = 3 * int64_t{C};
+  const T* q_base = qkv + int64_t{b} * S * ld + h * HS;
+  const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+  const int warp_last = q0 + warp * 16 + 15;
+  uint32_t qa[HS / 16][4];
+  load_a_fragments<T, HS>(qa, q_base, row0, S, ld);
+  float o[HS / 8][4] = {};
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  const int k_end = min(S, q0 + kBq);
+  for (int k0 = 0; k0 < k_end; k0 += kBk) {
+    __syncthreads();
+    load_rows<T, kBk, HS>(ks, q_base + C, k0, S, ld);
+    load_rows_transposed<T, kBk, HS>(vt, q_base + 2 * C, k0, S, ld);
+    __syncthreads();
+    if (k0 > warp_last) continue;  // every key of the tile follows every query of this warp
+    float s[kBk / 8][4];
+    mma_abt<T, HS, kBk / 8>(s, qa, ks);
+    // Scores in the log2 domain; keys after the query are masked. The first tile (k0 = 0) always
+    // holds key 0, so every row's running maximum is finite from then on.
+    const bool diagonal = k0 + kBk - 1 > q0 + warp * 16;
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < kBk / 8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int key = k0 + n * 8 + 2 * t + i;
+        float a = s[n][i] * scale_log2, c = s[n][2 + i] * scale_log2;
+        if (diagonal && key > row0) a = -INFINITY;
+        if (diagonal && key > row1) c = -INFINITY;
+        s[n][i] = a;
+        s[n][2 + i] = c;
+        mx0 = fmaxf(mx0, a);
+        mx1 = fmaxf(mx1, c);
+      }
+    }
+    const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
+    const float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1);
+    m0 = mn0;
+    m1 = mn1;
+    l0 *= c0;
+    l1 *= c1;
+#pragma unroll
+    for (int n = 0; n < HS / 8; ++n) {
+      o[n][0] *= c0;
+      o[n][1] *= c0;
+      o[n][2] *= c1;
+      o[n][3] *= c1;
+    }
+#pragma unroll
+    for (int n = 0; n < kBk / 8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        s[n][i] = exp2f(s[n][i] - m0);
+        s[n][2 + i] = exp2f(s[n][2 + i] - m1);
+        l0 += s[n][i];
+        l1 += s[n][2 + i];
+      }
+    }
+    mma_pb<T, HS, kBk>(o, s, vt);
+  }
+  l0 = quad_sum(l0);
+  l1 = quad_sum(l1);
+  store_rows<T, HS>(out + int64_t{b} * S * C + h * HS, o, row0, S, C, 1.0f / l0, 1.0f / l1);
+  if (t == 0) {
+    float* row_lse = lse + (int64_t{b} * NH + h) * S;
+    if (row0 < S) row_lse[row0] = (m0 + log2f(l0)) * kLn2;
+    if (row1 < S) row_lse[row1] = (m1 + log2f(l1)) * kLn2;
+  }
+}
+
+// dq = scale * dS K with dS = P o (dO V^T - delta): a block owns kBq query rows, like the forward.
+template <typename T, int HS, int kBq, int kBk>
+__global__ void __launch_bounds__(kBq * 2)
+    flash_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int S, int C, int NH,
+                    float scale, float scale_log2) {
+  __shared__ __align__(16) T ks[kBk * (HS + kPad)];
+  __shared__ __align__(16) T kt[HS * (kBk + kPad)];
+  __shared__ __align__(16) T vs[kBk * (HS + kPad)];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * kBq;
+  const int64_t ld = 3 * int64_t{C};
+  const T* q_base = qkv + int64_t{b} * S * ld + h * HS;
+  const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+  const int warp_last = q0 + warp * 16 + 15;
+  uint32_t qa[HS / 16][4], da[HS / 16][4];
+  load_a_fragments<T, HS>(qa, q_base, row0, S, ld);
+  load_a_fragments<T, HS>(da, dout + int64_t{b} * S * C + h * HS, row0, S, C);
+  const int64_t stats = (int64_t{b} * NH + h) * S;
+  const float lse0 = row0 < S ? lse[stats + row0] * kLog2e : 0.0f;
+  const float lse1 = row1 < S ? lse[stats + row1] * kLog2e : 0.0f;
+  const float delta0 = row0 < S ? delta[stats + row0] : 0.0f;
+  const float delta1 = row1 < S ? delta[stats + row1] : 0.0f;
+  float dq[HS / 8][4] = {};
+  const int k_end = min(S, q0 + kBq);
+  for (int k0 = 0; k0 < k_end; k0 += kBk) {
+    __syncthreads();
+    load_rows<T, kBk, HS>(ks, q_base + C, k0, S, ld);
+    load_rows_transposed<T, kBk, HS>(kt, q_base + C, k0, S, ld);
+    load_rows<T, kBk, HS>(vs, q_base + 2 * C, k0, S, ld);
+    __syncthreads();
+    if (k0 > warp_last) continue;
+    float s[kBk / 8][4], dp[kBk / 8][4];
+    mma_abt<T, HS, kBk / 8>(s, qa, ks);
+    mma_abt<T, HS, kBk / 8>(dp, da, vs);
+    const bool diagonal = k0 + kBk - 1 > q0 + warp * 16;
+#pragma unroll
+    for (int n = 0; n < kBk / 8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int key = k0 + n * 8 + 2 * t + i;
+        const float p0 = diagonal && key > row0 ? 0.0f : exp2f(s[n][i] * scale_log2 - lse0);
+        const float p1 = diagonal && key > row1 ? 0.0f : exp2f(s[n][2 + i] * scale_log2 - lse1);
+        s[n][i] = p0 * (dp[n][i] - delta0);
+        s[n][2 + i] = p1 * (dp[n][2 + i] - delta1);
+      }
+    }
+    mma_pb<T, HS, kBk>(dq, s, kt);
+  }
+  store_rows<T, HS>(dqkv + int64_t{b} * S * ld + h * HS, dq, row0, S, ld, scale, scale);
+}
+
+// dv = P^T dO and dk = scale * dS^T Q: a block owns kBk key rows (a warp 16 of them) and walks the
+// query tiles at or after them; Q and dO pass through shared memory both ways round.
+template <typename T, int HS, int kBq, int kBk>
+__global__ void __launch_bounds__(kBk * 2)
+    flash_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int S, int C, int NH,
+                     float scale, float scale_log2) {
+  __shared__ __align__(16) T qs[kBq * (HS + kPad)];
+  __shared__ __align__(16) T qt[HS * (kBq + kPad)];
+  __shared__ __align__(16) T dos[kBq * (HS + kPad)];
+  __shared__ __align__(16) T dot[HS * (kBq + kPad)];
+  __shared__ float lse_s[kBq], delta_s[kBq];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int k0 = blockIdx.x * kBk;  // the first key tiles see the most queries and start first
+  const int64_t ld = 3 * int64_t{C};
+  const T* q_base = qkv + int64_t{b} * S * ld + h * HS;
+  const T* do_base = dout + int64_t{b} * S * C + h * HS;
+  const int64_t stats = (int64_t{b} * NH + h) * S;
+  const int key0 = k0 + warp * 16 + g, key1 = key0 + 8;
+  const int warp_first = k0 + warp * 16;
+  uint32_t ka[HS / 16][4], va[HS / 16][4];
+  load_a_fragments<T, HS>(ka, q_base + C, key0, S, ld);
+  load_a_fragments<T, HS>(va, q_base + 2 * C, key0, S, ld);
+  float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+  for (int q0 = k0 / kBq * kBq; q0 < S; q0 += kBq) {
+    __syncthreads();
+    load_rows<T, kBq, HS>(qs, q_base, q0, S, ld);
+    load_rows_transposed<T, kBq, HS>(qt, q_base, q0, S, ld);
+    load_rows<T, kBq, HS>(dos, do_base, q0, S, C);
+    load_rows_transposed<T, kBq, HS>(dot, do_base, q0, S, C);
+    for (int i = threadIdx.x; i < kBq; i += blockDim.x) {
+      // A query past the end gets lse = inf: its probabilities are exactly 0.
+      lse_s[i] = q0 + i < S ? lse[stats + q0 + i] * kLog2e : INFINITY;
+      delta_s[i] = q0 + i < S ? delta[stats + q0 + i] : 0.0f;
+    }
+    __syncthreads();
+    if (q0 + kBq - 1 < warp_first) continue;  // every query of the tile precedes every key of this warp
+    float pt[kBq / 8][4], dpt[kBq / 8][4];
+    mma_abt<T, HS, kBq / 8>(pt, ka, qs);
+    mma_abt<T, HS, kBq / 8>(dpt, va, dos);
+    const bool diagonal = q0 < warp_first + 15;
+#pragma unroll
+    for (int n = 0; n < kBq / 8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int col = n * 8 + 2 * t + i, query = q0 + col;
+        const float p0 = diagonal && query < key0 ? 0.0f : exp2f(pt[n][i] * scale_log2 - lse_s[col]);
+        const float p1 = diagonal && query < key1 ? 0.0f : exp2f(pt[n][2 + i] * scale_log2 - lse_s[col]);
+        pt[n][i] = p0;
+        pt[n][2 + i] = p1;
+        dpt[n][i] = p0 * (dpt[n][i] - delta_s[col]);
+        dpt[n][2 + i] = p1 * (dpt[n][2 + i] - delta_s[col]);
+      }
+    }
+    mma_pb<T, HS, kBq>(dv, pt, dot);
+    mma_pb<T, HS, kBq>(dk, dpt, qt);
+  }
+  T* dkv = dqkv + int64_t{b} * S * ld + h * HS;
+  store_rows<T, HS>(dkv + C, dk, key0, S, ld, scale, scale);
+  store_rows<T, HS>(dkv + 2 * C, dv, key0, S, ld, 1.0f, 1.0f);
+}
+
+// Tile sizes per head size: 64 x 64 tiles up to HS = 64; for HS = 128 the streamed tiles halve so
+// that the static shared memory stays within 48 KiB and the accumulators within the register file.
+template <int HS>
+struct Tiles {
+  static constexpr int kForwardKeys = HS > 64 ? 32 : 64;
+  static constexpr int kBackwardRows = HS > 64 ? 32 : 64;
+};
+
+template <typename T, int HS>
+void forward_hs(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
+  constexpr int kBq = 64, kBk = Tiles<HS>::kForwardKeys;
+  const dim3 grid((S + kBq - 1) / kBq, B * NH);
+  const float scale_log2 = kLog2e / sqrtf(static_cast<float>(HS));
+  flash_forward_kernel<T, HS, kBq, kBk><<<grid, kBq * 2, 0, st>>>(out, lse, qkv, S, C, NH, scale_log2);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T, int HS>
+void backward_hs(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int B, int S, int C,
+                 int NH, cudaStream_t st) {
+  constexpr int kRows = 64, kStream = Tiles<HS>::kBackwardRows;
+  const float scale = 1.0f / sqrtf(static_cast<float>(HS)), scale_log2 = scale * kLog2e;
+  const dim3 grid((S + kRows - 1) / kRows, B * NH);
+  flash_dq_kernel<T, HS, kRows, kStream>
+      <<<grid, kRows * 2, 0, st>>>(dqkv, dout, qkv, lse, delta, S, C, NH, scale, scale_log2);
+  CUDA_CHECK(cudaGetLastError());
+  flash_dkv_kernel<T, HS, kStream, kRows>
+      <<<grid, kRows * 2, 0, st>>>(dqkv, dout, qkv, lse, delta, S, C, NH, scale, scale_log2);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+template <typename T>
+void flash_attention_forward(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
+  switch (C / NH) {
+    case 32:
+      return forward_hs<T, 32>(out, lse, qkv, B, S, C, NH, st);
+    case 64:
+      return forward_hs<T, 64>(out, lse, qkv, B, S, C, NH, st);
+    case 128:
+      return forward_hs<T, 128>(out, lse, qkv, B, S, C, NH, st);
+    default:
+      fail(ErrorKind::kInvalidInput,
+           "CUDA attention supports head sizes 32, 64 and 128, not " + std::to_string(C / NH));
+  }
+}
+
+template <typename T>
+void flash_attention_backward(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int B, int S,
+                              int C, int NH, cudaStream_t st) {
+  switch (C / NH) {
+    case 32:
+      return backward_hs<T, 32>(dqkv, dout, qkv, lse, delta, B, S, C, NH, st);
+    case 64:
+      return backward_hs<T, 64>(dqkv, dout, qkv, lse, delta, B, S, C, NH, st);
+    case 128:
+      return backward_hs<T, 128>(dqkv, dout, qkv, lse, delta, B, S, C, NH, st);
+    default:
+      fail(ErrorKind::kInvalidInput,
+           "CUDA attention supports head sizes 32, 64 and 128, not " + std::to_string(C / NH));
+  }
+}
+
+template void flash_attention_forward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*, int, int, int, int,
+                                                     cudaStream_t);
+template void flash_attention_forward<__half>(__half*, float*, const __half*, int, int, int, int, cudaStream_t);
+template void flash_attention_backward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
+                                                      const float*, const float*, int, int, int, int, cudaStream_t);
+template void flash_attention_backward<__half>(__half*, const __half*, const __half*, const float*, const float*, int,
+                                               int, int, int, cudaStream_t);
+
+}  // namespace shardkit::trainer::cuda

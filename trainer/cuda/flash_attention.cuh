@@ -1,0 +1,23 @@
+// Causal attention on tensor cores for 16-bit activations (bf16, fp16), in the manner of
+// FlashAttention-2: scores and probabilities live in mma.sync fragments, one warp owns 16 rows, and
+// only the log-sum-exp of each query row is kept for the backward pass. The backward pass runs two
+// kernels (dq by query tile, dk/dv by key tile) instead of atomics on dq, so results are
+// deterministic. Layout: qkv (B, S, 3C) with heads of HS = C/NH channels; out, dout (B, S, C);
+// lse, delta (B, NH, S). Head sizes 32, 64 and 128.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace shardkit::trainer::cuda {
+
+template <typename T>
+void flash_attention_forward(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st);
+
+// dqkv (B, S, 3C) overwritten; delta (B, NH, S) = rowsum(dout * out), computed by the caller.
+template <typename T>
+void flash_attention_backward(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int B, int S,
+                              int C, int NH, cudaStream_t st);
+
+}  // namespace shardkit::trainer::cuda
