@@ -221,6 +221,15 @@ void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
   p.close_grads(0);
 }
 
+#define SHARDKIT_INSTANTIATE_GEMM(T, TC)                                                                           \
+  template void gemm<T, TC>(cublasHandle_t, bool, bool, int, int, int, float, const T*, int, const T*, int, float, \
+                            TC*, int);
+SHARDKIT_INSTANTIATE_GEMM(float, float)
+SHARDKIT_INSTANTIATE_GEMM(__nv_bfloat16, __nv_bfloat16)
+SHARDKIT_INSTANTIATE_GEMM(__nv_bfloat16, float)
+SHARDKIT_INSTANTIATE_GEMM(__half, __half)
+SHARDKIT_INSTANTIATE_GEMM(__half, float)
+
 template class GpuGpt2<float>;
 template class GpuGpt2<__nv_bfloat16>;
 template class GpuGpt2<__half>;
