@@ -17,6 +17,7 @@
 #include "trainer/cuda/cuda_common.hpp"
 #include "trainer/cuda/gpu_model.cuh"
 #include "trainer/cuda/kernels.cuh"
+#include "trainer/cuda/matmul.cuh"
 
 namespace shardkit::trainer::cuda {
 namespace {
@@ -89,13 +90,15 @@ int run(int argc, char** argv) {
   CUBLAS_CHECK(cublasSetStream(cublas, st));
 
   auto x = filled<T>(NC, st), y = filled<T>(NC, st), big = filled<T>(4 * NC, st), big2 = filled<T>(4 * NC, st);
+  auto pre = filled<T>(4 * NC, st);
   auto qkv = filled<T>(3 * NC, st), dqkv = filled<T>(3 * NC, st);
   auto w = filled<T>(size_t{4} * C * C, st), bias = filled<T>(size_t{4} * C, st);
   auto gw = filled<float>(size_t{4} * C * C, st), gb = filled<float>(size_t{4} * C, st);
   auto mean = filled<float>(N, st), rstd = filled<float>(N, st);
   auto lse = filled<float>(size_t{1} * N * NH, st), delta = filled<float>(size_t{1} * N * NH, st);
-  const int head_rows = static_cast<int>(std::min<size_t>((size_t{256} << 20) / (sizeof(T) * V), N));
-  auto logits = filled<T>(size_t{1} * head_rows * V, st), wte = filled<T>(size_t{1} * V * C, st);
+  const int ldv = (V + 63) / 64 * 64;  // as the model pads its logits rows
+  const int head_rows = static_cast<int>(std::min<size_t>((size_t{256} << 20) / (sizeof(T) * ldv), N));
+  auto logits = filled<T>(size_t{1} * head_rows * ldv, st), wte = filled<T>(size_t{1} * V * C, st);
   auto gwte = filled<float>(size_t{1} * V * C, st), losses = filled<float>(N, st);
   DeviceBuffer<int32_t> targets(N);
   CUDA_CHECK(cudaMemsetAsync(targets.data(), 0, targets.bytes(), st));
@@ -107,9 +110,12 @@ int run(int argc, char** argv) {
   CUDA_CHECK(cudaMemsetAsync(v.data(), 0, v.bytes(), st));
   CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.bytes(), st));
 
-  auto mm = [&](int oc, int ic) {  // forward: out (N, oc) = in (N, ic) @ w
-    return [&, oc, ic] {
-      gemm<T, T>(cublas, false, false, N, oc, ic, 1.0f, big.data(), ic, w.data(), oc, 0.0f, big2.data(), oc);
+  Matmul matmul(st);
+  // forward: out (N, oc) = in (N, ic) @ w + bias [+ residual], through the fused epilogues
+  auto lt = [&](Epilogue epilogue, int oc, int ic, bool residual) {
+    return [&, epilogue, oc, ic, residual] {
+      matmul.run<T>(epilogue, false, false, N, oc, ic, big.data(), ic, w.data(), oc, big2.data(), oc, bias.data(),
+                    epilogue == Epilogue::kBiasGelu ? pre.data() : nullptr, residual ? y.data() : nullptr);
     };
   };
   auto mm_dinp = [&](int oc, int ic) {
@@ -132,43 +138,39 @@ int run(int argc, char** argv) {
     layernorm_backward(y.data(), gb.data(), gb.data() + C, x.data(), x.data(), bias.data(), mean.data(), rstd.data(), N,
                        C, st);
   });
-  add("gemm qkv forward", L, mm(3 * C, C));
-  add("gemm attproj forward", L, mm(C, C));
-  add("gemm fc forward", L, mm(4 * C, C));
-  add("gemm fcproj forward", L, mm(C, 4 * C));
+  add("linear qkv (+bias)", L, lt(Epilogue::kBias, 3 * C, C, false));
+  add("linear attproj (+bias+residual)", L, lt(Epilogue::kBias, C, C, true));
+  add("linear fc (+bias, gelu)", L, lt(Epilogue::kBiasGelu, 4 * C, C, false));
+  add("linear fcproj (+bias+residual)", L, lt(Epilogue::kBias, C, 4 * C, true));
+  add("linear fcproj dinp (*gelu')", L, [&] {
+    matmul.run<T>(Epilogue::kDGelu, false, true, N, 4 * C, C, x.data(), C, w.data(), C, big2.data(), 4 * C, nullptr,
+                  big.data());
+  });
   add("gemm qkv dinp", L, mm_dinp(3 * C, C));
   add("gemm attproj dinp", L, mm_dinp(C, C));
   add("gemm fc dinp", L, mm_dinp(4 * C, C));
-  add("gemm fcproj dinp", L, mm_dinp(C, 4 * C));
   add("gemm qkv dweight", L, mm_dw(3 * C, C));
   add("gemm attproj dweight", L, mm_dw(C, C));
   add("gemm fc dweight", L, mm_dw(4 * C, C));
   add("gemm fcproj dweight", L, mm_dw(C, 4 * C));
-  add("bias_forward (3C)", L, [&] { bias_forward(qkv.data(), bias.data(), N, 3 * C, st); });
-  add("bias_forward (C)", 2 * L, [&] { bias_forward(x.data(), bias.data(), N, C, st); });
-  add("bias_forward (4C)", L, [&] { bias_forward(big.data(), bias.data(), N, 4 * C, st); });
   add("bias_backward (3C)", L, [&] { bias_backward(gb.data(), qkv.data(), N, 3 * C, st); });
   add("bias_backward (C)", 2 * L, [&] { bias_backward(gb.data(), x.data(), N, C, st); });
   add("bias_backward (4C)", L, [&] { bias_backward(gb.data(), big.data(), N, 4 * C, st); });
-  add("gelu_forward", L, [&] { gelu_forward(big2.data(), big.data(), 4 * static_cast<int64_t>(NC), st); });
-  add("gelu_backward", L,
-      [&] { gelu_backward(big2.data(), big.data(), big.data(), 4 * static_cast<int64_t>(NC), st); });
-  add("residual_forward", 2 * L, [&] { residual_forward(y.data(), x.data(), x.data(), static_cast<int64_t>(NC), st); });
   add("attention_forward", L, [&] { attention_forward(x.data(), lse.data(), qkv.data(), B, S, C, NH, st); });
   add("attention_backward", L, [&] {
     attention_backward(dqkv.data(), delta.data(), y.data(), x.data(), qkv.data(), lse.data(), B, S, C, NH, st);
   });
   const int head_blocks = (N + head_rows - 1) / head_rows;
   add("head gemm logits", head_blocks, [&] {
-    gemm<T, T>(cublas, false, true, head_rows, V, C, 1.0f, x.data(), C, wte.data(), C, 0.0f, logits.data(), V);
+    gemm<T, T>(cublas, false, true, head_rows, V, C, 1.0f, x.data(), C, wte.data(), C, 0.0f, logits.data(), ldv);
   });
   add("head softmax_cross_entropy", head_blocks,
-      [&] { softmax_cross_entropy(logits.data(), losses.data(), targets.data(), head_rows, V, 1.0f, true, st); });
+      [&] { softmax_cross_entropy(logits.data(), ldv, losses.data(), targets.data(), head_rows, V, 1.0f, true, st); });
   add("head gemm dinp", head_blocks, [&] {
-    gemm<T, T>(cublas, false, false, head_rows, C, V, 1.0f, logits.data(), V, wte.data(), C, 0.0f, y.data(), C);
+    gemm<T, T>(cublas, false, false, head_rows, C, V, 1.0f, logits.data(), ldv, wte.data(), C, 0.0f, y.data(), C);
   });
   add("head gemm dwte", head_blocks, [&] {
-    gemm<T, float>(cublas, true, false, V, C, head_rows, 1.0f, logits.data(), V, x.data(), C, 1.0f, gwte.data(), C);
+    gemm<T, float>(cublas, true, false, V, C, head_rows, 1.0f, logits.data(), ldv, x.data(), C, 1.0f, gwte.data(), C);
   });
   const AdamWArgs args{6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 6e-4f, 1.0f, 1.0f, true};
   add("adamw (all parameters)", 1,

@@ -1,6 +1,7 @@
 // The 16-bit kernels against the fp32 ones on the same (rounded) inputs: tensor-core attention forward
 // and backward at every supported head size, sequence lengths that are and are not multiples of the
-// tiles, and LayerNorm's backward pass. Skipped (with a message) without a GPU.
+// tiles, and LayerNorm's backward pass; the fused matrix-product epilogues against the separate
+// kernels. Skipped (with a message) without a GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -13,7 +14,9 @@
 #include <vector>
 
 #include "trainer/cuda/cuda_common.hpp"
+#include "trainer/cuda/gpu_model.cuh"
 #include "trainer/cuda/kernels.cuh"
+#include "trainer/cuda/matmul.cuh"
 
 namespace shardkit::trainer::cuda {
 namespace {
@@ -29,6 +32,10 @@ bool have_gpu() {
 template <typename T>
 T to(float x);
 template <>
+float to<float>(float x) {
+  return x;
+}
+template <>
 __nv_bfloat16 to<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
@@ -41,6 +48,9 @@ float from(__nv_bfloat16 x) {
 }
 float from(__half x) {
   return __half2float(x);
+}
+float from(float x) {
+  return x;
 }
 
 // Random values rounded to T, returned both as T and as the exact floats they represent.
@@ -70,9 +80,6 @@ std::vector<U> download(const DeviceBuffer<U>& d) {
   return host;
 }
 
-std::vector<float> widen(const std::vector<float>& x) {
-  return x;
-}
 template <typename T>
 std::vector<float> widen(const std::vector<T>& x) {
   std::vector<float> out(x.size());
@@ -207,6 +214,65 @@ TEST(CudaKernels, Bf16LayerNormBackwardMatchesFp32) {
     EXPECT_LT(relative_error(gw16, gw32), 1e-3) << what;  // fp32 sums of the same bf16 products
     EXPECT_LT(relative_error(gb16, gb32), 1e-5) << what;
   }
+}
+
+// Each fused epilogue against a plain product followed by the separate kernels, in fp32 (where a GELU
+// other than the tanh approximation would show) and in bf16; odd sizes exercise the unaligned paths.
+template <typename T>
+void check_epilogues(double tolerance) {
+  const int m = 300, n = 136, k = 200;
+  std::vector<T> a_t, b_t, bias_t, res_t, dout_t;
+  std::vector<float> unused;
+  random_values<T>(size_t{1} * m * k, 1.0f, 11, a_t, unused);
+  random_values<T>(size_t{1} * k * n, 1.0f / std::sqrt(float(k)), 12, b_t, unused);
+  random_values<T>(n, 1.0f, 13, bias_t, unused);
+  random_values<T>(size_t{1} * m * n, 1.0f, 14, res_t, unused);
+  auto a = upload(a_t), b = upload(b_t), bias = upload(bias_t), res = upload(res_t);
+  const size_t mn = size_t{1} * m * n;
+  cublasHandle_t cublas;
+  ASSERT_EQ(cublasCreate(&cublas), CUBLAS_STATUS_SUCCESS);
+  Matmul matmul(nullptr);
+  auto plain = [&](bool trans_b) {  // a (m x k) @ op(b), b stored k x n (or n x k transposed)
+    DeviceBuffer<T> out(mn);
+    gemm<T, T>(cublas, false, trans_b, m, n, k, 1.0f, a.data(), k, b.data(), trans_b ? k : n, 0.0f, out.data(), n);
+    return out;
+  };
+  // bias (+ residual)
+  DeviceBuffer<T> fused(mn), pre(mn), want_pre(mn);
+  matmul.run<T>(Epilogue::kBias, false, false, m, n, k, a.data(), k, b.data(), n, fused.data(), n, bias.data(), nullptr,
+                res.data());
+  auto want = plain(false);
+  bias_forward(want.data(), bias.data(), m, n, nullptr);
+  add_inplace(want.data(), res.data(), static_cast<int64_t>(mn), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_LT(relative_error(widen(download(fused)), widen(download(want))), tolerance) << "bias + residual";
+  // bias, then GELU; the pre-activation kept
+  matmul.run<T>(Epilogue::kBiasGelu, false, false, m, n, k, a.data(), k, b.data(), n, fused.data(), n, bias.data(),
+                pre.data());
+  want_pre = plain(false);
+  bias_forward(want_pre.data(), bias.data(), m, n, nullptr);
+  gelu_forward(want.data(), want_pre.data(), static_cast<int64_t>(mn), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_LT(relative_error(widen(download(pre)), widen(download(want_pre))), tolerance) << "pre-activation";
+  EXPECT_LT(relative_error(widen(download(fused)), widen(download(want))), tolerance) << "gelu";
+  // GELU's gradient on a transposed product: d = (a @ b^T) * gelu'(pre), b read as n x k
+  matmul.run<T>(Epilogue::kDGelu, false, true, m, n, k, a.data(), k, b.data(), k, fused.data(), n, nullptr,
+                want_pre.data());
+  want = plain(true);
+  gelu_backward(want.data(), want_pre.data(), want.data(), static_cast<int64_t>(mn), nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_LT(relative_error(widen(download(fused)), widen(download(want))), tolerance) << "gelu backward";
+  cublasDestroy(cublas);
+}
+
+TEST(CudaKernels, FusedEpiloguesMatchSeparateKernelsFp32) {
+  REQUIRE_GPU();
+  check_epilogues<float>(2e-5);
+}
+
+TEST(CudaKernels, FusedEpiloguesMatchSeparateKernelsBf16) {
+  REQUIRE_GPU();
+  check_epilogues<__nv_bfloat16>(1e-2);
 }
 
 }  // namespace

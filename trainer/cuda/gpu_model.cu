@@ -31,12 +31,12 @@ double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-// out (N, OC) = inp (N, IC) @ weight (IC, OC) + bias
+// dweight += inp^T @ dout;  dbias += colsum(dout)   (inp (N, IC), dout (N, OC))
 template <typename T>
-void matmul_forward(cublasHandle_t h, cudaStream_t st, T* out, const T* inp, const T* weight, const T* bias, int N,
-                    int IC, int OC) {
-  gemm<T, T>(h, false, false, N, OC, IC, 1.0f, inp, IC, weight, OC, 0.0f, out, OC);
-  bias_forward(out, bias, N, OC, st);
+void weight_grads(cublasHandle_t h, cudaStream_t st, float* dweight, float* dbias, const T* dout, const T* inp, int N,
+                  int IC, int OC) {
+  gemm<T, float>(h, true, false, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dweight, OC);
+  bias_backward(dbias, dout, N, OC, st);
 }
 
 // dinp = dout @ weight^T;  dweight += inp^T @ dout;  dbias += colsum(dout)
@@ -44,8 +44,7 @@ template <typename T>
 void matmul_backward(cublasHandle_t h, cudaStream_t st, T* dinp, float* dweight, float* dbias, const T* dout,
                      const T* inp, const T* weight, int N, int IC, int OC) {
   gemm<T, T>(h, false, true, N, IC, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp, IC);
-  gemm<T, float>(h, true, false, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dweight, OC);
-  bias_backward(dbias, dout, N, OC, st);
+  weight_grads(h, st, dweight, dbias, dout, inp, N, IC, OC);
 }
 
 }  // namespace
@@ -61,7 +60,7 @@ void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m, int n, int k
 
 template <typename T>
 GpuGpt2<T>::GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cublasHandle_t cublas, cudaStream_t stream)
-    : config_(config), B_(batch), S_(seq_len), cublas_(cublas), stream_(stream) {
+    : config_(config), B_(batch), S_(seq_len), cublas_(cublas), stream_(stream), matmul_(stream) {
   const int L = config.n_layer;
   groups_.push_back({kWte, kWpe + 1});
   for (int l = 0; l < L; ++l) {
@@ -70,8 +69,10 @@ GpuGpt2<T>::GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cubl
   groups_.push_back({2 + model::kTensorsPerBlock * L, 2 + model::kTensorsPerBlock * L + 2});
   const size_t N = static_cast<size_t>(batch) * seq_len, C = static_cast<size_t>(config.n_embd);
   const size_t Ls = static_cast<size_t>(L);
-  // Logits for up to 256 MiB at once.
-  head_rows_ = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / (sizeof(T) * config.vocab_size), 1, N));
+  // Logits for up to 256 MiB at once, rows padded to a multiple of 64 elements: with GPT-2's odd
+  // vocabulary (50257) an unpadded row stride leaves the tensor cores' aligned paths to cuBLAS, 6x slower.
+  logits_ld_ = (config.vocab_size + 63) / 64 * 64;
+  head_rows_ = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / (sizeof(T) * logits_ld_), 1, N));
   auto T_ = [&](DeviceBuffer<T>& b, size_t n) {
     b.resize(n);
     activation_bytes_ += static_cast<int64_t>(b.bytes());
@@ -90,7 +91,7 @@ GpuGpt2<T>::GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cubl
   T_(fch_gelu_, Ls * N * 4 * C);
   T_(res3_, Ls * N * C);
   T_(lnf_, N * C);
-  T_(logits_, static_cast<size_t>(head_rows_) * config.vocab_size);
+  T_(logits_, static_cast<size_t>(head_rows_) * logits_ld_);
   F_(ln1_mean_, Ls * N);
   F_(ln1_rstd_, Ls * N);
   F_(ln2_mean_, Ls * N);
@@ -103,7 +104,6 @@ GpuGpt2<T>::GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cubl
   T_(dbuf_c_, N * C);
   T_(dbuf_c2_, N * C);
   T_(dbuf_3c_, N * 3 * C);
-  T_(dbuf_4c_, N * 4 * C);
   T_(dbuf_4c2_, N * 4 * C);
   F_(delta_, N * static_cast<size_t>(config.n_head));
   loss_sum_.resize(1);
@@ -122,19 +122,20 @@ void GpuGpt2<T>::forward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
     p.acquire(1 + l);
     auto w = [&](int k) { return p.param(block_tensor(l, k)); };
     const size_t lc = static_cast<size_t>(l) * NC, ln = static_cast<size_t>(l) * N;
-    T* tmp = dbuf_c_.data();  // the projection outputs before the residual add
+    // Biases, the GELU and the residual additions run in the matrix products' epilogues.
     layernorm_forward(ln1_.data() + lc, ln1_mean_.data() + ln, ln1_rstd_.data() + ln, residual, w(kLn1W), w(kLn1B), N,
                       C, stream_);
-    matmul_forward(cublas_, stream_, qkv_.data() + 3 * lc, ln1_.data() + lc, w(kQkvW), w(kQkvB), N, C, 3 * C);
+    matmul_.run<T>(Epilogue::kBias, false, false, N, 3 * C, C, ln1_.data() + lc, C, w(kQkvW), 3 * C,
+                   qkv_.data() + 3 * lc, 3 * C, w(kQkvB));
     attention_forward(atty_.data() + lc, lse_.data() + ln * NH, qkv_.data() + 3 * lc, B_, S_, C, NH, stream_);
-    matmul_forward(cublas_, stream_, tmp, atty_.data() + lc, w(kAttProjW), w(kAttProjB), N, C, C);
-    residual_forward(res2_.data() + lc, residual, tmp, static_cast<int64_t>(NC), stream_);
+    matmul_.run<T>(Epilogue::kBias, false, false, N, C, C, atty_.data() + lc, C, w(kAttProjW), C, res2_.data() + lc, C,
+                   w(kAttProjB), nullptr, residual);
     layernorm_forward(ln2_.data() + lc, ln2_mean_.data() + ln, ln2_rstd_.data() + ln, res2_.data() + lc, w(kLn2W),
                       w(kLn2B), N, C, stream_);
-    matmul_forward(cublas_, stream_, fch_.data() + 4 * lc, ln2_.data() + lc, w(kFcW), w(kFcB), N, C, 4 * C);
-    gelu_forward(fch_gelu_.data() + 4 * lc, fch_.data() + 4 * lc, static_cast<int64_t>(4 * NC), stream_);
-    matmul_forward(cublas_, stream_, tmp, fch_gelu_.data() + 4 * lc, w(kFcProjW), w(kFcProjB), N, 4 * C, C);
-    residual_forward(res3_.data() + lc, res2_.data() + lc, tmp, static_cast<int64_t>(NC), stream_);
+    matmul_.run<T>(Epilogue::kBiasGelu, false, false, N, 4 * C, C, ln2_.data() + lc, C, w(kFcW), 4 * C,
+                   fch_gelu_.data() + 4 * lc, 4 * C, w(kFcB), fch_.data() + 4 * lc);
+    matmul_.run<T>(Epilogue::kBias, false, false, N, C, 4 * C, fch_gelu_.data() + 4 * lc, 4 * C, w(kFcProjW), C,
+                   res3_.data() + lc, C, w(kFcProjB), nullptr, res2_.data() + lc);
     p.release(1 + l);
     residual = res3_.data() + lc;
   }
@@ -158,11 +159,12 @@ double GpuGpt2<T>::forward_backward(GpuParamStore<T>& p, const int32_t* inputs, 
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
     const int rows = std::min(head_rows_, N - r0);
     const T* x = lnf_.data() + static_cast<size_t>(r0) * C;
-    gemm<T, T>(cublas_, false, true, rows, V, C, 1.0f, x, C, p.param(kWte), C, 0.0f, logits_.data(), V);
-    softmax_cross_entropy(logits_.data(), losses_.data() + r0, targets + r0, rows, V, dscale, true, stream_);
-    gemm<T, T>(cublas_, false, false, rows, C, V, 1.0f, logits_.data(), V, p.param(kWte), C, 0.0f,
+    gemm<T, T>(cublas_, false, true, rows, V, C, 1.0f, x, C, p.param(kWte), C, 0.0f, logits_.data(), logits_ld_);
+    softmax_cross_entropy(logits_.data(), logits_ld_, losses_.data() + r0, targets + r0, rows, V, dscale, true,
+                          stream_);
+    gemm<T, T>(cublas_, false, false, rows, C, V, 1.0f, logits_.data(), logits_ld_, p.param(kWte), C, 0.0f,
                dbuf_c_.data() + static_cast<size_t>(r0) * C, C);
-    gemm<T, float>(cublas_, true, false, V, C, rows, 1.0f, logits_.data(), V, x, C, 1.0f, p.grad(kWte), C);
+    gemm<T, float>(cublas_, true, false, V, C, rows, 1.0f, logits_.data(), logits_ld_, x, C, 1.0f, p.grad(kWte), C);
   }
   p.release(0);
   CUDA_CHECK(cudaMemsetAsync(loss_sum_.data(), 0, sizeof(double), stream_));
@@ -199,9 +201,10 @@ void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
     auto g = [&](int k) { return p.grad(block_tensor(l, k)); };
     const size_t lc = static_cast<size_t>(l) * NC, ln = static_cast<size_t>(l) * N;
     T* dres = dres_.data();
-    matmul_backward(cublas_, stream_, dbuf_4c_.data(), g(kFcProjW), g(kFcProjB), dres, fch_gelu_.data() + 4 * lc,
-                    w(kFcProjW), N, 4 * C, C);
-    gelu_backward(dbuf_4c2_.data(), fch_.data() + 4 * lc, dbuf_4c_.data(), static_cast<int64_t>(4 * NC), stream_);
+    // d(fc output) = (dres @ fcproj^T) * gelu'(fc pre-activation), the GELU's backward in the epilogue.
+    matmul_.run<T>(Epilogue::kDGelu, false, true, N, 4 * C, C, dres, C, w(kFcProjW), C, dbuf_4c2_.data(), 4 * C,
+                   nullptr, fch_.data() + 4 * lc);
+    weight_grads(cublas_, stream_, g(kFcProjW), g(kFcProjB), dres, fch_gelu_.data() + 4 * lc, N, 4 * C, C);
     matmul_backward(cublas_, stream_, dbuf_c_.data(), g(kFcW), g(kFcB), dbuf_4c2_.data(), ln2_.data() + lc, w(kFcW), N,
                     C, 4 * C);
     layernorm_backward(dres, g(kLn2W), g(kLn2B), dbuf_c_.data(), res2_.data() + lc, w(kLn2W), ln2_mean_.data() + ln,

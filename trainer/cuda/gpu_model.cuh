@@ -11,6 +11,7 @@
 
 #include "model/gpt2_config.hpp"
 #include "trainer/cuda/cuda_common.hpp"
+#include "trainer/cuda/matmul.cuh"
 #include "trainer/gpt2.hpp"
 #include "trainer/param_store.hpp"
 
@@ -58,15 +59,17 @@ class GpuGpt2 {
   int B_, S_;
   cublasHandle_t cublas_;
   cudaStream_t stream_;
+  Matmul matmul_;
   std::vector<TensorGroup> groups_;
   int head_rows_;  // rows of logits computed at once
+  int logits_ld_;  // row stride of the logits (the vocabulary size rounded up)
   int64_t activation_bytes_ = 0;
 
   // Activations: per layer l and N = B*S rows.
   DeviceBuffer<T> encoded_, ln1_, qkv_, atty_, res2_, ln2_, fch_, fch_gelu_, res3_, lnf_, logits_;
   DeviceBuffer<float> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_, lnf_mean_, lnf_rstd_, lse_, losses_;
   // Backward scratch.
-  DeviceBuffer<T> dres_, dbuf_c_, dbuf_c2_, dbuf_3c_, dbuf_4c_, dbuf_4c2_;
+  DeviceBuffer<T> dres_, dbuf_c_, dbuf_c2_, dbuf_3c_, dbuf_4c2_;
   DeviceBuffer<float> delta_;
   DeviceBuffer<double> loss_sum_;
 };

@@ -397,11 +397,11 @@ __global__ void attention_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const
 // Softmax cross-entropy, one block per row.
 
 template <typename T>
-__global__ void softmax_xent_kernel(T* logits, float* losses, const int32_t* targets, int V, float dscale,
+__global__ void softmax_xent_kernel(T* logits, int64_t ld, float* losses, const int32_t* targets, int V, float dscale,
                                     bool backward) {
   __shared__ float shared[32];
   const int64_t row = blockIdx.x;
-  T* x = logits + row * V;
+  T* x = logits + row * ld;
   float m = -FLT_MAX;
   for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, to_float(x[v]));
   m = warp_max(m);
@@ -580,12 +580,6 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, cudaStream_t
 }
 
 template <typename T>
-void residual_forward(T* out, const T* a, const T* b, int64_t n, cudaStream_t st) {
-  residual_kernel<<<blocks_for(n, 256), 256, 0, st>>>(out, a, b, n);
-  check_launch();
-}
-
-template <typename T>
 void add_inplace(T* y, const T* x, int64_t n, cudaStream_t st) {
   residual_kernel<<<blocks_for(n, 256), 256, 0, st>>>(y, y, x, n);
   check_launch();
@@ -632,10 +626,10 @@ void attention_backward(T* dqkv, float* delta, const T* dout, const T* out, cons
 }
 
 template <typename T>
-void softmax_cross_entropy(T* logits, float* losses, const int32_t* targets, int rows, int V, float dscale,
+void softmax_cross_entropy(T* logits, int64_t ld, float* losses, const int32_t* targets, int rows, int V, float dscale,
                            bool backward, cudaStream_t st) {
   if (rows == 0) return;
-  softmax_xent_kernel<<<rows, 1024, 0, st>>>(logits, losses, targets, V, dscale, backward);
+  softmax_xent_kernel<<<rows, 1024, 0, st>>>(logits, ld, losses, targets, V, dscale, backward);
   check_launch();
 }
 
@@ -682,12 +676,11 @@ void find_nonfinite(int* flag, const float* x, int64_t n, cudaStream_t st) {
   template void bias_backward<T>(float*, const T*, int, int, cudaStream_t);                                         \
   template void gelu_forward<T>(T*, const T*, int64_t, cudaStream_t);                                               \
   template void gelu_backward<T>(T*, const T*, const T*, int64_t, cudaStream_t);                                    \
-  template void residual_forward<T>(T*, const T*, const T*, int64_t, cudaStream_t);                                 \
   template void add_inplace<T>(T*, const T*, int64_t, cudaStream_t);                                                \
   template void attention_forward<T>(T*, float*, const T*, int, int, int, int, cudaStream_t);                       \
   template void attention_backward<T>(T*, float*, const T*, const T*, const T*, const float*, int, int, int, int,   \
                                       cudaStream_t);                                                                \
-  template void softmax_cross_entropy<T>(T*, float*, const int32_t*, int, int, float, bool, cudaStream_t);          \
+  template void softmax_cross_entropy<T>(T*, int64_t, float*, const int32_t*, int, int, float, bool, cudaStream_t); \
   template void cast_from_float<T>(T*, const float*, int64_t, cudaStream_t);                                        \
   template void adamw<T>(float*, float*, float*, const float*, T*, int64_t, const AdamWArgs&, cudaStream_t);
 

@@ -41,9 +41,7 @@ void gelu_forward(T* out, const T* inp, int64_t n, cudaStream_t st);
 template <typename T>
 void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, cudaStream_t st);
 
-// out = a + b;  y += x
-template <typename T>
-void residual_forward(T* out, const T* a, const T* b, int64_t n, cudaStream_t st);
+// y += x
 template <typename T>
 void add_inplace(T* y, const T* x, int64_t n, cudaStream_t st);
 
@@ -57,10 +55,10 @@ template <typename T>
 void attention_backward(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B,
                         int S, int C, int NH, cudaStream_t st);
 
-// Softmax cross-entropy of logits (rows, V): losses[r] = logsumexp - logit[target]; with `backward`,
-// logits are replaced by (softmax - onehot) * dscale.
+// Softmax cross-entropy of logits (rows, V; row stride ld >= V): losses[r] = logsumexp - logit[target];
+// with `backward`, logits are replaced by (softmax - onehot) * dscale.
 template <typename T>
-void softmax_cross_entropy(T* logits, float* losses, const int32_t* targets, int rows, int V, float dscale,
+void softmax_cross_entropy(T* logits, int64_t ld, float* losses, const int32_t* targets, int rows, int V, float dscale,
                            bool backward, cudaStream_t st);
 
 // out = (T) in
