@@ -95,10 +95,11 @@ int run(int argc, char** argv) {
   auto w = filled<T>(size_t{4} * C * C, st), bias = filled<T>(size_t{4} * C, st);
   auto gw = filled<float>(size_t{4} * C * C, st), gb = filled<float>(size_t{4} * C, st);
   auto mean = filled<float>(N, st), rstd = filled<float>(N, st);
+  auto ln_scratch = filled<float>(static_cast<size_t>(layernorm_scratch_floats(C)), st);
   auto lse = filled<float>(size_t{1} * N * NH, st), delta = filled<float>(size_t{1} * N * NH, st);
   const int ldv = (V + 63) / 64 * 64;  // as the model pads its logits rows
   const int head_rows = static_cast<int>(std::min<size_t>((size_t{256} << 20) / (sizeof(T) * ldv), N));
-  auto logits = filled<T>(size_t{1} * head_rows * ldv, st), wte = filled<T>(size_t{1} * V * C, st);
+  auto logits = filled<T>(size_t{1} * head_rows * ldv, st), wte = filled<T>(size_t{1} * ldv * C, st);
   auto gwte = filled<float>(size_t{1} * V * C, st), losses = filled<float>(N, st);
   DeviceBuffer<int32_t> targets(N);
   CUDA_CHECK(cudaMemsetAsync(targets.data(), 0, targets.bytes(), st));
@@ -136,7 +137,7 @@ int run(int argc, char** argv) {
       [&] { layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), bias.data(), bias.data(), N, C, st); });
   add("layernorm_backward", 2 * L + 1, [&] {
     layernorm_backward(y.data(), gb.data(), gb.data() + C, x.data(), x.data(), bias.data(), mean.data(), rstd.data(), N,
-                       C, st);
+                       C, ln_scratch.data(), st);
   });
   add("linear qkv (+bias)", L, lt(Epilogue::kBias, 3 * C, C, false));
   add("linear attproj (+bias+residual)", L, lt(Epilogue::kBias, C, C, true));
@@ -162,12 +163,12 @@ int run(int argc, char** argv) {
   });
   const int head_blocks = (N + head_rows - 1) / head_rows;
   add("head gemm logits", head_blocks, [&] {
-    gemm<T, T>(cublas, false, true, head_rows, V, C, 1.0f, x.data(), C, wte.data(), C, 0.0f, logits.data(), ldv);
+    gemm<T, T>(cublas, false, true, head_rows, ldv, C, 1.0f, x.data(), C, wte.data(), C, 0.0f, logits.data(), ldv);
   });
   add("head softmax_cross_entropy", head_blocks,
       [&] { softmax_cross_entropy(logits.data(), ldv, losses.data(), targets.data(), head_rows, V, 1.0f, true, st); });
   add("head gemm dinp", head_blocks, [&] {
-    gemm<T, T>(cublas, false, false, head_rows, C, V, 1.0f, logits.data(), ldv, wte.data(), C, 0.0f, y.data(), C);
+    gemm<T, T>(cublas, false, false, head_rows, C, ldv, 1.0f, logits.data(), ldv, wte.data(), C, 0.0f, y.data(), C);
   });
   add("head gemm dwte", head_blocks, [&] {
     gemm<T, float>(cublas, true, false, V, C, head_rows, 1.0f, logits.data(), ldv, x.data(), C, 1.0f, gwte.data(), C);

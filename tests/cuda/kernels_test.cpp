@@ -183,7 +183,38 @@ TEST(CudaKernels, CausalMaskHoldsInTheTensorCorePath) {
   EXPECT_NE(std::vector<float>(before.end() - C, before.end()), std::vector<float>(after.end() - C, after.end()));
 }
 
-TEST(CudaKernels, Bf16LayerNormBackwardMatchesFp32) {
+// LayerNorm's backward pass in double on the host: dinp, dweight, dbias.
+void layernorm_backward_reference(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& d,
+                                  int N, int C, std::vector<float>& dinp, std::vector<float>& dw,
+                                  std::vector<float>& db) {
+  std::vector<double> gw(C), gb(C);
+  dinp.assign(x.size(), 0.0f);
+  auto at = [](const std::vector<float>& v, size_t i) { return static_cast<double>(v[i]); };
+  for (int n = 0; n < N; ++n) {
+    const size_t row = size_t{1} * n * C;
+    double mean = 0, var = 0;
+    for (int c = 0; c < C; ++c) mean += at(x, row + c);
+    mean /= C;
+    for (int c = 0; c < C; ++c) var += (at(x, row + c) - mean) * (at(x, row + c) - mean);
+    const double rstd = 1.0 / std::sqrt(var / C + 1e-5);
+    double mean_dnorm = 0, mean_dnorm_norm = 0;
+    for (int c = 0; c < C; ++c) {
+      const double norm = (at(x, row + c) - mean) * rstd, dnorm = at(w, c) * at(d, row + c);
+      mean_dnorm += dnorm / C;
+      mean_dnorm_norm += dnorm * norm / C;
+      gw[c] += norm * at(d, row + c);
+      gb[c] += at(d, row + c);
+    }
+    for (int c = 0; c < C; ++c) {
+      const double norm = (at(x, row + c) - mean) * rstd;
+      dinp[row + c] = static_cast<float>((at(w, c) * at(d, row + c) - mean_dnorm - norm * mean_dnorm_norm) * rstd);
+    }
+  }
+  dw.assign(gw.begin(), gw.end());
+  db.assign(gb.begin(), gb.end());
+}
+
+TEST(CudaKernels, LayerNormBackwardMatchesDoubleAndBf16MatchesFp32) {
   REQUIRE_GPU();
   for (const auto& [N, C] : {std::pair{1000, 768}, std::pair{37, 128}, std::pair{4096, 1600}}) {
     std::vector<__nv_bfloat16> x_t, w_t, b_t, d_t;
@@ -196,13 +227,13 @@ TEST(CudaKernels, Bf16LayerNormBackwardMatchesFp32) {
       using U = typename decltype(x)::value_type;
       auto dx = upload(x), dw = upload(w), db = upload(b), dd = upload(d);
       DeviceBuffer<U> out(x.size()), dinp(x.size());
-      DeviceBuffer<float> mean(N), rstd(N), gw(C), gb(C);
+      DeviceBuffer<float> mean(N), rstd(N), gw(C), gb(C), scratch(static_cast<size_t>(layernorm_scratch_floats(C)));
       CUDA_CHECK(cudaMemset(dinp.data(), 0, dinp.bytes()));
       CUDA_CHECK(cudaMemset(gw.data(), 0, gw.bytes()));
       CUDA_CHECK(cudaMemset(gb.data(), 0, gb.bytes()));
       layernorm_forward<U>(out.data(), mean.data(), rstd.data(), dx.data(), dw.data(), db.data(), N, C, nullptr);
       layernorm_backward<U>(dinp.data(), gw.data(), gb.data(), dd.data(), dx.data(), dw.data(), mean.data(),
-                            rstd.data(), N, C, nullptr);
+                            rstd.data(), N, C, scratch.data(), nullptr);
       CUDA_CHECK(cudaDeviceSynchronize());
       return std::tuple{widen(download(out)), widen(download(dinp)), download(gw), download(gb)};
     };
@@ -213,6 +244,11 @@ TEST(CudaKernels, Bf16LayerNormBackwardMatchesFp32) {
     EXPECT_LT(relative_error(dinp16, dinp32), 1e-2) << what;
     EXPECT_LT(relative_error(gw16, gw32), 1e-3) << what;  // fp32 sums of the same bf16 products
     EXPECT_LT(relative_error(gb16, gb32), 1e-5) << what;
+    std::vector<float> dinp_ref, gw_ref, gb_ref;
+    layernorm_backward_reference(x_f, w_f, d_f, N, C, dinp_ref, gw_ref, gb_ref);
+    EXPECT_LT(relative_error(dinp32, dinp_ref), 1e-5) << what << " fp32 vs double";
+    EXPECT_LT(relative_error(gw32, gw_ref), 1e-5) << what << " fp32 vs double";
+    EXPECT_LT(relative_error(gb32, gb_ref), 1e-5) << what << " fp32 vs double";
   }
 }
 

@@ -79,19 +79,6 @@ __device__ void load_rows(T* dst, const T* src, int r0, int S, int64_t ld) {
   }
 }
 
-// The same rows transposed: dst[HS][R + kPad] with dst[c][r] = src[r0 + r][c].
-template <typename T, int R, int HS>
-__device__ void load_rows_transposed(T* dst, const T* src, int r0, int S, int64_t ld) {
-  constexpr int kVec = 8;
-  for (int v = threadIdx.x; v < R * HS / kVec; v += blockDim.x) {
-    const int r = v / (HS / kVec), c = (v % (HS / kVec)) * kVec;
-    uint4 x = make_uint4(0, 0, 0, 0);
-    if (r0 + r < S) x = *reinterpret_cast<const uint4*>(src + (r0 + r) * ld + c);
-    const T* e = reinterpret_cast<const T*>(&x);
-    for (int i = 0; i < kVec; ++i) dst[(c + i) * (R + kPad) + r] = e[i];
-  }
-}
-
 // The a fragments of rows (row0, row0 + 8) x HS columns of a row-major matrix in global memory; rows
 // at or past S are zero.
 template <typename T, int HS>
@@ -108,33 +95,59 @@ __device__ void load_a_fragments(uint32_t (&a)[HS / 16][4], const T* src, int ro
   }
 }
 
-// acc (16 x 8 N8 columns) += A (16 x HS, fragments) * B^T, where B is N8*8 rows x HS columns in shared
-// memory (row stride HS + kPad) starting at row `b_row`.
+// Four 8x8 matrices of 16-bit values from shared memory (ldmatrix): lane i gives the address of row
+// i % 8 of matrix i / 8 and receives, of matrix j in register j, row lane / 4, columns 2 (lane % 4) and
+// +1 -- or with .trans, column lane / 4, rows 2 (lane % 4) and +1: the b fragment of mma.m16n8k16
+// straight from a row-major tile, whichever way round the product needs it.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// acc (16 x 8 N8 columns) = A (16 x HS, fragments) * B^T, where B is N8*8 rows x HS columns in shared
+// memory (row stride HS + kPad). One ldmatrix gives b0, b1 of two 16-column steps of one 8-row tile.
 template <typename T, int HS, int N8>
 __device__ __forceinline__ void mma_abt(float (&acc)[N8][4], const uint32_t (&a)[HS / 16][4], const T* b) {
-  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+  const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int n = 0; n < N8; ++n) {
     acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    const T* row = b + (n * 8 + g) * (HS + kPad) + 2 * t;
+    const T* row = b + (n * 8 + lane % 8) * (HS + kPad) + (lane / 8) * 8;
 #pragma unroll
-    for (int kk = 0; kk < HS / 16; ++kk) mma<T>(acc[n], a[kk], ld32(row + kk * 16), ld32(row + kk * 16 + 8));
+    for (int kk = 0; kk < HS / 16; kk += 2) {
+      uint32_t r[4];
+      ldmatrix_x4(r, row + kk * 16);
+      mma<T>(acc[n], a[kk], r[0], r[1]);
+      mma<T>(acc[n], a[kk + 1], r[2], r[3]);
+    }
   }
 }
 
-// acc (16 x HS) += P (16 x K, as N8 = K/8 fp32 d fragments, rounded here) * B, where B (K x HS) is
-// stored transposed in shared memory: bt[HS][K + kPad].
+// acc (16 x HS) += P (16 x K, as K/8 fp32 d fragments, rounded here) * B, where B (K x HS) is a
+// row-major tile in shared memory (row stride HS + kPad). One transposing ldmatrix gives b0, b1 of
+// two 8-column tiles of one 16-row step.
 template <typename T, int HS, int K>
-__device__ __forceinline__ void mma_pb(float (&acc)[HS / 8][4], const float (&p)[K / 8][4], const T* bt) {
-  const int g = (threadIdx.x % 32) / 4, t = threadIdx.x % 4;
+__device__ __forceinline__ void mma_pb(float (&acc)[HS / 8][4], const float (&p)[K / 8][4], const T* b) {
+  const int lane = threadIdx.x % 32;
+  const T* lane_row = b + ((lane / 8) % 2 * 8 + lane % 8) * (HS + kPad) + (lane / 16) * 8;
 #pragma unroll
   for (int j = 0; j < K / 16; ++j) {
     const uint32_t a[4] = {pack<T>(p[2 * j][0], p[2 * j][1]), pack<T>(p[2 * j][2], p[2 * j][3]),
                            pack<T>(p[2 * j + 1][0], p[2 * j + 1][1]), pack<T>(p[2 * j + 1][2], p[2 * j + 1][3])};
 #pragma unroll
-    for (int n = 0; n < HS / 8; ++n) {
-      const T* row = bt + (n * 8 + g) * (K + kPad) + j * 16 + 2 * t;
-      mma<T>(acc[n], a, ld32(row), ld32(row + 8));
+    for (int n = 0; n < HS / 8; n += 2) {
+      uint32_t r[4];
+      ldmatrix_x4_trans(r, lane_row + j * 16 * (HS + kPad) + n * 8);
+      mma<T>(acc[n], a, r[0], r[1]);
+      mma<T>(acc[n + 1], a, r[2], r[3]);
     }
   }
 }
@@ -155,12 +168,12 @@ __device__ void store_rows(T* dst, const float (&acc)[HS / 8][4], int row0, int 
 }
 
 // Forward: a block owns kBq query rows of one (batch, head), a warp 16 of them; key/value tiles of kBk
-// rows pass through shared memory (V transposed, as the b operand of P V wants it).
+// rows pass through shared memory.
 template <typename T, int HS, int kBq, int kBk>
 __global__ void __launch_bounds__(kBq * 2)
     flash_forward_kernel(T* out, float* lse, const T* qkv, int S, int C, int NH, float scale_log2) {
   __shared__ __align__(16) T ks[kBk * (HS + kPad)];
-  __shared__ __align__(16) T vt[HS * (kBk + kPad)];
+  __shared__ __align__(16) T vs[kBk * (HS + kPad)];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / NH, h = blockIdx.y % NH;
   const int q0 = (gridDim.x - 1 - blockIdx.x) * kBq;  // the longest rows (most keys) start first
@@ -176,7 +189,7 @@ __global__ void __launch_bounds__(kBq * 2)
   for (int k0 = 0; k0 < k_end; k0 += kBk) {
     __syncthreads();
     load_rows<T, kBk, HS>(ks, q_base + C, k0, S, ld);
-    load_rows_transposed<T, kBk, HS>(vt, q_base + 2 * C, k0, S, ld);
+    load_rows<T, kBk, HS>(vs, q_base + 2 * C, k0, S, ld);
     __syncthreads();
     if (k0 > warp_last) continue;  // every key of the tile follows every query of this warp
     float s[kBk / 8][4];
@@ -222,7 +235,7 @@ __global__ void __launch_bounds__(kBq * 2)
         l1 += s[n][2 + i];
       }
     }
-    mma_pb<T, HS, kBk>(o, s, vt);
+    mma_pb<T, HS, kBk>(o, s, vs);
   }
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
@@ -240,7 +253,6 @@ __global__ void __launch_bounds__(kBq * 2)
     flash_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int S, int C, int NH,
                     float scale, float scale_log2) {
   __shared__ __align__(16) T ks[kBk * (HS + kPad)];
-  __shared__ __align__(16) T kt[HS * (kBk + kPad)];
   __shared__ __align__(16) T vs[kBk * (HS + kPad)];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / NH, h = blockIdx.y % NH;
@@ -262,7 +274,6 @@ __global__ void __launch_bounds__(kBq * 2)
   for (int k0 = 0; k0 < k_end; k0 += kBk) {
     __syncthreads();
     load_rows<T, kBk, HS>(ks, q_base + C, k0, S, ld);
-    load_rows_transposed<T, kBk, HS>(kt, q_base + C, k0, S, ld);
     load_rows<T, kBk, HS>(vs, q_base + 2 * C, k0, S, ld);
     __syncthreads();
     if (k0 > warp_last) continue;
@@ -281,21 +292,19 @@ __global__ void __launch_bounds__(kBq * 2)
         s[n][2 + i] = p1 * (dp[n][2 + i] - delta1);
       }
     }
-    mma_pb<T, HS, kBk>(dq, s, kt);
+    mma_pb<T, HS, kBk>(dq, s, ks);
   }
   store_rows<T, HS>(dqkv + int64_t{b} * S * ld + h * HS, dq, row0, S, ld, scale, scale);
 }
 
 // dv = P^T dO and dk = scale * dS^T Q: a block owns kBk key rows (a warp 16 of them) and walks the
-// query tiles at or after them; Q and dO pass through shared memory both ways round.
+// query tiles at or after them through shared memory.
 template <typename T, int HS, int kBq, int kBk>
 __global__ void __launch_bounds__(kBk * 2)
     flash_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int S, int C, int NH,
                      float scale, float scale_log2) {
   __shared__ __align__(16) T qs[kBq * (HS + kPad)];
-  __shared__ __align__(16) T qt[HS * (kBq + kPad)];
   __shared__ __align__(16) T dos[kBq * (HS + kPad)];
-  __shared__ __align__(16) T dot[HS * (kBq + kPad)];
   __shared__ float lse_s[kBq], delta_s[kBq];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / NH, h = blockIdx.y % NH;
@@ -313,9 +322,7 @@ __global__ void __launch_bounds__(kBk * 2)
   for (int q0 = k0 / kBq * kBq; q0 < S; q0 += kBq) {
     __syncthreads();
     load_rows<T, kBq, HS>(qs, q_base, q0, S, ld);
-    load_rows_transposed<T, kBq, HS>(qt, q_base, q0, S, ld);
     load_rows<T, kBq, HS>(dos, do_base, q0, S, C);
-    load_rows_transposed<T, kBq, HS>(dot, do_base, q0, S, C);
     for (int i = threadIdx.x; i < kBq; i += blockDim.x) {
       // A query past the end gets lse = inf: its probabilities are exactly 0.
       lse_s[i] = q0 + i < S ? lse[stats + q0 + i] * kLog2e : INFINITY;
@@ -340,8 +347,8 @@ __global__ void __launch_bounds__(kBk * 2)
         dpt[n][2 + i] = p1 * (dpt[n][2 + i] - delta_s[col]);
       }
     }
-    mma_pb<T, HS, kBq>(dv, pt, dot);
-    mma_pb<T, HS, kBq>(dk, dpt, qt);
+    mma_pb<T, HS, kBq>(dv, pt, dos);
+    mma_pb<T, HS, kBq>(dk, dpt, qs);
   }
   T* dkv = dqkv + int64_t{b} * S * ld + h * HS;
   store_rows<T, HS>(dkv + C, dk, key0, S, ld, scale, scale);

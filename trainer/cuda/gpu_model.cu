@@ -69,8 +69,9 @@ GpuGpt2<T>::GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cubl
   groups_.push_back({2 + model::kTensorsPerBlock * L, 2 + model::kTensorsPerBlock * L + 2});
   const size_t N = static_cast<size_t>(batch) * seq_len, C = static_cast<size_t>(config.n_embd);
   const size_t Ls = static_cast<size_t>(L);
-  // Logits for up to 256 MiB at once, rows padded to a multiple of 64 elements: with GPT-2's odd
-  // vocabulary (50257) an unpadded row stride leaves the tensor cores' aligned paths to cuBLAS, 6x slower.
+  // Logits for up to 256 MiB at once. The vocabulary is padded to a multiple of 64 for the output
+  // projection (a zero-padded copy of wte, padded logits rows): with GPT-2's odd vocabulary (50257)
+  // cuBLAS leaves its fast tensor-core kernels, 5-6x slower.
   logits_ld_ = (config.vocab_size + 63) / 64 * 64;
   head_rows_ = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / (sizeof(T) * logits_ld_), 1, N));
   auto T_ = [&](DeviceBuffer<T>& b, size_t n) {
@@ -92,6 +93,8 @@ GpuGpt2<T>::GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cubl
   T_(res3_, Ls * N * C);
   T_(lnf_, N * C);
   T_(logits_, static_cast<size_t>(head_rows_) * logits_ld_);
+  T_(wte_padded_, static_cast<size_t>(logits_ld_) * C);
+  CUDA_CHECK(cudaMemsetAsync(wte_padded_.data(), 0, wte_padded_.bytes(), stream_));
   F_(ln1_mean_, Ls * N);
   F_(ln1_rstd_, Ls * N);
   F_(ln2_mean_, Ls * N);
@@ -106,6 +109,7 @@ GpuGpt2<T>::GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cubl
   T_(dbuf_3c_, N * 3 * C);
   T_(dbuf_4c2_, N * 4 * C);
   F_(delta_, N * static_cast<size_t>(config.n_head));
+  F_(ln_scratch_, static_cast<size_t>(layernorm_scratch_floats(config.n_embd)));
   loss_sum_.resize(1);
 }
 
@@ -155,14 +159,17 @@ double GpuGpt2<T>::forward_backward(GpuParamStore<T>& p, const int32_t* inputs, 
   // Output projection (tied to wte) fused with the cross-entropy and its gradient, in blocks of rows.
   p.open_grads(0);
   p.acquire(0);
+  // The padding rows of the copy stay zero, so are the padding logits, and so is what they add to dx.
+  CUDA_CHECK(cudaMemcpyAsync(wte_padded_.data(), p.param(kWte), sizeof(T) * V * C, cudaMemcpyDeviceToDevice, stream_));
+  const T* wte = wte_padded_.data();
+  const int Vp = logits_ld_;
   const float dscale = grad_scale / static_cast<float>(N);
   for (int r0 = 0; r0 < N; r0 += head_rows_) {
     const int rows = std::min(head_rows_, N - r0);
     const T* x = lnf_.data() + static_cast<size_t>(r0) * C;
-    gemm<T, T>(cublas_, false, true, rows, V, C, 1.0f, x, C, p.param(kWte), C, 0.0f, logits_.data(), logits_ld_);
-    softmax_cross_entropy(logits_.data(), logits_ld_, losses_.data() + r0, targets + r0, rows, V, dscale, true,
-                          stream_);
-    gemm<T, T>(cublas_, false, false, rows, C, V, 1.0f, logits_.data(), logits_ld_, p.param(kWte), C, 0.0f,
+    gemm<T, T>(cublas_, false, true, rows, Vp, C, 1.0f, x, C, wte, C, 0.0f, logits_.data(), Vp);
+    softmax_cross_entropy(logits_.data(), Vp, losses_.data() + r0, targets + r0, rows, V, dscale, true, stream_);
+    gemm<T, T>(cublas_, false, false, rows, C, Vp, 1.0f, logits_.data(), Vp, wte, C, 0.0f,
                dbuf_c_.data() + static_cast<size_t>(r0) * C, C);
     gemm<T, float>(cublas_, true, false, V, C, rows, 1.0f, logits_.data(), logits_ld_, x, C, 1.0f, p.grad(kWte), C);
   }
@@ -191,7 +198,7 @@ void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
   p.acquire(L + 1);
   p.open_grads(L + 1);
   layernorm_backward(dres_.data(), p.grad(lnf), p.grad(lnf + 1), dbuf_c_.data(), block_output(L - 1), p.param(lnf),
-                     lnf_mean_.data(), lnf_rstd_.data(), N, C, stream_);
+                     lnf_mean_.data(), lnf_rstd_.data(), N, C, ln_scratch_.data(), stream_);
   p.close_grads(L + 1);
   p.release(L + 1);
   for (int l = L - 1; l >= 0; --l) {
@@ -208,7 +215,7 @@ void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
     matmul_backward(cublas_, stream_, dbuf_c_.data(), g(kFcW), g(kFcB), dbuf_4c2_.data(), ln2_.data() + lc, w(kFcW), N,
                     C, 4 * C);
     layernorm_backward(dres, g(kLn2W), g(kLn2B), dbuf_c_.data(), res2_.data() + lc, w(kLn2W), ln2_mean_.data() + ln,
-                       ln2_rstd_.data() + ln, N, C, stream_);
+                       ln2_rstd_.data() + ln, N, C, ln_scratch_.data(), stream_);
     matmul_backward(cublas_, stream_, dbuf_c_.data(), g(kAttProjW), g(kAttProjB), dres, atty_.data() + lc, w(kAttProjW),
                     N, C, C);
     attention_backward(dbuf_3c_.data(), delta_.data(), dbuf_c_.data(), atty_.data() + lc, qkv_.data() + 3 * lc,
@@ -216,7 +223,7 @@ void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
     matmul_backward(cublas_, stream_, dbuf_c2_.data(), g(kQkvW), g(kQkvB), dbuf_3c_.data(), ln1_.data() + lc, w(kQkvW),
                     N, C, 3 * C);
     layernorm_backward(dres, g(kLn1W), g(kLn1B), dbuf_c2_.data(), block_output(l - 1), w(kLn1W), ln1_mean_.data() + ln,
-                       ln1_rstd_.data() + ln, N, C, stream_);
+                       ln1_rstd_.data() + ln, N, C, ln_scratch_.data(), stream_);
     p.close_grads(1 + l);
     p.release(1 + l);
   }

@@ -66,11 +66,11 @@ class GpuGpt2 {
   int64_t activation_bytes_ = 0;
 
   // Activations: per layer l and N = B*S rows.
-  DeviceBuffer<T> encoded_, ln1_, qkv_, atty_, res2_, ln2_, fch_, fch_gelu_, res3_, lnf_, logits_;
+  DeviceBuffer<T> encoded_, ln1_, qkv_, atty_, res2_, ln2_, fch_, fch_gelu_, res3_, lnf_, logits_, wte_padded_;
   DeviceBuffer<float> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_, lnf_mean_, lnf_rstd_, lse_, losses_;
   // Backward scratch.
   DeviceBuffer<T> dres_, dbuf_c_, dbuf_c2_, dbuf_3c_, dbuf_4c2_;
-  DeviceBuffer<float> delta_;
+  DeviceBuffer<float> delta_, ln_scratch_;
   DeviceBuffer<double> loss_sum_;
 };
 

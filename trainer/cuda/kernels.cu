@@ -110,44 +110,82 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
   }
 }
 
-// Each block takes a range of rows, one warp per row at a time; dweight/dbias are summed in shared
-// memory and added to global memory once per block.
+// Sixteen bytes of T (8 bf16/fp16 values or 4 floats) at a time.
 template <typename T>
-__global__ void layernorm_backward_kernel(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
-                                          const T* weight, const float* mean, const float* rstd, int N, int C) {
-  extern __shared__ float partial[];  // dweight[C], dbias[C]
-  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) partial[c] = 0.0f;
-  __syncthreads();
-  const int warps = blockDim.x / 32;
-  const int lane = threadIdx.x % 32;
-  for (int row = blockIdx.x * warps + threadIdx.x / 32; row < N; row += gridDim.x * warps) {
+struct Vec {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+template <typename T>
+__device__ __forceinline__ Vec<T> load_vec(const T* p) {
+  Vec<T> out;
+  *reinterpret_cast<uint4*>(out.v) = *reinterpret_cast<const uint4*>(p);
+  return out;
+}
+template <typename T>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T>& x) {
+  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(x.v);
+}
+
+// LayerNorm backward, deterministic: block b takes rows [b R, (b + 1) R). Its warps add each row's
+// input gradient into dinp (a warp per row, 16-byte accesses; C must be a multiple of 8), then its
+// threads sum the rows' weight and bias gradients column by column, in row order, into partial[b]
+// (2C floats). layernorm_reduce_kernel adds the blocks' partials, in block order.
+template <typename T>
+__global__ void layernorm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* weight,
+                                          const float* mean, const float* rstd, int N, int C, int R) {
+  constexpr int kVec = Vec<T>::kSize;
+  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  const int begin = blockIdx.x * R, end = min(N, begin + R);
+  for (int row = begin + threadIdx.x / 32; row < end; row += warps) {
     const T* x = inp + int64_t{row} * C;
     const T* d = dout + int64_t{row} * C;
-    const float m = mean[row];
-    const float s = rstd[row];
-    float mean_dnorm = 0.0f, mean_dnorm_norm = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-      const float norm = (to_float(x[c]) - m) * s;
-      const float dnorm = to_float(weight[c]) * to_float(d[c]);
-      mean_dnorm += dnorm;
-      mean_dnorm_norm += dnorm * norm;
+    const float m = mean[row], s = rstd[row];
+    float sum_dnorm = 0.0f, sum_dnorm_norm = 0.0f;
+    for (int c = lane * kVec; c < C; c += 32 * kVec) {
+      const Vec<T> xv = load_vec(x + c), dv = load_vec(d + c), wv = load_vec(weight + c);
+      for (int i = 0; i < kVec; ++i) {
+        const float dnorm = to_float(wv.v[i]) * to_float(dv.v[i]);
+        sum_dnorm += dnorm;
+        sum_dnorm_norm += dnorm * (to_float(xv.v[i]) - m) * s;
+      }
     }
-    mean_dnorm = warp_sum(mean_dnorm) / C;
-    mean_dnorm_norm = warp_sum(mean_dnorm_norm) / C;
+    const float mean_dnorm = warp_sum(sum_dnorm) / C, mean_dnorm_norm = warp_sum(sum_dnorm_norm) / C;
     T* di = dinp + int64_t{row} * C;
-    for (int c = lane; c < C; c += 32) {
-      const float norm = (to_float(x[c]) - m) * s;
-      const float dc = to_float(d[c]);
-      atomicAdd(&partial[c], norm * dc);
-      atomicAdd(&partial[C + c], dc);
-      const float g = (to_float(weight[c]) * dc - mean_dnorm - norm * mean_dnorm_norm) * s;
-      di[c] = from_float<T>(to_float(di[c]) + g);
+    for (int c = lane * kVec; c < C; c += 32 * kVec) {
+      const Vec<T> xv = load_vec(x + c), dv = load_vec(d + c), wv = load_vec(weight + c);
+      Vec<T> out = load_vec(di + c);
+      for (int i = 0; i < kVec; ++i) {
+        const float norm = (to_float(xv.v[i]) - m) * s;
+        const float g = (to_float(wv.v[i]) * to_float(dv.v[i]) - mean_dnorm - norm * mean_dnorm_norm) * s;
+        out.v[i] = from_float<T>(to_float(out.v[i]) + g);
+      }
+      store_vec(di + c, out);
     }
   }
-  __syncthreads();
+  // The rows were just read: the column pass finds them in cache.
+  float* part = partial + int64_t{blockIdx.x} * 2 * C;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    atomicAdd(dweight + c, partial[c]);
-    atomicAdd(dbias + c, partial[C + c]);
+    float dw = 0.0f, db = 0.0f;
+    for (int row = begin; row < end; ++row) {
+      const float d = to_float(dout[int64_t{row} * C + c]);
+      dw += (to_float(inp[int64_t{row} * C + c]) - mean[row]) * rstd[row] * d;
+      db += d;
+    }
+    part[c] = dw;
+    part[C + c] = db;
+  }
+}
+
+__global__ void layernorm_reduce_kernel(float* dweight, float* dbias, const float* partial, int blocks, int C) {
+  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
+    float dw = 0.0f, db = 0.0f;
+    for (int b = 0; b < blocks; ++b) {
+      dw += partial[int64_t{b} * 2 * C + c];
+      db += partial[int64_t{b} * 2 * C + C + c];
+    }
+    dweight[c] += dw;
+    dbias[c] += db;
   }
 }
 
@@ -394,44 +432,58 @@ __global__ void attention_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const
 }
 
 // ------------------------------------------------------------------------------------------------
-// Softmax cross-entropy, one block per row.
+// Softmax cross-entropy, one block per row, two passes over the logits: an online maximum and sum
+// (16-byte loads), then the gradient written in place.
+
+// (m, s) represents s * exp(m): merging two such partial sums.
+__device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, float s2) {
+  const float mx = fmaxf(m, m2);
+  s = s * __expf(m - mx) + s2 * __expf(m2 - mx);
+  m = mx;
+}
 
 template <typename T>
 __global__ void softmax_xent_kernel(T* logits, int64_t ld, float* losses, const int32_t* targets, int V, float dscale,
                                     bool backward) {
-  __shared__ float shared[32];
-  const int64_t row = blockIdx.x;
-  T* x = logits + row * ld;
-  float m = -FLT_MAX;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, to_float(x[v]));
-  m = warp_max(m);
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = m;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float w = threadIdx.x < blockDim.x / 32 ? shared[threadIdx.x] : -FLT_MAX;
-    w = warp_max(w);
-    if (threadIdx.x == 0) shared[0] = w;
+  constexpr int kVec = Vec<T>::kSize;
+  __shared__ float shared_m[32], shared_s[32];
+  T* x = logits + blockIdx.x * ld;
+  const int full = V / kVec * kVec;  // rows start 16-byte aligned (ld is a multiple of the vector size)
+  float m = -FLT_MAX, s = 0.0f;
+  for (int v = threadIdx.x * kVec; v < full; v += blockDim.x * kVec) {
+    const Vec<T> xv = load_vec(x + v);
+    float vm = -FLT_MAX;
+    for (int i = 0; i < kVec; ++i) vm = fmaxf(vm, to_float(xv.v[i]));
+    float vs = 0.0f;
+    for (int i = 0; i < kVec; ++i) vs += __expf(to_float(xv.v[i]) - vm);
+    merge_max_sum(m, s, vm, vs);
+  }
+  for (int v = full + threadIdx.x; v < V; v += blockDim.x) merge_max_sum(m, s, to_float(x[v]), 1.0f);
+  for (int o = 16; o > 0; o >>= 1) {
+    merge_max_sum(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  }
+  if (threadIdx.x % 32 == 0) {
+    shared_m[threadIdx.x / 32] = m;
+    shared_s[threadIdx.x / 32] = s;
   }
   __syncthreads();
-  m = shared[0];
-  __syncthreads();
-  float sum = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) sum += __expf(to_float(x[v]) - m);
-  sum = warp_sum(sum);
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = sum;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float w = threadIdx.x < blockDim.x / 32 ? shared[threadIdx.x] : 0.0f;
-    w = warp_sum(w);
-    if (threadIdx.x == 0) shared[0] = w;
-  }
-  __syncthreads();
-  const float lse = m + __logf(shared[0]);
-  const int target = targets[row];
-  if (threadIdx.x == 0) losses[row] = lse - to_float(x[target]);
+  m = shared_m[0];
+  s = shared_s[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) merge_max_sum(m, s, shared_m[w], shared_s[w]);
+  const float lse = m + __logf(s);
+  const int target = targets[blockIdx.x];
+  if (threadIdx.x == 0) losses[blockIdx.x] = lse - to_float(x[target]);
   __syncthreads();  // the target logit is read before it is overwritten
   if (!backward) return;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+  for (int v = threadIdx.x * kVec; v < full; v += blockDim.x * kVec) {
+    Vec<T> xv = load_vec(x + v);
+    for (int i = 0; i < kVec; ++i) {
+      const float p = __expf(to_float(xv.v[i]) - lse);
+      xv.v[i] = from_float<T>((p - (v + i == target ? 1.0f : 0.0f)) * dscale);
+    }
+    store_vec(x + v, xv);
+  }
+  for (int v = full + threadIdx.x; v < V; v += blockDim.x) {
     const float p = __expf(to_float(x[v]) - lse);
     x[v] = from_float<T>((p - (v == target ? 1.0f : 0.0f)) * dscale);
   }
@@ -547,10 +599,15 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
 
 template <typename T>
 void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                        const float* mean, const float* rstd, int N, int C, cudaStream_t st) {
-  const int blocks = std::min((N + 7) / 8, 1024);
-  layernorm_backward_kernel<<<blocks, 256, 2 * C * sizeof(float), st>>>(dinp, dweight, dbias, dout, inp, weight, mean,
-                                                                        rstd, N, C);
+                        const float* mean, const float* rstd, int N, int C, float* scratch, cudaStream_t st) {
+  if (C % 8 != 0)
+    fail(ErrorKind::kInvalidInput, "CUDA LayerNorm needs a multiple of 8 channels, not " + std::to_string(C));
+  if (N == 0) return;
+  const int rows = (N + kLayerNormBlocks - 1) / kLayerNormBlocks;
+  const int blocks = (N + rows - 1) / rows;
+  layernorm_backward_kernel<<<blocks, 256, 0, st>>>(dinp, scratch, dout, inp, weight, mean, rstd, N, C, rows);
+  check_launch();
+  layernorm_reduce_kernel<<<(C + 255) / 256, 256, 0, st>>>(dweight, dbias, scratch, blocks, C);
   check_launch();
 }
 
@@ -629,6 +686,8 @@ template <typename T>
 void softmax_cross_entropy(T* logits, int64_t ld, float* losses, const int32_t* targets, int rows, int V, float dscale,
                            bool backward, cudaStream_t st) {
   if (rows == 0) return;
+  if (ld % Vec<T>::kSize != 0)
+    fail(ErrorKind::kInternal, "softmax_cross_entropy: row stride not a multiple of 16 bytes");
   softmax_xent_kernel<<<rows, 1024, 0, st>>>(logits, ld, losses, targets, V, dscale, backward);
   check_launch();
 }
@@ -671,7 +730,7 @@ void find_nonfinite(int* flag, const float* x, int64_t n, cudaStream_t st) {
   template void encoder_backward<T>(float*, float*, const T*, const int32_t*, int, int, int, cudaStream_t);         \
   template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, cudaStream_t);     \
   template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, const float*, \
-                                      int, int, cudaStream_t);                                                      \
+                                      int, int, float*, cudaStream_t);                                              \
   template void bias_forward<T>(T*, const T*, int, int, cudaStream_t);                                              \
   template void bias_backward<T>(float*, const T*, int, int, cudaStream_t);                                         \
   template void gelu_forward<T>(T*, const T*, int64_t, cudaStream_t);                                               \

@@ -24,10 +24,15 @@ void encoder_backward(float* dwte, float* dwpe, const T* dout, const int32_t* in
 template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
                        cudaStream_t st);
-// dinp (N, C) += ...; dweight, dbias (C) += ...
+// dinp (N, C) += ...; dweight, dbias (C) += ..., summed in a fixed order (deterministic) through
+// `scratch`, layernorm_scratch_floats(C) floats. C must be a multiple of 8.
+constexpr int kLayerNormBlocks = 512;
+constexpr int64_t layernorm_scratch_floats(int C) {
+  return int64_t{kLayerNormBlocks} * 2 * C;
+}
 template <typename T>
 void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                        const float* mean, const float* rstd, int N, int C, cudaStream_t st);
+                        const float* mean, const float* rstd, int N, int C, float* scratch, cudaStream_t st);
 
 // out (N, OC) += bias;  dbias (OC) += column sums of dout (N, OC)
 template <typename T>
