@@ -67,16 +67,27 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // Rows [r0, r0 + R) of a row-major matrix with leading dimension ld, HS columns, into shared memory
-// dst[R][HS + kPad]; rows at or past S are zero (so padding never produces NaN).
+// dst[R][HS + kPad], asynchronously (cp.async, 16 bytes at a time, no trip through registers); rows
+// at or past S are zero-filled, so padding never produces NaN. Complete after cp_async_wait and a
+// barrier.
 template <typename T, int R, int HS>
-__device__ void load_rows(T* dst, const T* src, int r0, int S, int64_t ld) {
-  constexpr int kVec = 8;  // 16 bytes per load
+__device__ void load_rows_async(T* dst, const T* src, int r0, int S, int64_t ld) {
+  constexpr int kVec = 8;
   for (int v = threadIdx.x; v < R * HS / kVec; v += blockDim.x) {
     const int r = v / (HS / kVec), c = (v % (HS / kVec)) * kVec;
-    uint4 x = make_uint4(0, 0, 0, 0);
-    if (r0 + r < S) x = *reinterpret_cast<const uint4*>(src + (r0 + r) * ld + c);
-    *reinterpret_cast<uint4*>(dst + r * (HS + kPad) + c) = x;
+    const bool valid = r0 + r < S;
+    const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(dst + r * (HS + kPad) + c));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr),
+                 "l"(valid ? src + (r0 + r) * ld + c : src), "r"(valid ? 16 : 0));
   }
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+// Waits until at most `pending` of this thread's committed groups are still in flight.
+template <int pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
 }
 
 // The a fragments of rows (row0, row0 + 8) x HS columns of a row-major matrix in global memory; rows
@@ -172,8 +183,9 @@ __device__ void store_rows(T* dst, const float (&acc)[HS / 8][4], int row0, int 
 template <typename T, int HS, int kBq, int kBk>
 __global__ void __launch_bounds__(kBq * 2)
     flash_forward_kernel(T* out, float* lse, const T* qkv, int S, int C, int NH, float scale_log2) {
-  __shared__ __align__(16) T ks[kBk * (HS + kPad)];
-  __shared__ __align__(16) T vs[kBk * (HS + kPad)];
+  constexpr int kTile = kBk * (HS + kPad);
+  __shared__ __align__(16) T k_tiles[2 * kTile];  // double-buffered: the next tile loads during this one
+  __shared__ __align__(16) T v_tiles[2 * kTile];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / NH, h = blockIdx.y % NH;
   const int q0 = (gridDim.x - 1 - blockIdx.x) * kBq;  // the longest rows (most keys) start first
@@ -185,12 +197,25 @@ __global__ void __launch_bounds__(kBq * 2)
   load_a_fragments<T, HS>(qa, q_base, row0, S, ld);
   float o[HS / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-  const int k_end = min(S, q0 + kBq);
-  for (int k0 = 0; k0 < k_end; k0 += kBk) {
-    __syncthreads();
-    load_rows<T, kBk, HS>(ks, q_base + C, k0, S, ld);
-    load_rows<T, kBk, HS>(vs, q_base + 2 * C, k0, S, ld);
-    __syncthreads();
+  const int tiles = (min(S, q0 + kBq) + kBk - 1) / kBk;
+  auto fetch = [&](int tile) {
+    load_rows_async<T, kBk, HS>(k_tiles + (tile % 2) * kTile, q_base + C, tile * kBk, S, ld);
+    load_rows_async<T, kBk, HS>(v_tiles + (tile % 2) * kTile, q_base + 2 * C, tile * kBk, S, ld);
+    cp_async_commit();
+  };
+  fetch(0);
+  for (int tile = 0; tile < tiles; ++tile) {
+    __syncthreads();  // every warp is done with the buffer the next fetch overwrites
+    if (tile + 1 < tiles) {
+      fetch(tile + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // this tile has landed, for every thread
+    const int k0 = tile * kBk;
+    const T* ks = k_tiles + (tile % 2) * kTile;
+    const T* vs = v_tiles + (tile % 2) * kTile;
     if (k0 > warp_last) continue;  // every key of the tile follows every query of this warp
     float s[kBk / 8][4];
     mma_abt<T, HS, kBk / 8>(s, qa, ks);
@@ -252,8 +277,9 @@ template <typename T, int HS, int kBq, int kBk>
 __global__ void __launch_bounds__(kBq * 2)
     flash_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int S, int C, int NH,
                     float scale, float scale_log2) {
-  __shared__ __align__(16) T ks[kBk * (HS + kPad)];
-  __shared__ __align__(16) T vs[kBk * (HS + kPad)];
+  constexpr int kTile = kBk * (HS + kPad);
+  __shared__ __align__(16) T k_tiles[2 * kTile];
+  __shared__ __align__(16) T v_tiles[2 * kTile];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / NH, h = blockIdx.y % NH;
   const int q0 = (gridDim.x - 1 - blockIdx.x) * kBq;
@@ -270,12 +296,25 @@ __global__ void __launch_bounds__(kBq * 2)
   const float delta0 = row0 < S ? delta[stats + row0] : 0.0f;
   const float delta1 = row1 < S ? delta[stats + row1] : 0.0f;
   float dq[HS / 8][4] = {};
-  const int k_end = min(S, q0 + kBq);
-  for (int k0 = 0; k0 < k_end; k0 += kBk) {
+  const int tiles = (min(S, q0 + kBq) + kBk - 1) / kBk;
+  auto fetch = [&](int tile) {
+    load_rows_async<T, kBk, HS>(k_tiles + (tile % 2) * kTile, q_base + C, tile * kBk, S, ld);
+    load_rows_async<T, kBk, HS>(v_tiles + (tile % 2) * kTile, q_base + 2 * C, tile * kBk, S, ld);
+    cp_async_commit();
+  };
+  fetch(0);
+  for (int tile = 0; tile < tiles; ++tile) {
     __syncthreads();
-    load_rows<T, kBk, HS>(ks, q_base + C, k0, S, ld);
-    load_rows<T, kBk, HS>(vs, q_base + 2 * C, k0, S, ld);
+    if (tile + 1 < tiles) {
+      fetch(tile + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     __syncthreads();
+    const int k0 = tile * kBk;
+    const T* ks = k_tiles + (tile % 2) * kTile;
+    const T* vs = v_tiles + (tile % 2) * kTile;
     if (k0 > warp_last) continue;
     float s[kBk / 8][4], dp[kBk / 8][4];
     mma_abt<T, HS, kBk / 8>(s, qa, ks);
@@ -303,9 +342,10 @@ template <typename T, int HS, int kBq, int kBk>
 __global__ void __launch_bounds__(kBk * 2)
     flash_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int S, int C, int NH,
                      float scale, float scale_log2) {
-  __shared__ __align__(16) T qs[kBq * (HS + kPad)];
-  __shared__ __align__(16) T dos[kBq * (HS + kPad)];
-  __shared__ float lse_s[kBq], delta_s[kBq];
+  constexpr int kTile = kBq * (HS + kPad);
+  __shared__ __align__(16) T q_tiles[2 * kTile];
+  __shared__ __align__(16) T do_tiles[2 * kTile];
+  __shared__ float lse_tiles[2 * kBq], delta_tiles[2 * kBq];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / NH, h = blockIdx.y % NH;
   const int k0 = blockIdx.x * kBk;  // the first key tiles see the most queries and start first
@@ -319,16 +359,33 @@ __global__ void __launch_bounds__(kBk * 2)
   load_a_fragments<T, HS>(ka, q_base + C, key0, S, ld);
   load_a_fragments<T, HS>(va, q_base + 2 * C, key0, S, ld);
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
-  for (int q0 = k0 / kBq * kBq; q0 < S; q0 += kBq) {
-    __syncthreads();
-    load_rows<T, kBq, HS>(qs, q_base, q0, S, ld);
-    load_rows<T, kBq, HS>(dos, do_base, q0, S, C);
+  const int first_tile = k0 / kBq, tiles = (S + kBq - 1) / kBq;
+  auto fetch = [&](int tile) {
+    const int q0 = tile * kBq, buf = tile % 2;
+    load_rows_async<T, kBq, HS>(q_tiles + buf * kTile, q_base, q0, S, ld);
+    load_rows_async<T, kBq, HS>(do_tiles + buf * kTile, do_base, q0, S, C);
+    cp_async_commit();
     for (int i = threadIdx.x; i < kBq; i += blockDim.x) {
       // A query past the end gets lse = inf: its probabilities are exactly 0.
-      lse_s[i] = q0 + i < S ? lse[stats + q0 + i] * kLog2e : INFINITY;
-      delta_s[i] = q0 + i < S ? delta[stats + q0 + i] : 0.0f;
+      lse_tiles[buf * kBq + i] = q0 + i < S ? lse[stats + q0 + i] * kLog2e : INFINITY;
+      delta_tiles[buf * kBq + i] = q0 + i < S ? delta[stats + q0 + i] : 0.0f;
+    }
+  };
+  fetch(first_tile);
+  for (int tile = first_tile; tile < tiles; ++tile) {
+    __syncthreads();
+    if (tile + 1 < tiles) {
+      fetch(tile + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
     __syncthreads();
+    const int q0 = tile * kBq, buf = tile % 2;
+    const T* qs = q_tiles + buf * kTile;
+    const T* dos = do_tiles + buf * kTile;
+    const float* lse_s = lse_tiles + buf * kBq;
+    const float* delta_s = delta_tiles + buf * kBq;
     if (q0 + kBq - 1 < warp_first) continue;  // every query of the tile precedes every key of this warp
     float pt[kBq / 8][4], dpt[kBq / 8][4];
     mma_abt<T, HS, kBq / 8>(pt, ka, qs);
