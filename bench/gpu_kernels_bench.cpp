@@ -173,7 +173,7 @@ int run(int argc, char** argv) {
   add("head gemm dwte", head_blocks, [&] {
     gemm<T, float>(cublas, true, false, V, C, head_rows, 1.0f, logits.data(), ldv, x.data(), C, 1.0f, gwte.data(), C);
   });
-  const AdamWArgs args{6e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 6e-4f, 1.0f, 1.0f, true};
+  const AdamWCoefficients args = AdamWCoefficients::of({6e-4, 0.9, 0.95, 1e-8, 0.1, true, true, 1, 1.0});
   add("adamw (all parameters)", 1,
       [&] { adamw(master.data(), m.data(), v.data(), g.data(), params.data(), P, args, st); });
 

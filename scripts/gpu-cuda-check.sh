@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CUDA backend checks on the GPU machine, in one call: build, the CUDA tests (1 rank, and 2 ranks when
 # two GPUs are visible), the per-kernel time of a GPT-2 step, and the training speed benchmark
-# (PYTORCH=1: with PyTorch side by side; OFFLOAD=1: with ZeRO-Offload; STEPS=n timed steps).
+# (PYTORCH=1: with PyTorch side by side; STEPS=n timed steps), and gpt2-xl (1.5 B parameters) at
+# stage 3 on 2 GPUs and at stage 2 with the optimizer offloaded to the CPU on 1 GPU (XL=0 skips it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
@@ -22,4 +23,22 @@ build-gpu/bench/shardkit_gpu_kernels_bench | tee "$out/kernels.txt"
 
 log "training speed (bench/gpu_vs_pytorch.py${PYTORCH:+, with PyTorch})"
 python3 bench/gpu_vs_pytorch.py --shardkit build-gpu/shardkit --steps "${STEPS:-15}" \
-  $([ -z "${PYTORCH:-}" ] && echo --skip-pytorch) ${OFFLOAD:+--offload} 2>&1 | tee "$out/speed.txt" | tail -12
+  $([ -z "${PYTORCH:-}" ] && echo --skip-pytorch) --offload 2>&1 | tee "$out/speed.txt" | tail -12
+
+if [ "${XL:-1}" != 0 ]; then
+  log "gpt2-xl: the memory each GPU holds, and a few steps"
+  python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 50257, 4_000_000).astype('<u2').tofile('$out/xl.bin')"
+  xl() {  # xl <ranks> <stage> <offload: true|false>
+    cat > "$out/xl.json" <<JSON
+{"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+ "bf16": {"enabled": true}, "steps_per_print": 1,
+ "zero_optimization": {"stage": $2 $([ "$3" = true ] && echo ', "offload_optimizer": {"device": "cpu", "pin_memory": true}')},
+ "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}}}
+JSON
+    timeout 300 mpirun -n "$1" --bind-to none build-gpu/shardkit train --config "$out/xl.json" --model gpt2-xl \
+      --data "$out/xl.bin" --steps 4 --device cuda 2>&1 | grep -E "rank [0-9]|step +[0-9]|error" | head -12
+    nvidia-smi --query-gpu=index,memory.total --format=csv,noheader
+  }
+  if [ "$gpus" -ge 2 ]; then echo "-- stage 3, 2 GPUs"; xl 2 3 false; fi
+  echo "-- stage 2 + CPU optimizer offload, 1 GPU"; xl 1 2 true
+fi

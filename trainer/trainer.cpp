@@ -188,10 +188,11 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
 
   // Every rank reports what it holds, so that ZeRO's 1/N savings are visible.
   const MemoryReport m = s.backend->memory();
+  const std::string optimizer = m.host_optimizer_states > 0 ? human_bytes(m.host_optimizer_states) + " (in host memory)"
+                                                            : human_bytes(m.optimizer_states);
   const std::string mine = "rank " + std::to_string(comm.rank()) + ": parameters " + human_bytes(m.parameters) +
-                           ", gradients " + human_bytes(m.gradients) + ", optimizer states " +
-                           human_bytes(m.optimizer_states) + ", activations " +
-                           human_bytes(s.backend->activation_bytes());
+                           ", gradients " + human_bytes(m.gradients) + ", optimizer states " + optimizer +
+                           ", activations " + human_bytes(s.backend->activation_bytes());
   const std::vector<std::string> all = comm.gather(mine);
   s.log("model " + s.model_config.name + ": " + std::to_string(s.table.total_elements()) + " parameters; " +
         std::to_string(comm.size()) + " ranks, ZeRO stage " + std::to_string(s.config.zero.stage) + "; batch " +

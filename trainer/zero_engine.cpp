@@ -281,29 +281,7 @@ bool ZeroEngine::global_overflow() {
 }
 
 void ZeroEngine::step(const AdamWStep& s) {
-  const std::span<float> grads = optimizer_grads();
-  const double bc1 = s.bias_correction ? 1.0 - std::pow(s.beta1, static_cast<double>(s.step)) : 1.0;
-  const double bc2 = s.bias_correction ? 1.0 - std::pow(s.beta2, static_cast<double>(s.step)) : 1.0;
-  const float b1 = static_cast<float>(s.beta1), b2 = static_cast<float>(s.beta2);
-  const float lr = static_cast<float>(s.lr), eps = static_cast<float>(s.eps), wd = static_cast<float>(s.weight_decay);
-  const float mult = static_cast<float>(s.grad_multiplier);
-  const float step_size = static_cast<float>(s.lr / bc1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  float* p = master_.data();
-  float* m = exp_avg_.data();
-  float* v = exp_avg_sq_.data();
-  const float* gr = grads.data();
-  const int64_t n = static_cast<int64_t>(grads.size());
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    float g = gr[i] * mult;
-    if (!s.adam_w_mode) g += wd * p[i];  // Adam with L2 regularisation
-    m[i] = b1 * m[i] + (1.0f - b1) * g;
-    v[i] = b2 * v[i] + (1.0f - b2) * g * g;
-    const float denom = std::sqrt(v[i]) * inv_sqrt_bc2 + eps;
-    if (s.adam_w_mode) p[i] -= lr * wd * p[i];  // decoupled weight decay (AdamW)
-    p[i] -= step_size * m[i] / denom;
-  }
+  cpu_adamw(master_, exp_avg_, exp_avg_sq_, optimizer_grads(), AdamWCoefficients::of(s));
   publish_params();
 }
 

@@ -20,25 +20,18 @@
 
 #include "ckpt/layout.hpp"
 #include "comm/mpi.hpp"
+#include "trainer/adamw.hpp"
 #include "trainer/ds_config.hpp"
 #include "trainer/param_store.hpp"
 
 namespace shardkit::trainer {
 
-struct AdamWStep {
-  double lr = 0;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
-  bool adam_w_mode = true;
-  bool bias_correction = true;
-  int64_t step = 1;            // 1-based count of optimizer steps taken, this one included
-  double grad_multiplier = 1;  // applied to the summed gradients first (1 / (W * loss scale * clip))
-};
-
 // Bytes the rank holds persistently, for the start-up report.
 struct MemoryReport {
   int64_t parameters = 0;
   int64_t gradients = 0;
-  int64_t optimizer_states = 0;  // fp32 master weights + exp_avg + exp_avg_sq
+  int64_t optimizer_states = 0;       // fp32 master weights + exp_avg + exp_avg_sq
+  int64_t host_optimizer_states = 0;  // the same, where offloaded to host memory (GPU ranks)
 };
 
 class ZeroEngine final : public ParameterStore {

@@ -36,7 +36,7 @@ class Workspace : public testing::SharedDir {
  public:
   explicit Workspace(comm::MpiCollective& world) : SharedDir(world) { write_tokens("tokens.bin", 60000); }
 
-  std::filesystem::path config(int stage, const std::string& precision, const std::string& name) {
+  std::filesystem::path config(int stage, const std::string& precision, const std::string& name, bool offload = false) {
     nlohmann::json j = {
         {"train_batch_size", 8},
         {"gradient_accumulation_steps", 2},
@@ -44,6 +44,7 @@ class Workspace : public testing::SharedDir {
         {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 50000}, {"allgather_bucket_size", 60000}}},
         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"weight_decay", 0.01}}}}}};
     if (precision == "bf16") j["bf16"] = {{"enabled", true}};
+    if (offload) j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
     return write_json(name + ".json", j);
   }
 };
@@ -109,6 +110,29 @@ TEST(CudaTrain, EveryStageAgrees) {
         train(world, options(ws.config(stage, "fp32", "s" + std::to_string(stage)), ws / "tokens.bin", 6, "cuda"));
     expect_close(got, reference, 0, 1e-5, "stage " + std::to_string(stage));
   }
+}
+
+// ZeRO-Offload: the CPU AdamW gives the GPU optimizer's losses at every stage and in bf16, and an
+// offloaded run's checkpoint resumes without offload (it is the same checkpoint).
+TEST(CudaTrain, CpuOptimizerOffloadMatchesTheGpuOptimizer) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  REQUIRE_GPUS(world);
+  Workspace ws(world);
+  for (int stage = 1; stage <= 3; ++stage) {
+    const std::string s = std::to_string(stage);
+    const auto on_gpu = train(world, options(ws.config(stage, "fp32", "gpu" + s), ws / "tokens.bin", 6, "cuda"));
+    const auto offloaded =
+        train(world, options(ws.config(stage, "fp32", "off" + s, true), ws / "tokens.bin", 6, "cuda"));
+    expect_close(offloaded, on_gpu, 0, 1e-5, "offloaded stage " + s);
+  }
+  const auto bf16 = train(world, options(ws.config(2, "bf16", "bf16"), ws / "tokens.bin", 20, "cuda"));
+  TrainOptions off = options(ws.config(2, "bf16", "bf16off", true), ws / "tokens.bin", 20, "cuda");
+  off.save_dir = ws / "offloaded";
+  off.save_interval = 10;
+  expect_close(train(world, off), bf16, 0, 1e-3, "offloaded bf16");
+  TrainOptions resumed = options(ws.config(2, "bf16", "bf16on"), ws / "tokens.bin", 20, "cuda");
+  resumed.resume = (off.save_dir / "step-00000010").string();
+  expect_close(train(world, resumed), bf16, 10, 1e-3, "offloaded checkpoint resumed on the GPU optimizer");
 }
 
 TEST(CudaTrain, CheckpointsMoveBetweenGpuAndCpu) {

@@ -44,9 +44,13 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<Tens
   if (stage <= 2) params_full_.resize(full);
   if (stage <= 1) grads_full_.resize(full);
   const size_t view = stage == 0 ? full : flat;
-  master_.resize(view);
-  exp_avg_.resize(view);
-  exp_avg_sq_.resize(view);
+  if (config.offload_optimizer.device == "cpu") {
+    host_ = std::make_unique<HostOptimizer<T>>(view);
+  } else {
+    master_.resize(view);
+    exp_avg_.resize(view);
+    exp_avg_sq_.resize(view);
+  }
   if (stage >= 1) grad_part_.resize(flat);
   if (stage == 3) {
     param_part_.resize(flat);
@@ -64,6 +68,7 @@ MemoryReport GpuZeroEngine<T>::memory() const noexcept {
   r.parameters = static_cast<int64_t>(params_full_.bytes() + param_part_.bytes());
   r.gradients = static_cast<int64_t>(grads_full_.bytes() + grad_part_.bytes());
   r.optimizer_states = static_cast<int64_t>(master_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes());
+  if (host_) r.host_optimizer_states = host_->state_bytes();
   return r;
 }
 
@@ -90,34 +95,58 @@ int64_t GpuZeroEngine<T>::owned_size() const noexcept {
 
 template <typename T>
 void GpuZeroEngine<T>::initialize(const InitFn& init) {
-  std::vector<float> host(master_.size(), 0.0f);
-  for (const ckpt::Fragment& f : plan()) {
-    init(f.tensor, f.tensor_offset, std::span<float>(host.data() + f.flat_offset, static_cast<size_t>(f.length)));
+  std::vector<float> staging;
+  std::span<float> host;
+  if (host_) {
+    host = host_->master();  // moments start at zero where they live
+  } else {
+    staging.assign(master_.size(), 0.0f);
+    host = staging;
+    CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
+    CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
   }
-  CUDA_CHECK(cudaMemcpy(master_.data(), host.data(), master_.bytes(), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
-  CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
+  for (const ckpt::Fragment& f : plan()) {
+    init(f.tensor, f.tensor_offset, host.subspan(static_cast<size_t>(f.flat_offset), static_cast<size_t>(f.length)));
+  }
+  if (!host_) CUDA_CHECK(cudaMemcpy(master_.data(), host.data(), master_.bytes(), cudaMemcpyHostToDevice));
   publish_params();
 }
 
 template <typename T>
 void GpuZeroEngine<T>::load(const LoadFn& read) {
-  std::vector<float> host(master_.size());
-  DeviceBuffer<float>* targets[3] = {&master_, &exp_avg_, &exp_avg_sq_};
+  std::vector<float> staging;
+  DeviceBuffer<float>* devices[3] = {&master_, &exp_avg_, &exp_avg_sq_};
   for (int s = 0; s < 3; ++s) {
+    std::span<float> host;
+    if (host_) {
+      host = s == 0 ? host_->master() : s == 1 ? host_->exp_avg() : host_->exp_avg_sq();
+    } else {
+      staging.resize(master_.size());
+      host = staging;
+    }
     std::fill(host.begin(), host.end(), 0.0f);
     for (const ckpt::Fragment& f : plan()) {
-      read(f.tensor, s, f.tensor_offset, std::span<float>(host.data() + f.flat_offset, static_cast<size_t>(f.length)));
+      read(f.tensor, s, f.tensor_offset,
+           host.subspan(static_cast<size_t>(f.flat_offset), static_cast<size_t>(f.length)));
     }
-    CUDA_CHECK(cudaMemcpy(targets[s]->data(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+    if (!host_) {
+      CUDA_CHECK(cudaMemcpy(devices[s]->data(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+    }
   }
   publish_params();
 }
 
 template <typename T>
 void GpuZeroEngine<T>::snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq) {
-  const DeviceBuffer<float>* sources[3] = {&master_, &exp_avg_, &exp_avg_sq_};
   const std::span<float> targets[3] = {master, exp_avg, exp_avg_sq};
+  if (host_) {
+    const std::span<float> sources[3] = {host_->master(), host_->exp_avg(), host_->exp_avg_sq()};
+    for (int s = 0; s < 3; ++s) {
+      std::copy_n(sources[s].begin() + owned_offset(), owned_size(), targets[s].begin());
+    }
+    return;
+  }
+  const DeviceBuffer<float>* sources[3] = {&master_, &exp_avg_, &exp_avg_sq_};
   for (int s = 0; s < 3; ++s) {
     CUDA_CHECK(cudaMemcpyAsync(targets[s].data(), sources[s]->data() + owned_offset(),
                                static_cast<size_t>(owned_size()) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
@@ -126,17 +155,25 @@ void GpuZeroEngine<T>::snapshot(std::span<float> master, std::span<float> exp_av
 }
 
 template <typename T>
+T* GpuZeroEngine<T>::owned_params() {
+  const int stage = layout_.stage();
+  return stage == 0   ? params_full_.data()
+         : stage <= 2 ? params_full_.data() + rank_ * layout_.partition_size()
+                      : param_part_.data();
+}
+
+template <typename T>
 void GpuZeroEngine<T>::publish_params() {
   const int stage = layout_.stage();
-  if (stage == 0) {
-    cast_from_float(params_full_.data(), master_.data(), static_cast<int64_t>(master_.size()), stream_);
-  } else if (stage <= 2) {
-    const int64_t P = layout_.partition_size();
-    T* mine = params_full_.data() + rank_ * P;
-    cast_from_float(mine, master_.data(), P, stream_);
-    NCCL_CHECK(ncclAllGather(mine, params_full_.data(), static_cast<size_t>(P), nccl_type<T>(), nccl_, stream_));
+  T* mine = owned_params();
+  if (host_) {
+    host_->upload(mine, stream_);
   } else {
-    cast_from_float(param_part_.data(), master_.data(), static_cast<int64_t>(master_.size()), stream_);
+    cast_from_float(mine, master_.data(), static_cast<int64_t>(master_.size()), stream_);
+  }
+  if (stage == 1 || stage == 2) {
+    const int64_t P = layout_.partition_size();
+    NCCL_CHECK(ncclAllGather(mine, params_full_.data(), static_cast<size_t>(P), nccl_type<T>(), nccl_, stream_));
   }
 }
 
@@ -355,26 +392,16 @@ bool GpuZeroEngine<T>::global_overflow() {
 template <typename T>
 void GpuZeroEngine<T>::step(const AdamWStep& s) {
   const int stage = layout_.stage();
-  AdamWArgs a;
-  const double bc1 = s.bias_correction ? 1.0 - std::pow(s.beta1, static_cast<double>(s.step)) : 1.0;
-  const double bc2 = s.bias_correction ? 1.0 - std::pow(s.beta2, static_cast<double>(s.step)) : 1.0;
-  a.lr = static_cast<float>(s.lr);
-  a.beta1 = static_cast<float>(s.beta1);
-  a.beta2 = static_cast<float>(s.beta2);
-  a.eps = static_cast<float>(s.eps);
-  a.weight_decay = static_cast<float>(s.weight_decay);
-  a.step_size = static_cast<float>(s.lr / bc1);
-  a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  a.grad_multiplier = static_cast<float>(s.grad_multiplier);
-  a.adam_w_mode = s.adam_w_mode;
   const float* grads = stage == 0 ? grads_full_.data() : grad_part_.data();
   // The update writes the compute-precision copy directly where the model reads it (stage 0: the
   // replicated buffer; 1-2: this rank's partition of it, then all-gathered; 3: the partition).
-  T* params = stage == 0   ? params_full_.data()
-              : stage <= 2 ? params_full_.data() + rank_ * layout_.partition_size()
-                           : param_part_.data();
-  adamw(master_.data(), exp_avg_.data(), exp_avg_sq_.data(), grads, params, static_cast<int64_t>(master_.size()), a,
-        stream_);
+  T* params = owned_params();
+  if (host_) {
+    host_->step(grads, params, AdamWCoefficients::of(s), stream_);
+  } else {
+    adamw(master_.data(), exp_avg_.data(), exp_avg_sq_.data(), grads, params, static_cast<int64_t>(master_.size()),
+          AdamWCoefficients::of(s), stream_);
+  }
   if (stage == 1 || stage == 2) {
     const int64_t P = layout_.partition_size();
     NCCL_CHECK(ncclAllGather(params, params_full_.data(), static_cast<size_t>(P), nccl_type<T>(), nccl_, stream_));

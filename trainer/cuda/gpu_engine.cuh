@@ -1,6 +1,8 @@
 // ZeRO on GPUs: the rank's share of parameters (in T), fp32 gradients, fp32 master weights and AdamW
-// moments in device memory, partitioned by ckpt's layout function exactly as the CPU engine does
-// (zero_engine.hpp describes the stages), with NCCL collectives on the compute stream.
+// moments in device memory -- or, with offload_optimizer {device: cpu}, the master weights and moments
+// in host memory and the update on the CPU (host_optimizer.cuh) -- partitioned by ckpt's layout
+// function exactly as the CPU engine does (zero_engine.hpp describes the stages), with NCCL
+// collectives on the compute stream.
 #pragma once
 
 #include <map>
@@ -11,6 +13,7 @@
 #include "ckpt/layout.hpp"
 #include "trainer/backend.hpp"
 #include "trainer/cuda/gpu_model.cuh"
+#include "trainer/cuda/host_optimizer.cuh"
 
 namespace shardkit::trainer::cuda {
 
@@ -46,6 +49,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   int64_t owned_offset() const noexcept;  // first element of the owned slice within the optimizer view
   int64_t owned_size() const noexcept;
   void publish_params();
+  T* owned_params();  // where this rank's share of the parameters lives in T
   void flush_pending_grads();
   void reduce_stage2(int first, int last);
   void reduce_stage3(int first, int last);
@@ -69,6 +73,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   DeviceBuffer<T> param_part_;      // stage 3: the partition in T, gathered from
   // Optimizer view: stage 0 the full W * P, stages 1-2 the partition P, stage 3 the slots F.
   DeviceBuffer<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
+  std::unique_ptr<HostOptimizer<T>> host_;  // offloaded: master weights and moments (then not on the device)
 
   std::vector<DeviceBuffer<T>> gathered_;  // stage 3: full tensors of acquired groups
   std::vector<int> acquired_count_;

@@ -499,21 +499,21 @@ __global__ void cast_kernel(T* out, const float* in, int64_t n) {
   }
 }
 
+// The same update as trainer/adamw.cpp's CPU version, element for element.
 template <typename T>
-__global__ void adamw_kernel(float* p, float* m, float* v, const float* grad, T* params, int64_t n, AdamWArgs a) {
+__global__ void adamw_kernel(float* w, float* m, float* v, const float* grad, T* params, int64_t n,
+                             AdamWCoefficients c) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    float g = grad[i] * a.grad_multiplier;
-    float w = p[i];
-    if (!a.adam_w_mode) g += a.weight_decay * w;  // Adam with L2 regularisation
-    const float mi = a.beta1 * m[i] + (1.0f - a.beta1) * g;
-    const float vi = a.beta2 * v[i] + (1.0f - a.beta2) * g * g;
-    const float denom = sqrtf(vi) * a.inv_sqrt_bc2 + a.eps;
-    if (a.adam_w_mode) w -= a.lr * a.weight_decay * w;  // decoupled weight decay
-    w -= a.step_size * mi / denom;
+    const float g = grad[i] * c.grad_multiplier + c.l2 * w[i];
+    const float mi = c.beta1 * m[i] + (1.0f - c.beta1) * g;
+    const float vi = c.beta2 * v[i] + (1.0f - c.beta2) * g * g;
+    const float denom = sqrtf(vi) * c.inv_sqrt_bc2 + c.eps;
+    float wi = w[i] - c.decay * w[i];
+    wi -= c.step_size * mi / denom;
     m[i] = mi;
     v[i] = vi;
-    p[i] = w;
-    if (params) params[i] = from_float<T>(w);
+    w[i] = wi;
+    if (params) params[i] = from_float<T>(wi);
   }
 }
 
@@ -701,9 +701,9 @@ void cast_from_float(T* out, const float* in, int64_t n, cudaStream_t st) {
 
 template <typename T>
 void adamw(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, T* params, int64_t n,
-           const AdamWArgs& args, cudaStream_t st) {
+           const AdamWCoefficients& c, cudaStream_t st) {
   if (n == 0) return;
-  adamw_kernel<<<blocks_for(n, 256), 256, 0, st>>>(master, exp_avg, exp_avg_sq, grad, params, n, args);
+  adamw_kernel<<<blocks_for(n, 256), 256, 0, st>>>(master, exp_avg, exp_avg_sq, grad, params, n, c);
   check_launch();
 }
 
@@ -741,7 +741,7 @@ void find_nonfinite(int* flag, const float* x, int64_t n, cudaStream_t st) {
                                       cudaStream_t);                                                                \
   template void softmax_cross_entropy<T>(T*, int64_t, float*, const int32_t*, int, int, float, bool, cudaStream_t); \
   template void cast_from_float<T>(T*, const float*, int64_t, cudaStream_t);                                        \
-  template void adamw<T>(float*, float*, float*, const float*, T*, int64_t, const AdamWArgs&, cudaStream_t);
+  template void adamw<T>(float*, float*, float*, const float*, T*, int64_t, const AdamWCoefficients&, cudaStream_t);
 
 SHARDKIT_INSTANTIATE(float)
 SHARDKIT_INSTANTIATE(__nv_bfloat16)

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "trainer/adamw.hpp"
+
 namespace shardkit::trainer::cuda {
 
 // out (N, C) = wte[inputs] + wpe[s]
@@ -70,17 +72,11 @@ void softmax_cross_entropy(T* logits, int64_t ld, float* losses, const int32_t* 
 template <typename T>
 void cast_from_float(T* out, const float* in, int64_t n, cudaStream_t st);
 
-struct AdamWArgs {
-  float lr, beta1, beta2, eps, weight_decay;
-  float step_size;     // lr / bias_correction1
-  float inv_sqrt_bc2;  // 1 / sqrt(bias_correction2)
-  float grad_multiplier;
-  bool adam_w_mode;
-};
-// AdamW on fp32 master weights and moments; `params` (may be null) receives the updated weights in T.
+// AdamW on fp32 master weights and moments (trainer/adamw.hpp gives the formula); `params` (may be
+// null) receives the updated weights in T.
 template <typename T>
 void adamw(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, T* params, int64_t n,
-           const AdamWArgs& args, cudaStream_t st);
+           const AdamWCoefficients& c, cudaStream_t st);
 
 // accum[0] += sum(x^2) (double); flag[0] |= any non-finite in x
 void sum_squares(double* accum, const float* x, int64_t n, cudaStream_t st);
