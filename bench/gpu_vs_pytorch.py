@@ -100,7 +100,8 @@ def pytorch_tokens_per_s(compiled, tokens):
 
 def shardkit_tokens_per_s(tmp, data, ranks, stage, offload=False):
     config = {"train_batch_size": args.batch * ranks, "gradient_clipping": 1.0, "bf16": {"enabled": True},
-              "zero_optimization": {"stage": stage, "overlap_comm": True, "contiguous_gradients": True},
+              "zero_optimization": {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
+                                    "reduce_bucket_size": 25_000_000, "allgather_bucket_size": 25_000_000},
               "optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "weight_decay": 0.1}}}
     if offload:
         config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}

@@ -22,6 +22,12 @@ ncclDataType_t nccl_type<__half>() {
   return ncclHalf;
 }
 
+// Scratch buffers only ever grow: reallocating (cudaFree) would synchronise the device.
+template <typename U>
+void grow(DeviceBuffer<U>& buffer, size_t count) {
+  if (buffer.size() < count) buffer.resize(count);
+}
+
 }  // namespace
 
 template <typename T>
@@ -58,6 +64,8 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<Tens
   }
   if (stage >= 2) grad_buffers_.resize(table.size());
   acquired_count_.assign(groups_.size(), 0);
+  prefetched_.assign(groups_.size(), 0);
+  for (size_t g = 0; g < groups_.size(); ++g) gathered_at_.push_back(std::make_unique<Event>());
   scalar_.resize(1);
   flag_.resize(1);
 }
@@ -183,9 +191,36 @@ int64_t GpuZeroEngine<T>::slot_end(int last_tensor) const {
 }
 
 template <typename T>
+void GpuZeroEngine<T>::wait(cudaStream_t waiter, cudaStream_t producer) {
+  if (waiter != producer) order_.order(producer, waiter);
+}
+
+template <typename T>
 void GpuZeroEngine<T>::acquire(int group) {
   if (layout_.stage() != 3 || acquired_count_[static_cast<size_t>(group)]++ > 0) return;
+  if (!prefetched_[static_cast<size_t>(group)]) gather(group);
+  prefetched_[static_cast<size_t>(group)] = 0;
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, gathered_at_[static_cast<size_t>(group)]->get(), 0));
+  // The model walks the blocks up in the forward pass and down in the backward pass: gather the next
+  // one in the same direction while this one computes.
+  const int next = last_acquired_ < 0 ? -1 : group + (group > last_acquired_ ? 1 : -1);
+  last_acquired_ = group;
+  if (!config_.overlap_comm || next < 0 || next >= static_cast<int>(groups_.size())) return;
+  const TensorGroup& n = groups_[static_cast<size_t>(next)];
+  int64_t elements = 0;
+  for (int t = n.first; t < n.last; ++t) elements += numel(t);
+  if (acquired_count_[static_cast<size_t>(next)] == 0 && !prefetched_[static_cast<size_t>(next)] &&
+      elements <= config_.stage3_prefetch_bucket_size) {
+    gather(next);
+    prefetched_[static_cast<size_t>(next)] = 1;
+  }
+}
+
+template <typename T>
+void GpuZeroEngine<T>::gather(int group) {
   const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  cudaStream_t st = comm();
+  wait(st, stream_);  // the partition is current (the optimizer step wrote it on the compute stream)
   int a = g.first;
   while (a < g.last) {
     // A bucket: consecutive tensors whose slots together fit allgather_bucket_size (at least one).
@@ -193,33 +228,44 @@ void GpuZeroEngine<T>::acquire(int group) {
     while (b < g.last && slot_end(b + 1) - layout_.slot_offset(a) <= config_.allgather_bucket_size) ++b;
     const int64_t base = layout_.slot_offset(a);
     const int64_t span = slot_end(b) - base;
-    gather_recv_.resize(static_cast<size_t>(span * world_));
+    grow(gather_recv_, static_cast<size_t>(span * world_));
     NCCL_CHECK(ncclAllGather(param_part_.data() + base, gather_recv_.data(), static_cast<size_t>(span), nccl_type<T>(),
-                             nccl_, stream_));
+                             nccl_, st));
     for (int t = a; t < b; ++t) {
       const int64_t n = numel(t), piece = layout_.piece_size(t);
       DeviceBuffer<T>& full = gathered_[static_cast<size_t>(t)];
-      full.resize(static_cast<size_t>(n));
+      full = gather_pool_.take(static_cast<size_t>(n), st);
       for (int r = 0; r < world_; ++r) {
         const int64_t count = std::clamp<int64_t>(n - r * piece, 0, piece);
         if (count == 0) continue;
         CUDA_CHECK(cudaMemcpyAsync(full.data() + r * piece,
                                    gather_recv_.data() + r * span + (layout_.slot_offset(t) - base),
-                                   static_cast<size_t>(count) * sizeof(T), cudaMemcpyDeviceToDevice, stream_));
+                                   static_cast<size_t>(count) * sizeof(T), cudaMemcpyDeviceToDevice, st));
       }
     }
     a = b;
   }
+  CUDA_CHECK(cudaEventRecord(gathered_at_[static_cast<size_t>(group)]->get(), st));
 }
 
 template <typename T>
 void GpuZeroEngine<T>::release(int group) {
   if (layout_.stage() != 3 || --acquired_count_[static_cast<size_t>(group)] > 0) return;
-  // The memory is freed only after the stream has used it: cudaFree synchronises the device.
-  // (Pooling gathered buffers is a later optimisation; correctness first.)
+  // Back to the pool as soon as the kernels that read them are queued: the next gather into the same
+  // memory waits for them on the device, not here.
   const TensorGroup& g = groups_[static_cast<size_t>(group)];
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
-  for (int t = g.first; t < g.last; ++t) gathered_[static_cast<size_t>(t)].release();
+  for (int t = g.first; t < g.last; ++t) gather_pool_.give(std::move(gathered_[static_cast<size_t>(t)]), stream_);
+}
+
+template <typename T>
+void GpuZeroEngine<T>::drop_prefetched() {
+  for (size_t group = 0; group < groups_.size(); ++group) {
+    if (!prefetched_[group]) continue;
+    prefetched_[group] = 0;
+    const TensorGroup& g = groups_[group];
+    for (int t = g.first; t < g.last; ++t) gather_pool_.give(std::move(gathered_[static_cast<size_t>(t)]), comm());
+  }
+  last_acquired_ = -1;
 }
 
 template <typename T>
@@ -233,26 +279,12 @@ const T* GpuZeroEngine<T>::param(int tensor) const {
 }
 
 template <typename T>
-DeviceBuffer<float> GpuZeroEngine<T>::take_buffer(size_t count) {
-  auto& free = pool_[count];
-  if (free.empty()) return DeviceBuffer<float>(count);
-  DeviceBuffer<float> b = std::move(free.back());
-  free.pop_back();
-  return b;
-}
-
-template <typename T>
-void GpuZeroEngine<T>::give_buffer(DeviceBuffer<float>&& buffer) {
-  if (buffer.size() > 0) pool_[buffer.size()].push_back(std::move(buffer));
-}
-
-template <typename T>
 void GpuZeroEngine<T>::open_grads(int group) {
   if (layout_.stage() <= 1) return;
   const TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) {
     DeviceBuffer<float>& b = grad_buffers_[static_cast<size_t>(t)];
-    b = take_buffer(static_cast<size_t>(numel(t)));
+    b = grad_pool_.take(static_cast<size_t>(numel(t)), stream_);
     CUDA_CHECK(cudaMemsetAsync(b.data(), 0, b.bytes(), stream_));
   }
   ++open_groups_;
@@ -279,6 +311,7 @@ void GpuZeroEngine<T>::flush_pending_grads() {
   std::vector<TensorGroup> closed;
   for (int g : pending_groups_) closed.push_back(groups_[static_cast<size_t>(g)]);
   std::sort(closed.begin(), closed.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  wait(comm(), stream_);  // the closed groups' gradients are complete
   size_t i = 0;
   while (i < closed.size()) {
     size_t j = i + 1;
@@ -289,8 +322,9 @@ void GpuZeroEngine<T>::flush_pending_grads() {
       reduce_stage3(closed[i].first, closed[j - 1].last);
     }
     for (size_t k = i; k < j; ++k) {
-      for (int t = closed[k].first; t < closed[k].last; ++t)
-        give_buffer(std::move(grad_buffers_[static_cast<size_t>(t)]));
+      for (int t = closed[k].first; t < closed[k].last; ++t) {
+        grad_pool_.give(std::move(grad_buffers_[static_cast<size_t>(t)]), comm());
+      }
     }
     i = j;
   }
@@ -305,23 +339,24 @@ void GpuZeroEngine<T>::reduce_stage2(int first, int last) {
   const int64_t lo = layout_.global_offset(first);
   const int64_t hi = layout_.global_offset(last - 1) + numel(last - 1);
   const int64_t P = layout_.partition_size();
-  send_.resize(static_cast<size_t>(hi - lo));
+  cudaStream_t st = comm();
+  grow(send_, static_cast<size_t>(hi - lo));
   for (int t = first; t < last; ++t) {
     const DeviceBuffer<float>& g = grad_buffers_[static_cast<size_t>(t)];
     CUDA_CHECK(cudaMemcpyAsync(send_.data() + (layout_.global_offset(t) - lo), g.data(), g.bytes(),
-                               cudaMemcpyDeviceToDevice, stream_));
+                               cudaMemcpyDeviceToDevice, st));
   }
   const int64_t my_lo = std::max(lo, rank_ * P), my_hi = std::min(hi, (rank_ + 1) * P);
-  recv_.resize(static_cast<size_t>(std::max<int64_t>(1, my_hi - my_lo)));
+  grow(recv_, static_cast<size_t>(std::max<int64_t>(1, my_hi - my_lo)));
   NCCL_CHECK(ncclGroupStart());
   for (int r = 0; r < world_; ++r) {
     const int64_t a = std::max(lo, r * P), b = std::min(hi, (r + 1) * P);
     if (b <= a) continue;
     NCCL_CHECK(ncclReduce(send_.data() + (a - lo), recv_.data(), static_cast<size_t>(b - a), ncclFloat, ncclSum, r,
-                          nccl_, stream_));
+                          nccl_, st));
   }
   NCCL_CHECK(ncclGroupEnd());
-  if (my_hi > my_lo) add_inplace(grad_part_.data() + (my_lo - rank_ * P), recv_.data(), my_hi - my_lo, stream_);
+  if (my_hi > my_lo) add_inplace(grad_part_.data() + (my_lo - rank_ * P), recv_.data(), my_hi - my_lo, st);
 }
 
 template <typename T>
@@ -329,8 +364,9 @@ void GpuZeroEngine<T>::reduce_stage3(int first, int last) {
   // Block r of the send buffer holds rank r's pieces at their slot positions, zeros in the padding.
   const int64_t base = layout_.slot_offset(first);
   const int64_t span = slot_end(last) - base;
-  send_.resize(static_cast<size_t>(span * world_));
-  CUDA_CHECK(cudaMemsetAsync(send_.data(), 0, send_.bytes(), stream_));
+  cudaStream_t st = comm();
+  grow(send_, static_cast<size_t>(span * world_));
+  CUDA_CHECK(cudaMemsetAsync(send_.data(), 0, static_cast<size_t>(span * world_) * sizeof(float), st));
   for (int t = first; t < last; ++t) {
     const int64_t n = numel(t), piece = layout_.piece_size(t);
     const DeviceBuffer<float>& g = grad_buffers_[static_cast<size_t>(t)];
@@ -338,13 +374,12 @@ void GpuZeroEngine<T>::reduce_stage3(int first, int last) {
       const int64_t count = std::clamp<int64_t>(n - r * piece, 0, piece);
       if (count == 0) continue;
       CUDA_CHECK(cudaMemcpyAsync(send_.data() + r * span + (layout_.slot_offset(t) - base), g.data() + r * piece,
-                                 static_cast<size_t>(count) * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+                                 static_cast<size_t>(count) * sizeof(float), cudaMemcpyDeviceToDevice, st));
     }
   }
-  recv_.resize(static_cast<size_t>(span));
-  NCCL_CHECK(
-      ncclReduceScatter(send_.data(), recv_.data(), static_cast<size_t>(span), ncclFloat, ncclSum, nccl_, stream_));
-  add_inplace(grad_part_.data() + base, recv_.data(), span, stream_);
+  grow(recv_, static_cast<size_t>(span));
+  NCCL_CHECK(ncclReduceScatter(send_.data(), recv_.data(), static_cast<size_t>(span), ncclFloat, ncclSum, nccl_, st));
+  add_inplace(grad_part_.data() + base, recv_.data(), span, st);
 }
 
 template <typename T>
@@ -364,6 +399,8 @@ void GpuZeroEngine<T>::reduce_grads() {
                                  ncclFloat, ncclSum, nccl_, stream_));
   } else if (!pending_groups_.empty() || open_groups_ != 0) {
     fail(ErrorKind::kInternal, "gradients still open at the end of the step");
+  } else {
+    wait(stream_, comm());  // every bucket's reduction has landed in the partition
   }
 }
 
@@ -396,6 +433,10 @@ void GpuZeroEngine<T>::step(const AdamWStep& s) {
   // The update writes the compute-precision copy directly where the model reads it (stage 0: the
   // replicated buffer; 1-2: this rank's partition of it, then all-gathered; 3: the partition).
   T* params = owned_params();
+  // Gathers issued ahead hold the old weights and may still read the partition: drop them, and let
+  // the update wait for the communication stream.
+  if (stage == 3) drop_prefetched();
+  wait(stream_, comm());
   if (host_) {
     host_->step(grads, params, AdamWCoefficients::of(s), stream_);
   } else {

@@ -1,8 +1,10 @@
 // ZeRO on GPUs: the rank's share of parameters (in T), fp32 gradients, fp32 master weights and AdamW
 // moments in device memory -- or, with offload_optimizer {device: cpu}, the master weights and moments
 // in host memory and the update on the CPU (host_optimizer.cuh) -- partitioned by ckpt's layout
-// function exactly as the CPU engine does (zero_engine.hpp describes the stages), with NCCL
-// collectives on the compute stream.
+// function exactly as the CPU engine does (zero_engine.hpp describes the stages). NCCL collectives of
+// stages 2 and 3 run on a communication stream when overlap_comm is set (ordered against the compute
+// stream by events): gradient buckets are reduced while the backward pass goes on, and stage 3
+// prefetches the next block's parameters while the current block computes.
 #pragma once
 
 #include <map>
@@ -12,6 +14,7 @@
 
 #include "ckpt/layout.hpp"
 #include "trainer/backend.hpp"
+#include "trainer/cuda/buffer_pool.cuh"
 #include "trainer/cuda/gpu_model.cuh"
 #include "trainer/cuda/host_optimizer.cuh"
 
@@ -55,8 +58,10 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   void reduce_stage3(int first, int last);
   int64_t slot_end(int last_tensor) const;
   int64_t numel(int t) const noexcept { return numel_[static_cast<size_t>(t)]; }
-  DeviceBuffer<float> take_buffer(size_t count);
-  void give_buffer(DeviceBuffer<float>&& buffer);
+  void gather(int group);  // stage 3: all-gathers the group's tensors on the comm stream
+  void drop_prefetched();  // stage 3: gives back gathers issued ahead that were never used
+  cudaStream_t comm() const noexcept { return config_.overlap_comm ? comm_stream_.get() : stream_; }
+  void wait(cudaStream_t waiter, cudaStream_t producer);  // waiter waits for what producer queued so far
 
   const ckpt::TensorTable& table_;
   std::vector<TensorGroup> groups_;
@@ -75,10 +80,16 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   DeviceBuffer<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
   std::unique_ptr<HostOptimizer<T>> host_;  // offloaded: master weights and moments (then not on the device)
 
-  std::vector<DeviceBuffer<T>> gathered_;  // stage 3: full tensors of acquired groups
+  Stream comm_stream_;
+  Event order_;
+  std::vector<DeviceBuffer<T>> gathered_;  // stage 3: full tensors of acquired (or prefetched) groups
+  BufferPool<T> gather_pool_;
   std::vector<int> acquired_count_;
-  std::vector<DeviceBuffer<float>> grad_buffers_;            // stages 2-3: gradients of open / pending groups
-  std::map<size_t, std::vector<DeviceBuffer<float>>> pool_;  // freed gradient buffers by size
+  std::vector<char> prefetched_;                     // stage 3: gathered ahead of its acquire
+  std::vector<std::unique_ptr<Event>> gathered_at_;  // stage 3: the point of the comm stream a gather ends
+  int last_acquired_ = -1;
+  std::vector<DeviceBuffer<float>> grad_buffers_;  // stages 2-3: gradients of open / pending groups
+  BufferPool<float> grad_pool_;
   std::vector<int> pending_groups_;
   int64_t pending_elems_ = 0;
   int open_groups_ = 0;
