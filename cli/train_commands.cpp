@@ -61,6 +61,10 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
       ->add_option("--save-interval", o->options.save_interval,
                    "Save every K steps (and at the end); 0: only at the end (default 0)")
       ->check(CLI::NonNegativeNumber);
+  train
+      ->add_option("--save-mode", o->options.save_mode,
+                   "async (default): training continues while the checkpoint is written and committed; sync: it waits")
+      ->check(CLI::IsMember({"async", "sync"}));
   train->add_option("--keep-last", o->options.keep_last, "Keep only the newest K checkpoints (default 0: keep all)")
       ->check(CLI::NonNegativeNumber);
   train->add_option("--resume", o->options.resume,

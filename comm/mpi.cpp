@@ -33,6 +33,20 @@ void MpiRuntime::abort(int exit_code) {
   std::exit(exit_code);  // MPI_Abort does not return; this only satisfies [[noreturn]]
 }
 
+DuplicateCommunicator::DuplicateCommunicator(MPI_Comm parent) {
+  MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+  MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+}
+
+DuplicateCommunicator::~DuplicateCommunicator() {
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+bool threads_may_communicate() {
+  int level = MPI_THREAD_SINGLE;
+  return MPI_Query_thread(&level) == MPI_SUCCESS && level >= MPI_THREAD_MULTIPLE;
+}
+
 MpiCollective::MpiCollective(MPI_Comm comm) : comm_(comm) {
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   MPI_CHECK(MPI_Comm_size(comm_, &size_));

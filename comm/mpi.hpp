@@ -74,4 +74,22 @@ class MpiCollective final : public ckpt::Collective {
   int size_ = 1;
 };
 
+// A duplicate of a communicator (MPI_Comm_dup), freed on destruction: collectives on it never match
+// those of the original, so a background thread (an asynchronous checkpoint's commit) can use it
+// while the training loop uses the original.
+class DuplicateCommunicator {
+ public:
+  explicit DuplicateCommunicator(MPI_Comm parent);
+  ~DuplicateCommunicator();
+  DuplicateCommunicator(const DuplicateCommunicator&) = delete;
+  DuplicateCommunicator& operator=(const DuplicateCommunicator&) = delete;
+  MPI_Comm get() const noexcept { return comm_; }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+// Whether MPI runs with MPI_THREAD_MULTIPLE (several threads may call it at once).
+bool threads_may_communicate();
+
 }  // namespace shardkit::comm

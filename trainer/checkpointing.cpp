@@ -1,7 +1,11 @@
 #include "trainer/checkpointing.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <exception>
+#include <thread>
+#include <utility>
 
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/error.hpp"
@@ -25,16 +29,51 @@ const std::vector<std::string>& state_names() {
 
 }  // namespace
 
-Checkpointer::Checkpointer(comm::MpiCollective& comm, std::filesystem::path save_dir, int keep_last,
-                           ckpt::ShardOptions shard)
-    : comm_(comm), save_dir_(std::move(save_dir)), keep_last_(keep_last), shard_(shard) {}
+// The save being written in the background: the worker thread sets `done` last, after `outcome` or
+// `error`, so the training thread may read them once it sees `done` (or after join).
+struct Checkpointer::InFlight {
+  std::thread worker;
+  std::atomic<bool> done{false};
+  SaveOutcome outcome;
+  std::exception_ptr error;
+};
 
-SaveOutcome Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& backend,
-                               const nlohmann::json& trainer_state, const nlohmann::json& model,
-                               const nlohmann::json& config) {
+Checkpointer::Checkpointer(comm::MpiCollective& comm, std::filesystem::path save_dir, int keep_last,
+                           ckpt::ShardOptions shard, SaveMode mode,
+                           const std::function<void(const std::string&)>& log_notice)
+    : comm_(comm), save_dir_(std::move(save_dir)), keep_last_(keep_last), shard_(shard), mode_(mode) {
+  if (mode_ == SaveMode::kAsync && !comm::threads_may_communicate()) {
+    mode_ = SaveMode::kSync;
+    log_notice("notice: MPI runs without MPI_THREAD_MULTIPLE, so checkpoints are saved synchronously");
+  }
+  if (mode_ == SaveMode::kAsync) {
+    background_comm_ = std::make_unique<comm::DuplicateCommunicator>(comm_.comm());
+    background_ = std::make_unique<comm::MpiCollective>(background_comm_->get());
+  }
+}
+
+Checkpointer::~Checkpointer() {
+  if (in_flight_ && in_flight_->worker.joinable()) in_flight_->worker.join();
+}
+
+SaveOutcome Checkpointer::write(comm::MpiCollective& group, const ckpt::SaveRequest& request) {
+  const ckpt::SaveResult result = ckpt::save_checkpoint(group, request);
+  if (group.rank() == 0) prune();
+  group.barrier();  // pruning is finished before any rank looks at the directory again
+  SaveOutcome outcome;
+  outcome.path = result.step_dir;
+  outcome.step = request.meta.step;
+  outcome.bytes = result.bytes;
+  return outcome;
+}
+
+void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& backend,
+                        const nlohmann::json& trainer_state, const nlohmann::json& model,
+                        const nlohmann::json& config) {
   const auto start = Clock::now();
-  // Snapshot: a consistent copy of this step's states, taken between optimizer steps. The write below
-  // reads only the snapshot, so it could run while training continues.
+  collect(true);  // one save at a time: the snapshot buffers are the previous save's source
+  // Snapshot: a consistent copy of this step's states, taken between optimizer steps. The write reads
+  // only the snapshot, so training may go on while it runs.
   const size_t flat = static_cast<size_t>(backend.layout().flat_size());
   for (auto& buffer : snapshot_) buffer.resize(flat);
   backend.snapshot(snapshot_[0], snapshot_[1], snapshot_[2]);
@@ -50,16 +89,47 @@ SaveOutcome Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Bac
   request.meta.model = model;
   request.meta.config = config;
   for (const auto& buffer : snapshot_) request.buffers.push_back(buffer);
-  const ckpt::SaveResult result = ckpt::save_checkpoint(comm_, request);
-  if (comm_.rank() == 0) prune();
-  comm_.barrier();  // pruning finished before anyone looks at the directory again
 
-  SaveOutcome outcome;
-  outcome.path = result.step_dir;
-  outcome.bytes = result.bytes;
-  outcome.write_ms = ms_since(start);
-  outcome.stall_ms = outcome.write_ms;  // synchronous: the loop waits for the whole save
-  return outcome;
+  if (mode_ == SaveMode::kSync) {
+    SaveOutcome outcome = write(comm_, request);
+    outcome.write_ms = ms_since(start);
+    outcome.stall_ms = outcome.write_ms;
+    completed_.push_back(std::move(outcome));
+    return;
+  }
+  in_flight_ = std::make_unique<InFlight>();
+  InFlight* job = in_flight_.get();
+  job->outcome.stall_ms = ms_since(start);
+  job->worker = std::thread([this, job, request = std::move(request), start] {
+    try {
+      const double stall_ms = job->outcome.stall_ms;
+      job->outcome = write(*background_, request);
+      job->outcome.stall_ms = stall_ms;
+      job->outcome.write_ms = ms_since(start);
+    } catch (...) {
+      job->error = std::current_exception();
+    }
+    job->done.store(true, std::memory_order_release);
+  });
+}
+
+void Checkpointer::collect(bool wait) {
+  if (!in_flight_) return;
+  if (!wait && !in_flight_->done.load(std::memory_order_acquire)) return;
+  in_flight_->worker.join();
+  std::unique_ptr<InFlight> job = std::move(in_flight_);
+  if (job->error) std::rethrow_exception(job->error);
+  completed_.push_back(std::move(job->outcome));
+}
+
+std::vector<SaveOutcome> Checkpointer::poll() {
+  collect(false);
+  return std::exchange(completed_, {});
+}
+
+std::vector<SaveOutcome> Checkpointer::finish() {
+  collect(true);
+  return std::exchange(completed_, {});
 }
 
 void Checkpointer::prune() {

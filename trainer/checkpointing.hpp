@@ -1,15 +1,20 @@
-// The trainer's side of checkpoints: snapshot-then-write saves through ckpt's save protocol, retention
-// (--keep-last), and resume with load-time resharding (each rank reads only the ranges its own
-// partition needs, whatever layout the checkpoint was written in).
+// The trainer's side of checkpoints: snapshot-then-write saves through ckpt's save protocol,
+// asynchronous by default (the write and commit overlap training), retention (--keep-last), and
+// resume with load-time resharding (each rank reads only the ranges its own partition needs,
+// whatever layout the checkpoint was written in).
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/save.hpp"
 #include "ckpt/shard_writer.hpp"
 #include "ckpt/tensor_table.hpp"
 #include "comm/mpi.hpp"
@@ -17,30 +22,58 @@
 
 namespace shardkit::trainer {
 
+enum class SaveMode {
+  kAsync,  // snapshot, then write and commit on a background thread while training continues
+  kSync,   // the training loop waits until the checkpoint is committed
+};
+
 struct SaveOutcome {
   std::filesystem::path path;
+  int64_t step = 0;
   int64_t bytes = 0;
-  double stall_ms = 0;  // the training loop was blocked this long
-  double write_ms = 0;  // until the checkpoint was committed and durable
+  double stall_ms = 0;  // the training loop was blocked this long by this save
+  double write_ms = 0;  // from the save's start until it was committed and durable
 };
 
 class Checkpointer {
  public:
-  Checkpointer(comm::MpiCollective& comm, std::filesystem::path save_dir, int keep_last, ckpt::ShardOptions shard);
+  // Async needs MPI_THREAD_MULTIPLE; without it saves are synchronous (log_notice says so once).
+  Checkpointer(comm::MpiCollective& comm, std::filesystem::path save_dir, int keep_last, ckpt::ShardOptions shard,
+               SaveMode mode, const std::function<void(const std::string&)>& log_notice);
+  ~Checkpointer();  // waits for a save still in flight
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // Copies the backend's states into host buffers allocated once (the snapshot), then writes them:
-  // every rank its shard, rank 0 the manifest. Collective.
-  SaveOutcome save(int64_t step, const ckpt::TensorTable& table, Backend& backend, const nlohmann::json& trainer_state,
-                   const nlohmann::json& model, const nlohmann::json& config);
+  // Snapshots the backend's states into host buffers allocated once (a consistent copy, taken between
+  // optimizer steps), then saves it through ckpt's protocol: every rank its shard, rank 0 the manifest.
+  // Sync: returns when committed. Async: first waits for a previous save still being written (the
+  // wait counts as stall), then returns as soon as the snapshot is taken; a background thread writes,
+  // syncs and commits on its own communicator. Collective.
+  void save(int64_t step, const ckpt::TensorTable& table, Backend& backend, const nlohmann::json& trainer_state,
+            const nlohmann::json& model, const nlohmann::json& config);
+
+  // The saves completed since the last call, oldest first; never blocks. A failed save throws here
+  // (on every rank, with the protocol's error).
+  std::vector<SaveOutcome> poll();
+  // Waits for the save in flight, then as poll().
+  std::vector<SaveOutcome> finish();
 
  private:
+  struct InFlight;
   void prune();
+  void collect(bool wait);
+  SaveOutcome write(comm::MpiCollective& group, const ckpt::SaveRequest& request);
 
   comm::MpiCollective& comm_;
   std::filesystem::path save_dir_;
   int keep_last_;
   ckpt::ShardOptions shard_;
+  SaveMode mode_;
+  std::unique_ptr<comm::DuplicateCommunicator> background_comm_;  // async: the commit's communicator
+  std::unique_ptr<comm::MpiCollective> background_;
   std::vector<float> snapshot_[3];
+  std::unique_ptr<InFlight> in_flight_;
+  std::vector<SaveOutcome> completed_;
 };
 
 // Which checkpoint --resume selects: "none" -> nothing; "auto" -> save_dir's latest if there is one;

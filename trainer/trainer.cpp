@@ -87,6 +87,7 @@ struct Trainer::State {
   StepRecord train_step();
   void write_metrics(const nlohmann::json& record);
   void save();
+  void report(const std::vector<SaveOutcome>& saves);  // log lines and metrics events of completed saves
 };
 
 nlohmann::json Trainer::State::trainer_state() const {
@@ -160,7 +161,12 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   s.targets.resize(static_cast<size_t>(micro) * T);
   s.data_seed = options.seed;
   if (!options.save_dir.empty()) {
-    s.checkpointer = std::make_unique<Checkpointer>(comm, options.save_dir, options.keep_last, ckpt::ShardOptions{});
+    if (options.save_mode != "async" && options.save_mode != "sync") {
+      fail(ErrorKind::kInvalidInput, "--save-mode is '" + options.save_mode + "', must be async or sync");
+    }
+    s.checkpointer = std::make_unique<Checkpointer>(comm, options.save_dir, options.keep_last, ckpt::ShardOptions{},
+                                                    options.save_mode == "sync" ? SaveMode::kSync : SaveMode::kAsync,
+                                                    [&s](const std::string& line) { s.log(line); });
   }
 
   if (const auto resume = resolve_resume(options.resume, options.save_dir)) {
@@ -300,15 +306,22 @@ void Trainer::State::write_metrics(const nlohmann::json& record) {
 }
 
 void Trainer::State::save() {
-  const SaveOutcome o =
-      checkpointer->save(step, table, *backend, trainer_state(), to_json(model_config), to_json(config));
-  log("checkpoint " + o.path.string() + ": " + human_bytes(o.bytes) + " in " + std::to_string(o.write_ms) + " ms");
-  write_metrics({{"event", "checkpoint"},
-                 {"step", step},
-                 {"path", o.path.string()},
-                 {"bytes", o.bytes},
-                 {"stall_ms", o.stall_ms},
-                 {"write_ms", o.write_ms}});
+  checkpointer->save(step, table, *backend, trainer_state(), to_json(model_config), to_json(config));
+}
+
+void Trainer::State::report(const std::vector<SaveOutcome>& saves) {
+  for (const SaveOutcome& o : saves) {
+    char line[256];
+    std::snprintf(line, sizeof(line), ": %s committed in %.0f ms, training stalled %.1f ms",
+                  human_bytes(o.bytes).c_str(), o.write_ms, o.stall_ms);
+    log("checkpoint " + o.path.string() + line);
+    write_metrics({{"event", "checkpoint"},
+                   {"step", o.step},
+                   {"path", o.path.string()},
+                   {"bytes", o.bytes},
+                   {"stall_ms", o.stall_ms},
+                   {"write_ms", o.write_ms}});
+  }
 }
 
 std::vector<StepRecord> Trainer::run() {
@@ -335,7 +348,9 @@ std::vector<StepRecord> Trainer::run() {
     const bool at_end = s.step == s.options.steps;
     const bool on_interval = s.options.save_interval > 0 && s.step % s.options.save_interval == 0;
     if (s.checkpointer && (on_interval || at_end)) s.save();
+    if (s.checkpointer) s.report(s.checkpointer->poll());
   }
+  if (s.checkpointer) s.report(s.checkpointer->finish());  // the last save is committed before returning
   return records;
 }
 

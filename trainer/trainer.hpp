@@ -18,9 +18,10 @@ struct TrainOptions {
   std::filesystem::path data;    // token file
   int64_t steps = 0;             // total optimizer steps (a resumed run continues to this number)
   std::filesystem::path save_dir;
-  int64_t save_interval = 0;    // 0: save only at the end (when save_dir is set)
-  int keep_last = 0;            // 0: keep every checkpoint
-  std::string resume = "auto";  // auto | none | PATH
+  int64_t save_interval = 0;        // 0: save only at the end (when save_dir is set)
+  int keep_last = 0;                // 0: keep every checkpoint
+  std::string save_mode = "async";  // async | sync
+  std::string resume = "auto";      // auto | none | PATH
   std::filesystem::path metrics;
   uint64_t seed = 1234;
   std::filesystem::path init_from;  // Hugging Face GPT-2 weights to start from (when not resuming)
