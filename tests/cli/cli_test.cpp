@@ -223,6 +223,54 @@ TEST(Cli, TrainCheckpointsResumesAndEvaluates) {
   EXPECT_NE(r.err.find("none.bin"), std::string::npos) << r.err;
 }
 
+// A process killed (SIGKILL) while asynchronous checkpoints are being written leaves a run directory
+// whose `latest` checkpoint verifies and resumes; an unfinished step directory is never mistaken for
+// a checkpoint.
+TEST(Cli, ARunKilledDuringAsynchronousSavesResumesFromItsLatestCheckpoint) {
+  testing::TempDir dir;
+  const std::string data = write_text_tokens(dir).string();
+  const std::filesystem::path run_dir = dir / "run";
+  const std::string pid_file = (dir / "pid").string();
+  const std::string command = std::string(SHARDKIT_TEST_ENV) + " " + SHARDKIT_BINARY + " train --config " + kSamples +
+                              "tiny_zero2.json --model gpt2-tiny --data " + data +
+                              " --steps 100000 --save-interval 1 --save-mode async --threads 1 --quiet --save-dir " +
+                              run_dir.string() + " > " + (dir / "log").string() + " 2>&1 & echo $! > " + pid_file;
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  struct KillOnExit {  // whatever fails below, the endless run does not outlive the test
+    std::string pid_file;
+    ~KillOnExit() { std::system(("kill -9 $(cat " + pid_file + ") 2>/dev/null").c_str()); }
+  } guard{pid_file};
+  // Wait until a few checkpoints are committed (saves run back to back), then kill without warning.
+  for (int i = 0; i < 600; ++i) {
+    const Result ls = run("ckpt ls " + run_dir.string() + " --json");
+    if (ls.code == 0 && nlohmann::json::parse(ls.out).size() >= 3) break;
+    std::system("sleep 0.1");
+  }
+  ASSERT_EQ(std::system(("kill -9 $(cat " + pid_file + ")").c_str()), 0);
+  std::system("sleep 0.5");
+  Result r = run("ckpt verify " + run_dir.string());
+  ASSERT_EQ(r.code, 0) << r.err << r.out;
+  const auto list = nlohmann::json::parse(run("ckpt ls " + run_dir.string() + " --json").out);
+  ASSERT_GE(list.size(), 3u);
+  int64_t latest = 0;  // the newest committed one (the save in flight may have left a step directory)
+  for (const auto& c : list) {
+    if (c["committed"].get<bool>()) latest = std::max<int64_t>(latest, c["step"].get<int64_t>());
+  }
+  r = run("train --config " + kSamples + "tiny_zero2.json --model gpt2-tiny --data " + data + " --steps " +
+          std::to_string(latest + 2) + " --threads 1 --save-dir " + run_dir.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("step-" + std::string(8 - std::to_string(latest).size(), '0') + std::to_string(latest)),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(run("ckpt verify " + run_dir.string()).code, 0);
+  // An unknown save mode is refused like any bad option.
+  r = run("train --config " + kSamples + "tiny_zero2.json --model gpt2-tiny --data " + data +
+          " --steps 1 --save-mode sometimes");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--save-mode"), std::string::npos) << r.err;
+}
+
 std::vector<nlohmann::json> read_metrics(const std::filesystem::path& file) {
   std::vector<nlohmann::json> steps;
   std::ifstream in(file);
