@@ -95,11 +95,14 @@ void Id::close(const std::string& context) {
   check(close_id(std::exchange(id_, H5I_INVALID_HID)), context);
 }
 
-Id create_file(const std::filesystem::path& path) {
+Id create_file(const std::filesystem::path& path, int64_t alignment) {
   init_thread();
   Id fapl = check_id(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate");
   // The 1.10 format checksums every metadata block (superblock, object headers, chunk indexes).
   check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110), "H5Pset_libver_bounds");
+  if (alignment > 0) {
+    check(H5Pset_alignment(fapl.get(), 64 * 1024, static_cast<hsize_t>(alignment)), "H5Pset_alignment");
+  }
   return check_id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), path.string() + ": cannot create");
 }
 

@@ -48,8 +48,9 @@ void check(herr_t status, const std::string& context, ErrorKind kind = ErrorKind
 // Same for a returned id; returns it wrapped.
 Id check_id(hid_t id, const std::string& context, ErrorKind kind = ErrorKind::kIo);
 
-// Creates (truncating) a file in the HDF5 1.10 format, whose metadata all carry checksums.
-Id create_file(const std::filesystem::path& path);
+// Creates (truncating) a file in the HDF5 1.10 format, whose metadata all carry checksums. With
+// `alignment` > 0, every allocation of at least 64 KiB (the raw data chunks) starts at a multiple of it.
+Id create_file(const std::filesystem::path& path, int64_t alignment = 0);
 // Opens read-only. A file that is not HDF5 is Error(kCorrupt) "not an HDF5 file".
 Id open_file(const std::filesystem::path& path);
 

@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "ckpt/checksum.hpp"
+#include "ckpt/direct_writer.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/file_util.hpp"
 #include "ckpt/shard_format.hpp"
@@ -57,9 +58,15 @@ ShardWriter::ShardWriter(const std::filesystem::path& path, const TensorTable& t
     }
   }
   if (layout.num_tensors() != table.size()) fail(ErrorKind::kInternal, "layout and tensor table disagree");
-  if (options.compression_level > 0) pool_ = std::make_unique<ThreadPool>(ThreadPool::default_threads(options.threads));
+  pool_ = std::make_unique<ThreadPool>(ThreadPool::default_threads(options.threads));
 
-  file_ = h5::create_file(tmp_path_);
+  // Uncompressed chunks start on 4 KiB boundaries, so that they can be written with direct I/O.
+  const bool raw = options.compression_level == 0;
+  file_ = h5::create_file(tmp_path_, raw ? static_cast<int64_t>(DirectWriter::kAlignment) : 0);
+  if (raw) {
+    raw_ = std::make_unique<DirectWriter>(tmp_path_, pool_->concurrency(),
+                                          static_cast<size_t>(chunk_elems()) * sizeof(float));
+  }
   if (options_.durable) writeback_fd_ = FileDescriptor(tmp_path_, O_RDONLY);
   const hid_t root = file_.get();
   const LayoutSpec& spec = layout.spec();
@@ -133,8 +140,11 @@ void ShardWriter::begin_state(std::string_view state) {
   if (chunk > 0) {
     const hsize_t chunk_dims[1] = {static_cast<hsize_t>(chunk)};
     h5::check(H5Pset_chunk(dcpl.get(), 1, chunk_dims), context + ": H5Pset_chunk");
-    // Chunks are written whole with H5Dwrite_chunk; no fill values are ever needed.
+    // Chunks are written whole; no fill values are ever needed.
     h5::check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), context + ": H5Pset_fill_time");
+    // Uncompressed chunks get their space (and so their addresses) now: they are then written
+    // straight to the file by several threads.
+    if (raw_) h5::check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), context + ": H5Pset_alloc_time");
     if (options_.compression_level > 0) {
       const unsigned level = static_cast<unsigned>(options_.compression_level);
       h5::check(H5Pset_filter(dcpl.get(), kZstdFilterId, H5Z_FLAG_MANDATORY, 1, &level),
@@ -148,6 +158,21 @@ void ShardWriter::begin_state(std::string_view state) {
       context + ": cannot create dataset");
   const int64_t num_chunks = chunk > 0 ? (flat_size_ + chunk - 1) / chunk : 0;
   checksums_[index].assign(static_cast<size_t>(num_chunks), 0);
+  if (raw_) {
+    open_->addresses.resize(static_cast<size_t>(num_chunks));
+    for (int64_t c = 0; c < num_chunks; ++c) {
+      const hsize_t coord[1] = {static_cast<hsize_t>(c * chunk)};
+      unsigned filter_mask = 0;
+      haddr_t address = HADDR_UNDEF;
+      hsize_t bytes = 0;
+      h5::check(H5Dget_chunk_info_by_coord(open_->dataset.get(), coord, &filter_mask, &address, &bytes),
+                context + ": H5Dget_chunk_info_by_coord");
+      if (address == HADDR_UNDEF || bytes != static_cast<hsize_t>(chunk) * sizeof(float)) {
+        fail(ErrorKind::kInternal, context + ": chunk " + std::to_string(c) + " has no allocated space");
+      }
+      open_->addresses[static_cast<size_t>(c)] = static_cast<int64_t>(address);
+    }
+  }
 }
 
 void ShardWriter::append(std::span<const float> data) {
@@ -203,7 +228,7 @@ void ShardWriter::write_chunks(const std::vector<std::span<const float>>& chunks
   const size_t chunk_bytes = static_cast<size_t>(chunk) * sizeof(float);
   const std::string context = where_ + ": H5Dwrite_chunk";
   // HDF5 stores whole chunks, so a short last chunk is zero-padded; its checksum covers the valid
-  // elements only.
+  // elements only. (Uncompressed chunks go around HDF5; compressed ones through H5Dwrite_chunk.)
   auto padded_copy = [&](std::span<const float> part, std::vector<std::byte>& out) {
     out.assign(chunk_bytes, std::byte{0});
     std::memcpy(out.data(), part.data(), part.size_bytes());
@@ -211,23 +236,22 @@ void ShardWriter::write_chunks(const std::vector<std::span<const float>>& chunks
   };
   const int64_t first = st.next_chunk;
   st.next_chunk += static_cast<int64_t>(chunks.size());
-  // Durable shards start write-back every 64 MiB, so that the fsync in commit() finds little to do.
+  // Durable shards start write-back every 64 MiB, so that the fsync in commit() finds little to do
+  // (direct writes leave nothing behind in the page cache).
   unflushed_bytes_ += static_cast<int64_t>(chunks.size() * chunk_bytes);
-  if (writeback_fd_.get() >= 0 && unflushed_bytes_ >= (int64_t{64} << 20)) {
+  if (writeback_fd_.get() >= 0 && unflushed_bytes_ >= (int64_t{64} << 20) && !(raw_ && raw_->direct())) {
     start_writeback(writeback_fd_, 0, 0);
     unflushed_bytes_ = 0;
   }
 
-  if (options_.compression_level == 0) {
-    std::vector<std::byte> padded;
-    for (size_t i = 0; i < chunks.size(); ++i) {
+  if (raw_) {
+    // Each thread checksums and writes its chunks (zero-padding a short last one) at their addresses.
+    pool_->parallel_for(chunks.size(), [&](size_t i, int worker) {
       const std::span<const float> part = chunks[i];
       const int64_t c = first + static_cast<int64_t>(i);
       checksums[c] = xxh64(part.data(), part.size_bytes());
-      const void* data = part.size_bytes() < chunk_bytes ? padded_copy(part, padded) : part.data();
-      const hsize_t offset[1] = {static_cast<hsize_t>(c * chunk)};
-      h5::check(H5Dwrite_chunk(dataset, H5P_DEFAULT, 0, offset, chunk_bytes, data), context);
-    }
+      raw_->write(part.data(), part.size_bytes(), chunk_bytes, st.addresses[static_cast<size_t>(c)], worker);
+    });
     return;
   }
 
@@ -263,6 +287,7 @@ ShardRecord ShardWriter::commit() {
   state_group_.close(where_);
   checksum_group_.close(where_);
   file_.close(where_ + ": closing the HDF5 file");  // flushes HDF5's metadata
+  if (raw_) raw_->close();
   writeback_fd_.close();
   if (options_.durable) fsync_path(tmp_path_);
   if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {

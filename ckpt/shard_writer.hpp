@@ -19,13 +19,14 @@
 
 namespace shardkit::ckpt {
 
+class DirectWriter;
 class ThreadPool;
 class ZstdCompressor;
 
 struct ShardOptions {
   int64_t chunk_elems = 0;    // elements per HDF5 chunk; 0 = kDefaultChunkElems
   int compression_level = 0;  // 0 = store raw; 1..19 = zstd level (HDF5 filter 32015)
-  int threads = 0;            // compression threads; 0 = chosen from the hardware
+  int threads = 0;            // writer / compression threads; 0 = chosen from the hardware
   bool durable = true;        // fsync the file and its directory before commit() returns
 };
 
@@ -83,13 +84,15 @@ class ShardWriter {
   std::vector<std::string> states_;
   std::vector<std::vector<uint64_t>> checksums_;  // per state, per chunk; empty until written
   std::vector<bool> written_;
-  // The state being written: its dataset, how much arrived, the next chunk, a partial chunk.
+  // The state being written: its dataset, how much arrived, the next chunk, a partial chunk, and
+  // (uncompressed) every chunk's address in the file.
   struct OpenState {
     size_t index = 0;
     h5::Id dataset;
     int64_t received = 0;
     int64_t next_chunk = 0;
     std::vector<float> pending;
+    std::vector<int64_t> addresses;
   };
   std::unique_ptr<OpenState> open_;
   std::unique_ptr<ThreadPool> pool_;
@@ -97,6 +100,7 @@ class ShardWriter {
   std::vector<std::vector<std::byte>> padded_;                // per pool worker
   std::vector<std::vector<std::byte>> frames_;                // per chunk of a batch
   h5::Id file_;
+  std::unique_ptr<DirectWriter> raw_;  // uncompressed shards: the chunks' writer
   // Another descriptor of the file being written, to start write-back as chunks accumulate.
   FileDescriptor writeback_fd_;
   int64_t unflushed_bytes_ = 0;
