@@ -39,6 +39,7 @@ echo '{"n_layer": 6, "n_head": 6, "n_embd": 384, "vocab_size": 256, "n_positions
 echo '{"train_batch_size": 4, "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}' \
   > "$dir/ds.json"
 for mode in async sync; do
+  rm -f "$dir/$mode.jsonl"  # the trainer appends to its metrics file
   mpi "$sk" train --config "$dir/ds.json" --model "$dir/model.json" --data "$dir/tokens.bin" --steps 20 \
     --save-dir "$dir/run-$mode" --save-interval 2 --keep-last 2 --save-mode "$mode" --threads 1 --quiet \
     --metrics "$dir/$mode.jsonl"
