@@ -4,6 +4,7 @@
 // schedule, checkpointing and metrics are shared.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -63,9 +64,14 @@ class Backend {
   virtual bool global_overflow() = 0;
   virtual void step(const AdamWStep& step) = 0;
 
-  // Copies the rank's states in the checkpoint layout (layout().flat_size() elements each) into host
-  // memory: the snapshot of a save, taken between optimizer steps.
-  virtual void snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq) = 0;
+  // The snapshot of a save: the rank's states in the checkpoint layout (layout().flat_size() elements
+  // each: master, exp_avg, exp_avg_sq) copied, between optimizer steps, into host buffers the backend
+  // allocates once (page-locked on GPUs). begin_snapshot() starts the copy; the buffers may be read
+  // once wait_snapshot() has returned (from any thread). Until the copy is done the backend's next
+  // optimizer step does not change the states, so training may go on meanwhile.
+  virtual void begin_snapshot() = 0;
+  virtual void wait_snapshot() = 0;
+  virtual std::array<std::span<const float>, 3> snapshot_buffers() const = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options);

@@ -74,9 +74,7 @@ void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& b
   collect(true);  // one save at a time: the snapshot buffers are the previous save's source
   // Snapshot: a consistent copy of this step's states, taken between optimizer steps. The write reads
   // only the snapshot, so training may go on while it runs.
-  const size_t flat = static_cast<size_t>(backend.layout().flat_size());
-  for (auto& buffer : snapshot_) buffer.resize(flat);
-  backend.snapshot(snapshot_[0], snapshot_[1], snapshot_[2]);
+  backend.begin_snapshot();
 
   ckpt::SaveRequest request;
   request.run_dir = save_dir_;
@@ -88,9 +86,10 @@ void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& b
   request.meta.trainer_state = trainer_state;
   request.meta.model = model;
   request.meta.config = config;
-  for (const auto& buffer : snapshot_) request.buffers.push_back(buffer);
+  for (const auto& buffer : backend.snapshot_buffers()) request.buffers.push_back(buffer);
 
   if (mode_ == SaveMode::kSync) {
+    backend.wait_snapshot();
     SaveOutcome outcome = write(comm_, request);
     outcome.write_ms = ms_since(start);
     outcome.stall_ms = outcome.write_ms;
@@ -100,8 +99,9 @@ void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& b
   in_flight_ = std::make_unique<InFlight>();
   InFlight* job = in_flight_.get();
   job->outcome.stall_ms = ms_since(start);
-  job->worker = std::thread([this, job, request = std::move(request), start] {
+  job->worker = std::thread([this, job, &backend, request = std::move(request), start] {
     try {
+      backend.wait_snapshot();  // a GPU's copy to host memory overlaps the next micro-batches
       const double stall_ms = job->outcome.stall_ms;
       job->outcome = write(*background_, request);
       job->outcome.stall_ms = stall_ms;

@@ -44,8 +44,8 @@ class Checkpointer {
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  // Snapshots the backend's states into host buffers allocated once (a consistent copy, taken between
-  // optimizer steps), then saves it through ckpt's protocol: every rank its shard, rank 0 the manifest.
+  // Snapshots the backend's states into its host buffers, allocated once (a consistent copy, taken
+  // between optimizer steps), then saves them through ckpt's protocol: every rank its shard, rank 0 the manifest.
   // Sync: returns when committed. Async: first waits for a previous save still being written (the
   // wait counts as stall), then returns as soon as the snapshot is taken; a background thread writes,
   // syncs and commits on its own communicator. Collective.
@@ -71,7 +71,6 @@ class Checkpointer {
   SaveMode mode_;
   std::unique_ptr<comm::DuplicateCommunicator> background_comm_;  // async: the commit's communicator
   std::unique_ptr<comm::MpiCollective> background_;
-  std::vector<float> snapshot_[3];
   std::unique_ptr<InFlight> in_flight_;
   std::vector<SaveOutcome> completed_;
 };

@@ -43,16 +43,25 @@ class CpuBackend final : public Backend {
   bool global_overflow() override { return engine_.global_overflow(); }
   void step(const AdamWStep& s) override { engine_.step(s); }
 
-  void snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq) override {
-    std::ranges::copy(engine_.master_flat(), master.begin());
-    std::ranges::copy(engine_.exp_avg_flat(), exp_avg.begin());
-    std::ranges::copy(engine_.exp_avg_sq_flat(), exp_avg_sq.begin());
+  // A plain copy, done when begin_snapshot returns.
+  void begin_snapshot() override {
+    const std::span<const float> sources[3] = {engine_.master_flat(), engine_.exp_avg_flat(),
+                                               engine_.exp_avg_sq_flat()};
+    for (int s = 0; s < 3; ++s) {
+      snapshot_[s].resize(sources[s].size());
+      std::ranges::copy(sources[s], snapshot_[s].begin());
+    }
+  }
+  void wait_snapshot() override {}
+  std::array<std::span<const float>, 3> snapshot_buffers() const override {
+    return {snapshot_[0], snapshot_[1], snapshot_[2]};
   }
 
  private:
   BackendOptions options_;
   Gpt2 model_;
   ZeroEngine engine_;
+  std::vector<float> snapshot_[3];
 };
 
 }  // namespace

@@ -112,8 +112,16 @@ class CudaBackend final : public Backend {
   double global_grad_sq() override { return engine_.global_grad_sq(); }
   bool global_overflow() override { return engine_.global_overflow(); }
   void step(const AdamWStep& s) override { engine_.step(s); }
-  void snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq) override {
-    engine_.snapshot(master, exp_avg, exp_avg_sq);
+  void begin_snapshot() override {
+    const size_t flat = static_cast<size_t>(engine_.layout().flat_size());
+    for (auto& b : snapshot_) b.resize(flat);  // page-locked, allocated on first use
+    engine_.begin_snapshot({snapshot_[0].data(), flat}, {snapshot_[1].data(), flat}, {snapshot_[2].data(), flat});
+  }
+  void wait_snapshot() override { engine_.wait_snapshot(); }
+  std::array<std::span<const float>, 3> snapshot_buffers() const override {
+    return {std::span<const float>(snapshot_[0].data(), snapshot_[0].size()),
+            std::span<const float>(snapshot_[1].data(), snapshot_[1].size()),
+            std::span<const float>(snapshot_[2].data(), snapshot_[2].size())};
   }
 
  private:
@@ -122,6 +130,7 @@ class CudaBackend final : public Backend {
   GpuGpt2<T> model_;
   GpuZeroEngine<T> engine_;
   DeviceBuffer<int32_t> inputs_, targets_;
+  PinnedBuffer<float> snapshot_[3];
 };
 
 }  // namespace

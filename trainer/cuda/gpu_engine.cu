@@ -145,21 +145,27 @@ void GpuZeroEngine<T>::load(const LoadFn& read) {
 }
 
 template <typename T>
-void GpuZeroEngine<T>::snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq) {
+void GpuZeroEngine<T>::begin_snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq) {
   const std::span<float> targets[3] = {master, exp_avg, exp_avg_sq};
-  if (host_) {
+  if (host_) {  // offloaded: the states are in host memory already; the host step would change them
     const std::span<float> sources[3] = {host_->master(), host_->exp_avg(), host_->exp_avg_sq()};
-    for (int s = 0; s < 3; ++s) {
-      std::copy_n(sources[s].begin() + owned_offset(), owned_size(), targets[s].begin());
-    }
+    for (int s = 0; s < 3; ++s) std::copy_n(sources[s].begin() + owned_offset(), owned_size(), targets[s].begin());
     return;
   }
+  // The copies run beside the next micro-batches; only the next optimizer step waits for them.
+  wait(snapshot_stream_.get(), stream_);
   const DeviceBuffer<float>* sources[3] = {&master_, &exp_avg_, &exp_avg_sq_};
   for (int s = 0; s < 3; ++s) {
     CUDA_CHECK(cudaMemcpyAsync(targets[s].data(), sources[s]->data() + owned_offset(),
-                               static_cast<size_t>(owned_size()) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+                               static_cast<size_t>(owned_size()) * sizeof(float), cudaMemcpyDeviceToHost,
+                               snapshot_stream_.get()));
   }
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  CUDA_CHECK(cudaEventRecord(snapshot_done_.get(), snapshot_stream_.get()));
+}
+
+template <typename T>
+void GpuZeroEngine<T>::wait_snapshot() {
+  CUDA_CHECK(cudaEventSynchronize(snapshot_done_.get()));
 }
 
 template <typename T>
@@ -437,6 +443,7 @@ void GpuZeroEngine<T>::step(const AdamWStep& s) {
   // the update wait for the communication stream.
   if (stage == 3) drop_prefetched();
   wait(stream_, comm());
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_done_.get(), 0));  // a snapshot still reads the states
   if (host_) {
     host_->step(grads, params, AdamWCoefficients::of(s), stream_);
   } else {

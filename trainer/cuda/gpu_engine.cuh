@@ -31,7 +31,10 @@ class GpuZeroEngine final : public GpuParamStore<T> {
 
   void initialize(const InitFn& init);
   void load(const LoadFn& read);
-  void snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq);
+  // Starts copying the rank's states into the (page-locked) host spans on a side stream; the next
+  // step() waits for it on the device. wait_snapshot() blocks until the copy is done.
+  void begin_snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq);
+  void wait_snapshot();
 
   void acquire(int group) override;
   void release(int group) override;
@@ -82,6 +85,8 @@ class GpuZeroEngine final : public GpuParamStore<T> {
 
   Stream comm_stream_;
   Event order_;
+  Stream snapshot_stream_;
+  Event snapshot_done_;                    // recorded after the last snapshot copy (never recorded: complete)
   std::vector<DeviceBuffer<T>> gathered_;  // stage 3: full tensors of acquired (or prefetched) groups
   BufferPool<T> gather_pool_;
   std::vector<int> acquired_count_;
