@@ -2,7 +2,8 @@
 # CUDA backend checks on the GPU machine, in one call: build, the CUDA tests (1 rank, and 2 ranks when
 # two GPUs are visible), the per-kernel time of a GPT-2 step, and the training speed benchmark
 # (PYTORCH=1: with PyTorch side by side; STEPS=n timed steps), and gpt2-xl (1.5 B parameters) at
-# stage 3 on 2 GPUs and at stage 2 with the optimizer offloaded to the CPU on 1 GPU (XL=0 skips it).
+# stage 3 on 2 GPUs and at stage 2 with the optimizer offloaded to the CPU on 1 GPU (XL=0 skips it),
+# and, with 2 GPUs, checkpoint speed against the disk (CKPT=0 skips it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
@@ -41,4 +42,9 @@ JSON
   }
   if [ "$gpus" -ge 2 ]; then echo "-- stage 3, 2 GPUs"; xl 2 3 false; fi
   echo "-- stage 2 + CPU optimizer offload, 1 GPU"; xl 1 2 true
+fi
+
+if [ "$gpus" -ge 2 ] && [ "${CKPT:-1}" != 0 ]; then
+  log "checkpointing gpt2-xl on 2 GPUs against the disk (bench/gpu_ckpt_bench.sh)"
+  SK=build-gpu/shardkit timeout 500 bench/gpu_ckpt_bench.sh "${CKPT_DIR:-/tmp/gpu-ckpt}" 2>&1 | tail -16
 fi

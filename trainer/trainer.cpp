@@ -170,10 +170,18 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   }
 
   if (const auto resume = resolve_resume(options.resume, options.save_dir)) {
+    const auto load_start = std::chrono::steady_clock::now();
     const nlohmann::json state = load_checkpoint(*resume, s.table, *s.backend);
+    // The slowest rank's time; the states read (weights and two moments) are the same at any world size.
+    const double seconds =
+        comm.allreduce_max(std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
+    const double bytes = 3.0 * sizeof(float) * static_cast<double>(s.table.total_elements());
     s.restore(state, resume->string());
+    char rate[96];
+    std::snprintf(rate, sizeof(rate), ": %s of states read in %.2f s (%.2f GB/s)",
+                  human_bytes(static_cast<int64_t>(bytes)).c_str(), seconds, bytes / seconds / 1e9);
     s.log("resumed from " + resume->string() + " at step " + std::to_string(s.step) + " (" +
-          std::to_string(s.comm.size()) + " ranks, ZeRO stage " + std::to_string(s.config.zero.stage) + ")");
+          std::to_string(s.comm.size()) + " ranks, ZeRO stage " + std::to_string(s.config.zero.stage) + ")" + rate);
   } else if (!options.init_from.empty()) {
     const model::HfWeights weights(options.init_from);
     if (!(weights.config() == s.model_config)) {
