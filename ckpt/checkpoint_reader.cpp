@@ -2,14 +2,16 @@
 
 #include "ckpt/error.hpp"
 #include "ckpt/run_dir.hpp"
+#include "ckpt/thread_pool.hpp"
 
 namespace shardkit::ckpt {
 
-CheckpointReader::CheckpointReader(const std::filesystem::path& path)
+CheckpointReader::CheckpointReader(const std::filesystem::path& path, int read_threads)
     : step_dir_(resolve_checkpoint(path)),
       manifest_(read_manifest(step_dir_)),
       layout_(manifest_.tensors, manifest_.layout),
-      shards_(static_cast<size_t>(manifest_.layout.world_size)) {}
+      shards_(static_cast<size_t>(manifest_.layout.world_size)),
+      pool_(read_threads > 1 ? std::make_unique<ThreadPool>(read_threads - 1) : nullptr) {}
 
 CheckpointReader::~CheckpointReader() = default;
 
@@ -45,7 +47,8 @@ void CheckpointReader::read(int tensor, int state, int64_t offset, std::span<flo
   }
   for (const Placement& p : layout_.locate(tensor, offset, static_cast<int64_t>(out.size()))) {
     shard(p.rank).read(static_cast<size_t>(state), p.flat_offset,
-                       out.subspan(static_cast<size_t>(p.tensor_offset - offset), static_cast<size_t>(p.length)));
+                       out.subspan(static_cast<size_t>(p.tensor_offset - offset), static_cast<size_t>(p.length)),
+                       pool_.get());
   }
 }
 

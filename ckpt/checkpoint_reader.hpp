@@ -32,8 +32,9 @@ struct VerifyReport {
 class CheckpointReader {
  public:
   // `path`: a step directory, or a run directory whose `latest` is followed. Parses and validates the
-  // manifest; shards are opened (and validated) when first needed.
-  explicit CheckpointReader(const std::filesystem::path& path);
+  // manifest; shards are opened (and validated) when first needed. With `read_threads` > 1, the
+  // chunks of a large read() are read, decoded and checked by that many threads.
+  explicit CheckpointReader(const std::filesystem::path& path, int read_threads = 1);
   ~CheckpointReader();
 
   const std::filesystem::path& step_dir() const noexcept { return step_dir_; }
@@ -57,6 +58,7 @@ class CheckpointReader {
   Manifest manifest_;
   Layout layout_;
   std::vector<std::unique_ptr<ShardReader>> shards_;
+  std::unique_ptr<ThreadPool> pool_;  // read_threads > 1: reads the chunks of large ranges in parallel
 };
 
 }  // namespace shardkit::ckpt

@@ -1,5 +1,7 @@
 #include "ckpt/shard_reader.hpp"
 
+#include "ckpt/thread_pool.hpp"
+
 #include <fcntl.h>
 
 #include <algorithm>
@@ -157,14 +159,14 @@ int64_t ShardReader::chunk_storage_bytes(size_t state, int64_t chunk) const {
   return chunks_[state][static_cast<size_t>(chunk)].size;
 }
 
-void ShardReader::load_chunk(size_t state, int64_t chunk, float* out) {
+void ShardReader::load_chunk(size_t state, int64_t chunk, float* out, Scratch& scratch) {
   const ChunkLocation& loc = chunks_[state][static_cast<size_t>(chunk)];
   const size_t chunk_bytes = static_cast<size_t>(chunk_elems_) * sizeof(float);
   const std::string context = where_ + ": state " + states_[state] + " chunk " + std::to_string(chunk);
   if (loc.compressed) {
-    raw_.resize(static_cast<size_t>(loc.size));
-    fd_.pread_exact(raw_.data(), raw_.size(), loc.address);
-    decompressor_.decompress(raw_.data(), raw_.size(), out, chunk_bytes, context);
+    scratch.raw.resize(static_cast<size_t>(loc.size));
+    fd_.pread_exact(scratch.raw.data(), scratch.raw.size(), loc.address);
+    scratch.decompressor.decompress(scratch.raw.data(), scratch.raw.size(), out, chunk_bytes, context);
   } else {
     fd_.pread_exact(out, chunk_bytes, loc.address);
   }
@@ -183,7 +185,7 @@ std::string ShardReader::check_chunk(size_t state, int64_t chunk) {
   cache_.resize(static_cast<size_t>(chunk_elems_));
   cached_chunk_ = -1;
   try {
-    load_chunk(state, chunk, cache_.data());
+    load_chunk(state, chunk, cache_.data(), scratch_);
   } catch (const Error& e) {
     return e.what();
   }
@@ -192,11 +194,14 @@ std::string ShardReader::check_chunk(size_t state, int64_t chunk) {
   return {};
 }
 
-void ShardReader::read(size_t state, int64_t offset, std::span<float> out) {
+void ShardReader::read(size_t state, int64_t offset, std::span<float> out, ThreadPool* pool) {
   const int64_t length = static_cast<int64_t>(out.size());
   if (state >= states_.size() || offset < 0 || offset > flat_size_ - length) {
     fail(ErrorKind::kInternal, where_ + ": read outside the flat buffer");
   }
+  // Whole chunks go straight into the caller's buffer (in parallel with a pool); a chunk the range
+  // only partly covers is decoded into the cache and copied from there.
+  std::vector<std::pair<int64_t, float*>> whole;
   int64_t pos = offset;
   float* dst = out.data();
   while (pos < offset + length) {
@@ -204,12 +209,12 @@ void ShardReader::read(size_t state, int64_t offset, std::span<float> out) {
     const int64_t within = pos - chunk * chunk_elems_;
     const int64_t run = std::min(chunk_elems_ - within, offset + length - pos);
     if (within == 0 && run == chunk_elems_) {
-      load_chunk(state, chunk, dst);  // a whole chunk goes straight into the caller's buffer
+      whole.emplace_back(chunk, dst);
     } else {
       if (cached_chunk_ != chunk || cached_state_ != state) {
         cache_.resize(static_cast<size_t>(chunk_elems_));
         cached_chunk_ = -1;
-        load_chunk(state, chunk, cache_.data());
+        load_chunk(state, chunk, cache_.data(), scratch_);
         cached_state_ = state;
         cached_chunk_ = chunk;
       }
@@ -217,6 +222,16 @@ void ShardReader::read(size_t state, int64_t offset, std::span<float> out) {
     }
     dst += run;
     pos += run;
+  }
+  if (pool && whole.size() > 1) {
+    while (pool_scratch_.size() < static_cast<size_t>(pool->concurrency())) {
+      pool_scratch_.push_back(std::make_unique<Scratch>());
+    }
+    pool->parallel_for(whole.size(), [&](size_t i, int worker) {
+      load_chunk(state, whole[i].first, whole[i].second, *pool_scratch_[static_cast<size_t>(worker)]);
+    });
+  } else {
+    for (const auto& [chunk, to] : whole) load_chunk(state, chunk, to, scratch_);
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -16,6 +17,8 @@
 #include "ckpt/zstd_codec.hpp"
 
 namespace shardkit::ckpt {
+
+class ThreadPool;
 
 // What the manifest says a shard must be.
 struct ShardExpectation {
@@ -42,8 +45,9 @@ class ShardReader {
   const std::string& state_name(size_t state) const { return states_[state]; }
 
   // Reads flat elements [offset, offset + out.size()) of a state (index into the expected states).
+  // Whole chunks of the range are read, decoded and checked by `pool`'s threads when one is given.
   // Throws Error(kCorrupt) naming the file, state, chunk and tensors when a checksum fails.
-  void read(size_t state, int64_t offset, std::span<float> out);
+  void read(size_t state, int64_t offset, std::span<float> out, ThreadPool* pool = nullptr);
 
   // Reads and checks one chunk; returns an empty string when it is sound, else what is wrong.
   std::string check_chunk(size_t state, int64_t chunk);
@@ -60,9 +64,15 @@ class ShardReader {
     bool compressed = false;
   };
 
+  // What decoding a compressed chunk needs; one per thread.
+  struct Scratch {
+    std::vector<std::byte> raw;  // a compressed chunk as read
+    ZstdDecompressor decompressor;
+  };
+
   void index_file(const ShardExpectation& expect);
   // Decodes chunk `chunk` of `state` into `out` (chunk_elems_ floats) and verifies its checksum.
-  void load_chunk(size_t state, int64_t chunk, float* out);
+  void load_chunk(size_t state, int64_t chunk, float* out, Scratch& scratch);
   int64_t valid_elements(int64_t chunk) const noexcept;
 
   FileDescriptor fd_;
@@ -73,15 +83,15 @@ class ShardReader {
   int64_t flat_size_ = 0;
   int64_t chunk_elems_ = 0;  // of this file's datasets: min(manifest chunk size, flat size)
   int64_t num_chunks_ = 0;
-  std::vector<std::vector<ChunkLocation>> chunks_;  // [state][chunk]
-  std::vector<std::vector<uint64_t>> checksums_;    // [state][chunk]
-  std::vector<std::byte> raw_;                      // a compressed chunk as read
+  std::vector<std::vector<ChunkLocation>> chunks_;      // [state][chunk]
+  std::vector<std::vector<uint64_t>> checksums_;        // [state][chunk]
+  Scratch scratch_;                                     // the calling thread's
+  std::vector<std::unique_ptr<Scratch>> pool_scratch_;  // one per pool worker
   // The last decoded chunk (one for all states, so that memory per open shard stays one chunk):
   // ranges that start or end inside a chunk read it from here.
   size_t cached_state_ = 0;
   int64_t cached_chunk_ = -1;
   std::vector<float> cache_;
-  ZstdDecompressor decompressor_;
 };
 
 }  // namespace shardkit::ckpt

@@ -12,6 +12,7 @@
 #include "ckpt/run_dir.hpp"
 #include "ckpt/save.hpp"
 #include "ckpt/shard_format.hpp"
+#include "ckpt/thread_pool.hpp"
 
 namespace shardkit::trainer {
 namespace {
@@ -157,7 +158,8 @@ std::optional<std::filesystem::path> resolve_resume(const std::string& resume, c
 }
 
 nlohmann::json load_checkpoint(const std::filesystem::path& path, const ckpt::TensorTable& table, Backend& backend) {
-  ckpt::CheckpointReader reader(path);
+  // Every chunk is read, decoded and checked on several threads: a resume reads at the disk's speed.
+  ckpt::CheckpointReader reader(path, ckpt::ThreadPool::default_threads(0) + 1);
   const std::string where = reader.step_dir().string();
   if (!(reader.tensors() == table)) {
     fail(ErrorKind::kInvalidInput, where + " holds another model (" + std::to_string(reader.tensors().size()) +

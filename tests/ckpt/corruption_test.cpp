@@ -57,17 +57,24 @@ TEST(Corruption, FlippedDataBitIsFoundAndNamed) {
     if (level == 0) {
       EXPECT_TRUE(contains(problems, "tensor head[")) << problems;
     }
-    // Reading the damaged range fails with the same precision; other states still read.
-    CheckpointReader reader(f.step);
-    std::vector<float> head(40 * 16);
-    try {
-      reader.read(2, reader.find_state("exp_avg"), 0, head);
-      ADD_FAILURE() << "corrupt read succeeded";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
-      EXPECT_TRUE(contains(e.what(), f.shard1.string())) << e.what();
+    // Reading the damaged range fails with the same precision, whether its chunks are read by one
+    // thread or several; other states still read, and the same on both paths.
+    for (const int threads : {1, 4}) {
+      CheckpointReader reader(f.step, threads);
+      std::vector<float> head(40 * 16);
+      try {
+        reader.read(2, reader.find_state("exp_avg"), 0, head);
+        ADD_FAILURE() << "corrupt read succeeded (" << threads << " threads)";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+        EXPECT_TRUE(contains(e.what(), f.shard1.string())) << e.what();
+      }
+      EXPECT_NO_THROW(reader.read(2, reader.find_state("fp32"), 0, head));
+      std::vector<float> emb(64 * 16), emb_sequential(64 * 16);
+      reader.read(0, reader.find_state("fp32"), 3, std::span<float>(emb).subspan(3));
+      CheckpointReader(f.step).read(0, reader.find_state("fp32"), 3, std::span<float>(emb_sequential).subspan(3));
+      EXPECT_EQ(emb, emb_sequential);
     }
-    EXPECT_NO_THROW(reader.read(2, reader.find_state("fp32"), 0, head));
   }
 }
 
