@@ -67,10 +67,7 @@ TrainOptions options(const std::filesystem::path& config, const std::filesystem:
   return o;
 }
 
-std::vector<StepRecord> train(comm::MpiCollective& comm, const TrainOptions& o) {
-  trainer::Trainer t(comm, o);
-  return t.run();
-}
+using testing::train;
 
 void expect_close(const std::vector<StepRecord>& got, const std::vector<StepRecord>& want, size_t offset, double rtol,
                   const std::string& what) {

@@ -45,10 +45,7 @@ class Workspace : public testing::SharedDir {
   }
 };
 
-std::vector<StepRecord> train(comm::MpiCollective& comm, const TrainOptions& o) {
-  trainer::Trainer t(comm, o);
-  return t.run();
-}
+using testing::train;
 
 void expect_same_checkpoint(const std::filesystem::path& a, const std::filesystem::path& b) {
   ckpt::CheckpointReader ra(a), rb(b);

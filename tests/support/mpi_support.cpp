@@ -38,6 +38,11 @@ std::filesystem::path SharedDir::write_json(const std::string& name, const nlohm
   return file;
 }
 
+std::vector<trainer::StepRecord> train(comm::MpiCollective& comm, const trainer::TrainOptions& options) {
+  trainer::Trainer t(comm, options);
+  return t.run();
+}
+
 std::vector<trainer::StepRecord> train_on_rank0(comm::MpiCollective& world, const trainer::TrainOptions& options) {
   nlohmann::json out = nlohmann::json::array();
   if (world.rank() == 0) {

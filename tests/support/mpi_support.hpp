@@ -34,6 +34,9 @@ class SharedDir {
   std::filesystem::path path_;
 };
 
+// Trains with `options` on every rank of `comm`; returns the records of the steps run.
+std::vector<trainer::StepRecord> train(comm::MpiCollective& comm, const trainer::TrainOptions& options);
+
 // Trains on rank 0 alone (a world of one); every rank receives the step, loss, lr and loss scale.
 std::vector<trainer::StepRecord> train_on_rank0(comm::MpiCollective& world, const trainer::TrainOptions& options);
 

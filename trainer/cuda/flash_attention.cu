@@ -2,6 +2,7 @@
 
 #include "trainer/cuda/cuda_common.hpp"
 #include "trainer/cuda/flash_attention.cuh"
+#include "trainer/cuda/head_size.cuh"
 
 namespace shardkit::trainer::cuda {
 namespace {
@@ -88,6 +89,25 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int pending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+}
+
+// A block's double-buffered walk over tiles [first, last): fetch(tile) queues the tile's copies into
+// buffer tile % 2 (and commits them); body(tile) runs once the tile has landed for every thread, while
+// the next one is on its way.
+template <typename Fetch, typename Body>
+__device__ __forceinline__ void for_each_tile(int first, int last, Fetch&& fetch, Body&& body) {
+  if (first < last) fetch(first);
+  for (int tile = first; tile < last; ++tile) {
+    __syncthreads();  // every warp is done with the buffer the next fetch overwrites
+    if (tile + 1 < last) {
+      fetch(tile + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // this tile has landed, for every thread
+    body(tile);
+  }
 }
 
 // The a fragments of rows (row0, row0 + 8) x HS columns of a row-major matrix in global memory; rows
@@ -203,20 +223,11 @@ __global__ void __launch_bounds__(kBq * 2)
     load_rows_async<T, kBk, HS>(v_tiles + (tile % 2) * kTile, q_base + 2 * C, tile * kBk, S, ld);
     cp_async_commit();
   };
-  fetch(0);
-  for (int tile = 0; tile < tiles; ++tile) {
-    __syncthreads();  // every warp is done with the buffer the next fetch overwrites
-    if (tile + 1 < tiles) {
-      fetch(tile + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // this tile has landed, for every thread
+  for_each_tile(0, tiles, fetch, [&](int tile) {
     const int k0 = tile * kBk;
     const T* ks = k_tiles + (tile % 2) * kTile;
     const T* vs = v_tiles + (tile % 2) * kTile;
-    if (k0 > warp_last) continue;  // every key of the tile follows every query of this warp
+    if (k0 > warp_last) return;  // every key of the tile follows every query of this warp
     float s[kBk / 8][4];
     mma_abt<T, HS, kBk / 8>(s, qa, ks);
     // Scores in the log2 domain; keys after the query are masked. The first tile (k0 = 0) always
@@ -261,7 +272,7 @@ __global__ void __launch_bounds__(kBq * 2)
       }
     }
     mma_pb<T, HS, kBk>(o, s, vs);
-  }
+  });
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
   store_rows<T, HS>(out + int64_t{b} * S * C + h * HS, o, row0, S, C, 1.0f / l0, 1.0f / l1);
@@ -302,20 +313,11 @@ __global__ void __launch_bounds__(kBq * 2)
     load_rows_async<T, kBk, HS>(v_tiles + (tile % 2) * kTile, q_base + 2 * C, tile * kBk, S, ld);
     cp_async_commit();
   };
-  fetch(0);
-  for (int tile = 0; tile < tiles; ++tile) {
-    __syncthreads();
-    if (tile + 1 < tiles) {
-      fetch(tile + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  for_each_tile(0, tiles, fetch, [&](int tile) {
     const int k0 = tile * kBk;
     const T* ks = k_tiles + (tile % 2) * kTile;
     const T* vs = v_tiles + (tile % 2) * kTile;
-    if (k0 > warp_last) continue;
+    if (k0 > warp_last) return;
     float s[kBk / 8][4], dp[kBk / 8][4];
     mma_abt<T, HS, kBk / 8>(s, qa, ks);
     mma_abt<T, HS, kBk / 8>(dp, da, vs);
@@ -332,7 +334,7 @@ __global__ void __launch_bounds__(kBq * 2)
       }
     }
     mma_pb<T, HS, kBk>(dq, s, ks);
-  }
+  });
   store_rows<T, HS>(dqkv + int64_t{b} * S * ld + h * HS, dq, row0, S, ld, scale, scale);
 }
 
@@ -371,22 +373,13 @@ __global__ void __launch_bounds__(kBk * 2)
       delta_tiles[buf * kBq + i] = q0 + i < S ? delta[stats + q0 + i] : 0.0f;
     }
   };
-  fetch(first_tile);
-  for (int tile = first_tile; tile < tiles; ++tile) {
-    __syncthreads();
-    if (tile + 1 < tiles) {
-      fetch(tile + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+  for_each_tile(first_tile, tiles, fetch, [&](int tile) {
     const int q0 = tile * kBq, buf = tile % 2;
     const T* qs = q_tiles + buf * kTile;
     const T* dos = do_tiles + buf * kTile;
     const float* lse_s = lse_tiles + buf * kBq;
     const float* delta_s = delta_tiles + buf * kBq;
-    if (q0 + kBq - 1 < warp_first) continue;  // every query of the tile precedes every key of this warp
+    if (q0 + kBq - 1 < warp_first) return;  // every query of the tile precedes every key of this warp
     float pt[kBq / 8][4], dpt[kBq / 8][4];
     mma_abt<T, HS, kBq / 8>(pt, ka, qs);
     mma_abt<T, HS, kBq / 8>(dpt, va, dos);
@@ -406,7 +399,7 @@ __global__ void __launch_bounds__(kBk * 2)
     }
     mma_pb<T, HS, kBq>(dv, pt, dos);
     mma_pb<T, HS, kBq>(dk, dpt, qs);
-  }
+  });
   T* dkv = dqkv + int64_t{b} * S * ld + h * HS;
   store_rows<T, HS>(dkv + C, dk, key0, S, ld, scale, scale);
   store_rows<T, HS>(dkv + 2 * C, dv, key0, S, ld, 1.0f, 1.0f);
@@ -447,33 +440,13 @@ void backward_hs(T* dqkv, const T* dout, const T* qkv, const float* lse, const f
 
 template <typename T>
 void flash_attention_forward(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
-  switch (C / NH) {
-    case 32:
-      return forward_hs<T, 32>(out, lse, qkv, B, S, C, NH, st);
-    case 64:
-      return forward_hs<T, 64>(out, lse, qkv, B, S, C, NH, st);
-    case 128:
-      return forward_hs<T, 128>(out, lse, qkv, B, S, C, NH, st);
-    default:
-      fail(ErrorKind::kInvalidInput,
-           "CUDA attention supports head sizes 32, 64 and 128, not " + std::to_string(C / NH));
-  }
+  with_head_size(C / NH, [&](auto hs) { forward_hs<T, hs()>(out, lse, qkv, B, S, C, NH, st); });
 }
 
 template <typename T>
 void flash_attention_backward(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int B, int S,
                               int C, int NH, cudaStream_t st) {
-  switch (C / NH) {
-    case 32:
-      return backward_hs<T, 32>(dqkv, dout, qkv, lse, delta, B, S, C, NH, st);
-    case 64:
-      return backward_hs<T, 64>(dqkv, dout, qkv, lse, delta, B, S, C, NH, st);
-    case 128:
-      return backward_hs<T, 128>(dqkv, dout, qkv, lse, delta, B, S, C, NH, st);
-    default:
-      fail(ErrorKind::kInvalidInput,
-           "CUDA attention supports head sizes 32, 64 and 128, not " + std::to_string(C / NH));
-  }
+  with_head_size(C / NH, [&](auto hs) { backward_hs<T, hs()>(dqkv, dout, qkv, lse, delta, B, S, C, NH, st); });
 }
 
 template void flash_attention_forward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*, int, int, int, int,

@@ -4,6 +4,7 @@
 
 #include "trainer/cuda/cuda_common.hpp"
 #include "trainer/cuda/flash_attention.cuh"
+#include "trainer/cuda/head_size.cuh"
 #include "trainer/cuda/kernels.cuh"
 
 namespace shardkit::trainer::cuda {
@@ -39,10 +40,6 @@ __device__ __forceinline__ __half from_float<__half>(float x) {
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
@@ -645,17 +642,7 @@ void add_inplace(T* y, const T* x, int64_t n, cudaStream_t st) {
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
   if constexpr (std::is_same_v<T, float>) {
-    switch (C / NH) {
-      case 32:
-        return attention_forward_hs<T, 32>(out, lse, qkv, B, S, C, NH, st);
-      case 64:
-        return attention_forward_hs<T, 64>(out, lse, qkv, B, S, C, NH, st);
-      case 128:
-        return attention_forward_hs<T, 128>(out, lse, qkv, B, S, C, NH, st);
-      default:
-        fail(ErrorKind::kInvalidInput,
-             "CUDA attention supports head sizes 32, 64 and 128, not " + std::to_string(C / NH));
-    }
+    with_head_size(C / NH, [&](auto hs) { attention_forward_hs<T, hs()>(out, lse, qkv, B, S, C, NH, st); });
   } else {
     flash_attention_forward(out, lse, qkv, B, S, C, NH, st);
   }
@@ -666,17 +653,8 @@ void attention_backward(T* dqkv, float* delta, const T* dout, const T* out, cons
                         int S, int C, int NH, cudaStream_t st) {
   attention_delta(delta, dout, out, B, S, C, NH, st);
   if constexpr (std::is_same_v<T, float>) {
-    switch (C / NH) {
-      case 32:
-        return attention_backward_hs<T, 32>(dqkv, delta, dout, qkv, lse, B, S, C, NH, st);
-      case 64:
-        return attention_backward_hs<T, 64>(dqkv, delta, dout, qkv, lse, B, S, C, NH, st);
-      case 128:
-        return attention_backward_hs<T, 128>(dqkv, delta, dout, qkv, lse, B, S, C, NH, st);
-      default:
-        fail(ErrorKind::kInvalidInput,
-             "CUDA attention supports head sizes 32, 64 and 128, not " + std::to_string(C / NH));
-    }
+    with_head_size(C / NH,
+                   [&](auto hs) { attention_backward_hs<T, hs()>(dqkv, delta, dout, qkv, lse, B, S, C, NH, st); });
   } else {
     flash_attention_backward(dqkv, dout, qkv, lse, delta, B, S, C, NH, st);
   }

@@ -1,0 +1,28 @@
+// The attention kernels are compiled for each supported head size; this turns the runtime head size
+// into the compile-time one, in one place.
+#pragma once
+
+#include <string>
+#include <type_traits>
+
+#include "ckpt/error.hpp"
+
+namespace shardkit::trainer::cuda {
+
+// Calls f(std::integral_constant<int, HS>{}) for head_size HS in {32, 64, 128}; any other is an error.
+template <typename F>
+void with_head_size(int head_size, F&& f) {
+  switch (head_size) {
+    case 32:
+      return f(std::integral_constant<int, 32>{});
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    case 128:
+      return f(std::integral_constant<int, 128>{});
+    default:
+      fail(ErrorKind::kInvalidInput,
+           "CUDA attention supports head sizes 32, 64 and 128, not " + std::to_string(head_size));
+  }
+}
+
+}  // namespace shardkit::trainer::cuda
