@@ -25,8 +25,10 @@ class CpuBackend final : public Backend {
   void load(const LoadFn& read) override {
     const std::span<float> targets[3] = {engine_.load_master(), engine_.load_exp_avg(), engine_.load_exp_avg_sq()};
     for (const auto& t : targets) std::fill(t.begin(), t.end(), 0.0f);
-    for (const ckpt::Fragment& f : engine_.load_plan()) {
-      for (int s = 0; s < 3; ++s) {
+    // State by state, fragments in flat order: each state's dataset is read front to back, and the
+    // small tensors that share a chunk find it in the reader's cache.
+    for (int s = 0; s < 3; ++s) {
+      for (const ckpt::Fragment& f : engine_.load_plan()) {
         read(f.tensor, s, f.tensor_offset,
              targets[s].subspan(static_cast<size_t>(f.flat_offset), static_cast<size_t>(f.length)));
       }
