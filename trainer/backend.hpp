@@ -51,17 +51,17 @@ class Backend {
   // Reads this rank's master weights and moments through `read`, whatever layout they came from.
   virtual void load(const LoadFn& read) = 0;
 
-  // One optimizer step: zero_grads, forward_backward per micro-batch, reduce_grads, then either
-  // step or (overflow) nothing.
+  // One optimizer step: zero_grads, forward_backward per micro-batch, reduce_grads, global_grad_sq,
+  // then either step or (overflow) nothing.
   virtual void zero_grads() = 0;
   // Micro-batch of micro_batch x seq_len tokens; returns its mean loss and accumulates the gradient
   // of grad_scale * loss.
   virtual double forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
                                   PassTimes* times) = 0;
   virtual void reduce_grads() = 0;
-  // Sum over ranks of the squares of the (summed, still scaled) gradients.
+  // Sum over ranks of the squares of the (summed, still scaled) gradients, in double: non-finite
+  // exactly when some gradient is (the loss scaler's overflow test).
   virtual double global_grad_sq() = 0;
-  virtual bool global_overflow() = 0;
   virtual void step(const AdamWStep& step) = 0;
 
   // The snapshot of a save: the rank's states in the checkpoint layout (layout().flat_size() elements

@@ -42,7 +42,6 @@ class CpuBackend final : public Backend {
   }
   void reduce_grads() override { engine_.reduce_grads(); }
   double global_grad_sq() override { return engine_.global_grad_sq(); }
-  bool global_overflow() override { return engine_.global_overflow(); }
   void step(const AdamWStep& s) override { engine_.step(s); }
 
   // A plain copy, done when begin_snapshot returns.

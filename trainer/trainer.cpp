@@ -249,7 +249,10 @@ StepRecord Trainer::State::train_step() {
   }
   const auto reduce_start = Clock::now();
   backend->reduce_grads();
-  const bool overflow = scaler->checks_overflow() && backend->global_overflow();
+  // One pass and one synchronisation: the squared-gradient sum (in double, so no finite fp32
+  // gradients can overflow it) is non-finite exactly when some gradient is.
+  const double grad_sq = backend->global_grad_sq();
+  const bool overflow = scaler->checks_overflow() && !std::isfinite(grad_sq);
   const double reduce_ms = ms_since(reduce_start);
 
   StepRecord r;
@@ -265,7 +268,7 @@ StepRecord Trainer::State::train_step() {
     ++skipped_steps;
   } else {
     // Gradients are summed over ranks and scaled by the loss scale the backward pass used.
-    const double norm = std::sqrt(backend->global_grad_sq()) / W / scale;
+    const double norm = std::sqrt(grad_sq) / W / scale;
     const double clip = config.gradient_clipping;
     const double clip_factor = clip > 0 ? std::max(1.0, (norm + 1e-6) / clip) : 1.0;
     AdamWStep a;

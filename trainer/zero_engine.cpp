@@ -272,14 +272,6 @@ double ZeroEngine::global_grad_sq() {
   return comm_.allreduce_sum(sum);
 }
 
-bool ZeroEngine::global_overflow() {
-  const std::span<const float> g = owned(stage() == 0 ? grads_full_ : grad_part_);
-  int bad = 0;
-#pragma omp parallel for reduction(| : bad) schedule(static)
-  for (size_t i = 0; i < g.size(); ++i) bad |= std::isfinite(g[i]) ? 0 : 1;
-  return comm_.allreduce_max(bad) > 0;
-}
-
 void ZeroEngine::step(const AdamWStep& s) {
   cpu_adamw(master_, exp_avg_, exp_avg_sq_, optimizer_grads(), AdamWCoefficients::of(s));
   publish_params();

@@ -63,7 +63,6 @@ class ZeroEngine final : public ParameterStore {
   // Sum of squares of the rank's reduced gradient partition, summed over ranks (all ranks agree).
   double global_grad_sq();
   // Whether any rank's reduced gradients hold inf or nan.
-  bool global_overflow();
   // AdamW on the rank's partition, then the updated parameters are made visible to the model.
   void step(const AdamWStep& step);
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
 
 namespace shardkit::trainer {
@@ -17,21 +18,6 @@ int local_rank(comm::MpiCollective& comm) {
   MPI_CHECK(MPI_Comm_rank(node, &rank));
   MPI_CHECK(MPI_Comm_free(&node));
   return rank;
-}
-
-template <typename T>
-const char* type_name();
-template <>
-const char* type_name<float>() {
-  return "fp32";
-}
-template <>
-const char* type_name<__nv_bfloat16>() {
-  return "bf16";
-}
-template <>
-const char* type_name<__half>() {
-  return "fp16";
 }
 
 // Owns the device context of one rank: device selection, stream, cuBLAS and NCCL handles.
@@ -92,8 +78,8 @@ class CudaBackend final : public Backend {
   std::string describe() const override {
     int nccl = 0;
     ncclGetVersion(&nccl);
-    return "CUDA device " + std::to_string(context_.device()) + " (" + context_.props().name + "), " + type_name<T>() +
-           " compute with fp32 master weights, cuBLAS, NCCL " + std::to_string(nccl);
+    return "CUDA device " + std::to_string(context_.device()) + " (" + context_.props().name + "), " +
+           DeviceType<T>::kName + " compute with fp32 master weights, cuBLAS, NCCL " + std::to_string(nccl);
   }
   MemoryReport memory() const override { return engine_.memory(); }
   int64_t activation_bytes() const override { return model_.activation_bytes(); }
@@ -110,7 +96,6 @@ class CudaBackend final : public Backend {
   }
   void reduce_grads() override { engine_.reduce_grads(); }
   double global_grad_sq() override { return engine_.global_grad_sq(); }
-  bool global_overflow() override { return engine_.global_overflow(); }
   void step(const AdamWStep& s) override { engine_.step(s); }
   void begin_snapshot() override {
     const size_t flat = static_cast<size_t>(engine_.layout().flat_size());

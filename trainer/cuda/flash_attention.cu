@@ -110,6 +110,22 @@ __device__ __forceinline__ void for_each_tile(int first, int last, Fetch&& fetch
   }
 }
 
+// The forward and dq kernels' walk over the key/value tiles of keys [0, key_end) of one head (q_base:
+// the head's first query element; keys and values follow at + C and + 2C), double-buffered in
+// k_tiles / v_tiles (2 tiles each): body(k0, ks, vs) for each tile.
+template <typename T, int HS, int kBk, typename Body>
+__device__ __forceinline__ void for_each_kv_tile(T* k_tiles, T* v_tiles, const T* q_base, int C, int S, int64_t ld,
+                                                 int key_end, Body&& body) {
+  constexpr int kTile = kBk * (HS + kPad);
+  const auto fetch = [&](int tile) {
+    load_rows_async<T, kBk, HS>(k_tiles + (tile % 2) * kTile, q_base + C, tile * kBk, S, ld);
+    load_rows_async<T, kBk, HS>(v_tiles + (tile % 2) * kTile, q_base + 2 * C, tile * kBk, S, ld);
+    cp_async_commit();
+  };
+  for_each_tile(0, (key_end + kBk - 1) / kBk, fetch,
+                [&](int tile) { body(tile * kBk, k_tiles + (tile % 2) * kTile, v_tiles + (tile % 2) * kTile); });
+}
+
 // The a fragments of rows (row0, row0 + 8) x HS columns of a row-major matrix in global memory; rows
 // at or past S are zero.
 template <typename T, int HS>
@@ -217,62 +233,54 @@ __global__ void __launch_bounds__(kBq * 2)
   load_a_fragments<T, HS>(qa, q_base, row0, S, ld);
   float o[HS / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-  const int tiles = (min(S, q0 + kBq) + kBk - 1) / kBk;
-  auto fetch = [&](int tile) {
-    load_rows_async<T, kBk, HS>(k_tiles + (tile % 2) * kTile, q_base + C, tile * kBk, S, ld);
-    load_rows_async<T, kBk, HS>(v_tiles + (tile % 2) * kTile, q_base + 2 * C, tile * kBk, S, ld);
-    cp_async_commit();
-  };
-  for_each_tile(0, tiles, fetch, [&](int tile) {
-    const int k0 = tile * kBk;
-    const T* ks = k_tiles + (tile % 2) * kTile;
-    const T* vs = v_tiles + (tile % 2) * kTile;
-    if (k0 > warp_last) return;  // every key of the tile follows every query of this warp
-    float s[kBk / 8][4];
-    mma_abt<T, HS, kBk / 8>(s, qa, ks);
-    // Scores in the log2 domain; keys after the query are masked. The first tile (k0 = 0) always
-    // holds key 0, so every row's running maximum is finite from then on.
-    const bool diagonal = k0 + kBk - 1 > q0 + warp * 16;
-    float mx0 = -INFINITY, mx1 = -INFINITY;
+  for_each_kv_tile<T, HS, kBk>(k_tiles, v_tiles, q_base, C, S, ld, min(S, q0 + kBq),
+                               [&](int k0, const T* ks, const T* vs) {
+                                 if (k0 > warp_last) return;  // every key of the tile follows every query of this warp
+                                 float s[kBk / 8][4];
+                                 mma_abt<T, HS, kBk / 8>(s, qa, ks);
+                                 // Scores in the log2 domain; keys after the query are masked. The first tile (k0 = 0)
+                                 // always holds key 0, so every row's running maximum is finite from then on.
+                                 const bool diagonal = k0 + kBk - 1 > q0 + warp * 16;
+                                 float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-    for (int n = 0; n < kBk / 8; ++n) {
+                                 for (int n = 0; n < kBk / 8; ++n) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int key = k0 + n * 8 + 2 * t + i;
-        float a = s[n][i] * scale_log2, c = s[n][2 + i] * scale_log2;
-        if (diagonal && key > row0) a = -INFINITY;
-        if (diagonal && key > row1) c = -INFINITY;
-        s[n][i] = a;
-        s[n][2 + i] = c;
-        mx0 = fmaxf(mx0, a);
-        mx1 = fmaxf(mx1, c);
-      }
-    }
-    const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
-    const float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1);
-    m0 = mn0;
-    m1 = mn1;
-    l0 *= c0;
-    l1 *= c1;
+                                   for (int i = 0; i < 2; ++i) {
+                                     const int key = k0 + n * 8 + 2 * t + i;
+                                     float a = s[n][i] * scale_log2, c = s[n][2 + i] * scale_log2;
+                                     if (diagonal && key > row0) a = -INFINITY;
+                                     if (diagonal && key > row1) c = -INFINITY;
+                                     s[n][i] = a;
+                                     s[n][2 + i] = c;
+                                     mx0 = fmaxf(mx0, a);
+                                     mx1 = fmaxf(mx1, c);
+                                   }
+                                 }
+                                 const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
+                                 const float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1);
+                                 m0 = mn0;
+                                 m1 = mn1;
+                                 l0 *= c0;
+                                 l1 *= c1;
 #pragma unroll
-    for (int n = 0; n < HS / 8; ++n) {
-      o[n][0] *= c0;
-      o[n][1] *= c0;
-      o[n][2] *= c1;
-      o[n][3] *= c1;
-    }
+                                 for (int n = 0; n < HS / 8; ++n) {
+                                   o[n][0] *= c0;
+                                   o[n][1] *= c0;
+                                   o[n][2] *= c1;
+                                   o[n][3] *= c1;
+                                 }
 #pragma unroll
-    for (int n = 0; n < kBk / 8; ++n) {
+                                 for (int n = 0; n < kBk / 8; ++n) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        s[n][i] = exp2f(s[n][i] - m0);
-        s[n][2 + i] = exp2f(s[n][2 + i] - m1);
-        l0 += s[n][i];
-        l1 += s[n][2 + i];
-      }
-    }
-    mma_pb<T, HS, kBk>(o, s, vs);
-  });
+                                   for (int i = 0; i < 2; ++i) {
+                                     s[n][i] = exp2f(s[n][i] - m0);
+                                     s[n][2 + i] = exp2f(s[n][2 + i] - m1);
+                                     l0 += s[n][i];
+                                     l1 += s[n][2 + i];
+                                   }
+                                 }
+                                 mma_pb<T, HS, kBk>(o, s, vs);
+                               });
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
   store_rows<T, HS>(out + int64_t{b} * S * C + h * HS, o, row0, S, C, 1.0f / l0, 1.0f / l1);
@@ -307,34 +315,26 @@ __global__ void __launch_bounds__(kBq * 2)
   const float delta0 = row0 < S ? delta[stats + row0] : 0.0f;
   const float delta1 = row1 < S ? delta[stats + row1] : 0.0f;
   float dq[HS / 8][4] = {};
-  const int tiles = (min(S, q0 + kBq) + kBk - 1) / kBk;
-  auto fetch = [&](int tile) {
-    load_rows_async<T, kBk, HS>(k_tiles + (tile % 2) * kTile, q_base + C, tile * kBk, S, ld);
-    load_rows_async<T, kBk, HS>(v_tiles + (tile % 2) * kTile, q_base + 2 * C, tile * kBk, S, ld);
-    cp_async_commit();
-  };
-  for_each_tile(0, tiles, fetch, [&](int tile) {
-    const int k0 = tile * kBk;
-    const T* ks = k_tiles + (tile % 2) * kTile;
-    const T* vs = v_tiles + (tile % 2) * kTile;
-    if (k0 > warp_last) return;
-    float s[kBk / 8][4], dp[kBk / 8][4];
-    mma_abt<T, HS, kBk / 8>(s, qa, ks);
-    mma_abt<T, HS, kBk / 8>(dp, da, vs);
-    const bool diagonal = k0 + kBk - 1 > q0 + warp * 16;
+  for_each_kv_tile<T, HS, kBk>(
+      k_tiles, v_tiles, q_base, C, S, ld, min(S, q0 + kBq), [&](int k0, const T* ks, const T* vs) {
+        if (k0 > warp_last) return;
+        float s[kBk / 8][4], dp[kBk / 8][4];
+        mma_abt<T, HS, kBk / 8>(s, qa, ks);
+        mma_abt<T, HS, kBk / 8>(dp, da, vs);
+        const bool diagonal = k0 + kBk - 1 > q0 + warp * 16;
 #pragma unroll
-    for (int n = 0; n < kBk / 8; ++n) {
+        for (int n = 0; n < kBk / 8; ++n) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int key = k0 + n * 8 + 2 * t + i;
-        const float p0 = diagonal && key > row0 ? 0.0f : exp2f(s[n][i] * scale_log2 - lse0);
-        const float p1 = diagonal && key > row1 ? 0.0f : exp2f(s[n][2 + i] * scale_log2 - lse1);
-        s[n][i] = p0 * (dp[n][i] - delta0);
-        s[n][2 + i] = p1 * (dp[n][2 + i] - delta1);
-      }
-    }
-    mma_pb<T, HS, kBk>(dq, s, ks);
-  });
+          for (int i = 0; i < 2; ++i) {
+            const int key = k0 + n * 8 + 2 * t + i;
+            const float p0 = diagonal && key > row0 ? 0.0f : exp2f(s[n][i] * scale_log2 - lse0);
+            const float p1 = diagonal && key > row1 ? 0.0f : exp2f(s[n][2 + i] * scale_log2 - lse1);
+            s[n][i] = p0 * (dp[n][i] - delta0);
+            s[n][2 + i] = p1 * (dp[n][2 + i] - delta1);
+          }
+        }
+        mma_pb<T, HS, kBk>(dq, s, ks);
+      });
   store_rows<T, HS>(dqkv + int64_t{b} * S * ld + h * HS, dq, row0, S, ld, scale, scale);
 }
 

@@ -1,26 +1,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
 #include "trainer/cuda/kernels.cuh"
 
 namespace shardkit::trainer::cuda {
 namespace {
-
-template <typename T>
-ncclDataType_t nccl_type();
-template <>
-ncclDataType_t nccl_type<float>() {
-  return ncclFloat;
-}
-template <>
-ncclDataType_t nccl_type<__nv_bfloat16>() {
-  return ncclBfloat16;
-}
-template <>
-ncclDataType_t nccl_type<__half>() {
-  return ncclHalf;
-}
 
 // Scratch buffers only ever grow: reallocating (cudaFree) would synchronise the device.
 template <typename U>
@@ -67,7 +53,6 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<Tens
   prefetched_.assign(groups_.size(), 0);
   for (size_t g = 0; g < groups_.size(); ++g) gathered_at_.push_back(std::make_unique<Event>());
   scalar_.resize(1);
-  flag_.resize(1);
 }
 
 template <typename T>
@@ -187,7 +172,7 @@ void GpuZeroEngine<T>::publish_params() {
   }
   if (stage == 1 || stage == 2) {
     const int64_t P = layout_.partition_size();
-    NCCL_CHECK(ncclAllGather(mine, params_full_.data(), static_cast<size_t>(P), nccl_type<T>(), nccl_, stream_));
+    NCCL_CHECK(ncclAllGather(mine, params_full_.data(), static_cast<size_t>(P), DeviceType<T>::kNccl, nccl_, stream_));
   }
 }
 
@@ -235,8 +220,8 @@ void GpuZeroEngine<T>::gather(int group) {
     const int64_t base = layout_.slot_offset(a);
     const int64_t span = slot_end(b) - base;
     grow(gather_recv_, static_cast<size_t>(span * world_));
-    NCCL_CHECK(ncclAllGather(param_part_.data() + base, gather_recv_.data(), static_cast<size_t>(span), nccl_type<T>(),
-                             nccl_, st));
+    NCCL_CHECK(ncclAllGather(param_part_.data() + base, gather_recv_.data(), static_cast<size_t>(span),
+                             DeviceType<T>::kNccl, nccl_, st));
     for (int t = a; t < b; ++t) {
       const int64_t n = numel(t), piece = layout_.piece_size(t);
       DeviceBuffer<T>& full = gathered_[static_cast<size_t>(t)];
@@ -417,19 +402,8 @@ double GpuZeroEngine<T>::global_grad_sq() {
   sum_squares(scalar_.data(), g, owned_size(), stream_);
   double local = 0;
   CUDA_CHECK(cudaMemcpyAsync(&local, scalar_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));  // the norm decides the step's clipping factor on the host
+  CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host decides on overflow and clipping from it
   return mpi_.allreduce_sum(local);
-}
-
-template <typename T>
-bool GpuZeroEngine<T>::global_overflow() {
-  const float* g = (layout_.stage() == 0 ? grads_full_.data() : grad_part_.data()) + owned_offset();
-  CUDA_CHECK(cudaMemsetAsync(flag_.data(), 0, sizeof(int), stream_));
-  find_nonfinite(flag_.data(), g, owned_size(), stream_);
-  int local = 0;
-  CUDA_CHECK(cudaMemcpyAsync(&local, flag_.data(), sizeof(int), cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));  // the loss scaler decides on the host whether to step
-  return mpi_.allreduce_max(local) > 0;
 }
 
 template <typename T>
@@ -452,7 +426,8 @@ void GpuZeroEngine<T>::step(const AdamWStep& s) {
   }
   if (stage == 1 || stage == 2) {
     const int64_t P = layout_.partition_size();
-    NCCL_CHECK(ncclAllGather(params, params_full_.data(), static_cast<size_t>(P), nccl_type<T>(), nccl_, stream_));
+    NCCL_CHECK(
+        ncclAllGather(params, params_full_.data(), static_cast<size_t>(P), DeviceType<T>::kNccl, nccl_, stream_));
   }
 }
 

@@ -46,7 +46,6 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   void zero_grads();
   void reduce_grads();
   double global_grad_sq();
-  bool global_overflow();
   void step(const AdamWStep& step);
 
  private:
@@ -101,7 +100,6 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   DeviceBuffer<float> send_, recv_;
   DeviceBuffer<T> gather_recv_;
   DeviceBuffer<double> scalar_;
-  DeviceBuffer<int> flag_;
 };
 
 }  // namespace shardkit::trainer::cuda

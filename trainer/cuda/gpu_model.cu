@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/gpu_model.cuh"
 #include "trainer/cuda/kernels.cuh"
 
@@ -10,21 +11,6 @@ namespace {
 enum BlockTensor { kLn1W, kLn1B, kQkvW, kQkvB, kAttProjW, kAttProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB };
 constexpr int kWte = 0;
 constexpr int kWpe = 1;
-
-template <typename T>
-cudaDataType_t data_type();
-template <>
-cudaDataType_t data_type<float>() {
-  return CUDA_R_32F;
-}
-template <>
-cudaDataType_t data_type<__nv_bfloat16>() {
-  return CUDA_R_16BF;
-}
-template <>
-cudaDataType_t data_type<__half>() {
-  return CUDA_R_16F;
-}
 
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) {
@@ -54,8 +40,8 @@ void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m, int n, int k
           const T* b, int ldb, float beta, TC* c, int ldc) {
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
   CUBLAS_CHECK(cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k,
-                            &alpha, b, data_type<T>(), ldb, a, data_type<T>(), lda, &beta, c, data_type<TC>(), ldc,
-                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                            &alpha, b, DeviceType<T>::kCuda, ldb, a, DeviceType<T>::kCuda, lda, &beta, c,
+                            DeviceType<TC>::kCuda, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 template <typename T>

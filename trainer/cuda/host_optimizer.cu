@@ -5,6 +5,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/host_optimizer.cuh"
 
 namespace shardkit::trainer::cuda {
@@ -13,13 +14,6 @@ namespace {
 // Elements per pipeline chunk (64 MiB of fp32 gradients): large transfers, yet the first upload starts
 // after a small fraction of the update.
 constexpr int64_t kChunk = int64_t{16} << 20;
-
-template <typename T>
-constexpr Narrow narrow_format() {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return Narrow::kBf16;
-  if constexpr (std::is_same_v<T, __half>) return Narrow::kFp16;
-  return Narrow::kNone;
-}
 
 int64_t chunks_of(size_t count) {
   return (static_cast<int64_t>(count) + kChunk - 1) / kChunk;
@@ -42,7 +36,7 @@ void HostOptimizer<T>::narrow(int64_t lo, int64_t len) {
   if constexpr (std::is_same_v<T, float>) {
     std::memcpy(param_staging_.data() + lo, in.data(), in.size_bytes());
   } else {
-    narrow_weights(in, narrow_format<T>(), reinterpret_cast<uint16_t*>(param_staging_.data() + lo));
+    narrow_weights(in, DeviceType<T>::kNarrow, reinterpret_cast<uint16_t*>(param_staging_.data() + lo));
   }
 }
 
@@ -78,7 +72,7 @@ void HostOptimizer<T>::step(const float* grads, T* params, const AdamWCoefficien
       cpu_adamw(part(master_), part(exp_avg_), part(exp_avg_sq_), g, c);
       narrow(lo, len);
     } else {
-      cpu_adamw(part(master_), part(exp_avg_), part(exp_avg_sq_), g, c, narrow_format<T>(),
+      cpu_adamw(part(master_), part(exp_avg_), part(exp_avg_sq_), g, c, DeviceType<T>::kNarrow,
                 reinterpret_cast<uint16_t*>(param_staging_.data() + lo));
     }
     // Goes up while the CPU updates the next chunk.

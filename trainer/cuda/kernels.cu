@@ -253,6 +253,17 @@ constexpr int tile_rows() {
   return HS > 64 ? 32 : 64;
 }
 
+// Key and value row k0 + threadIdx.x of the head at `base` into shared memory, zeros past S.
+template <typename T, int HS, int kRows>
+__device__ __forceinline__ void stage_key_value(float (&ks)[kRows][HS + 1], float (&vs)[kRows][HS + 1], const T* base,
+                                                int k0, int S, int64_t C3, int C) {
+  const int kr = k0 + threadIdx.x;
+  for (int i = 0; i < HS; ++i) {
+    ks[threadIdx.x][i] = kr < S ? to_float(base[kr * C3 + C + i]) : 0.0f;
+    vs[threadIdx.x][i] = kr < S ? to_float(base[kr * C3 + 2 * C + i]) : 0.0f;
+  }
+}
+
 template <typename T, int HS>
 __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int S, int C, int NH, float scale) {
   constexpr int kTileRows = tile_rows<HS>();
@@ -272,11 +283,7 @@ __global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int S
   const int k_end = min(S, q0 + kTileRows);
   for (int k0 = 0; k0 < k_end; k0 += kTileRows) {
     __syncthreads();
-    const int kr = k0 + threadIdx.x;
-    for (int i = 0; i < HS; ++i) {
-      ks[threadIdx.x][i] = kr < S ? to_float(base[kr * C3 + C + i]) : 0.0f;
-      vs[threadIdx.x][i] = kr < S ? to_float(base[kr * C3 + 2 * C + i]) : 0.0f;
-    }
+    stage_key_value<T, HS, kTileRows>(ks, vs, base, k0, S, C3, C);
     __syncthreads();
     if (t >= S) continue;
     const int count = min(kTileRows, t - k0 + 1);  // causal: keys k0 .. t
@@ -349,11 +356,7 @@ __global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const 
   const int k_end = min(S, q0 + kTileRows);
   for (int k0 = 0; k0 < k_end; k0 += kTileRows) {
     __syncthreads();
-    const int kr = k0 + threadIdx.x;
-    for (int i = 0; i < HS; ++i) {
-      ks[threadIdx.x][i] = kr < S ? to_float(base[kr * C3 + C + i]) : 0.0f;
-      vs[threadIdx.x][i] = kr < S ? to_float(base[kr * C3 + 2 * C + i]) : 0.0f;
-    }
+    stage_key_value<T, HS, kTileRows>(ks, vs, base, k0, S, C3, C);
     __syncthreads();
     if (t >= S) continue;
     const int count = min(kTileRows, t - k0 + 1);
@@ -538,15 +541,6 @@ __global__ void sum_floats_kernel(double* accum, const float* x, int64_t n) {
   if (threadIdx.x % 32 == 0) atomicAdd(accum, sum);
 }
 
-__global__ void nonfinite_kernel(int* flag, const float* x, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    if (!isfinite(x[i])) {
-      *flag = 1;
-      return;
-    }
-  }
-}
-
 template <typename T, int HS>
 void attention_forward_hs(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
   const dim3 grid((S + tile_rows<HS>() - 1) / tile_rows<HS>(), B * NH);
@@ -694,12 +688,6 @@ void sum_squares(double* accum, const float* x, int64_t n, cudaStream_t st) {
 void sum_floats(double* accum, const float* x, int64_t n, cudaStream_t st) {
   if (n == 0) return;
   sum_floats_kernel<<<std::min(blocks_for(n, 256), 1024), 256, 0, st>>>(accum, x, n);
-  check_launch();
-}
-
-void find_nonfinite(int* flag, const float* x, int64_t n, cudaStream_t st) {
-  if (n == 0) return;
-  nonfinite_kernel<<<std::min(blocks_for(n, 256), 1024), 256, 0, st>>>(flag, x, n);
   check_launch();
 }
 

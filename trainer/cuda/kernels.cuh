@@ -78,9 +78,8 @@ template <typename T>
 void adamw(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, T* params, int64_t n,
            const AdamWCoefficients& c, cudaStream_t st);
 
-// accum[0] += sum(x^2) (double); flag[0] |= any non-finite in x
+// accum[0] += sum(x^2) (double)
 void sum_squares(double* accum, const float* x, int64_t n, cudaStream_t st);
-void find_nonfinite(int* flag, const float* x, int64_t n, cudaStream_t st);
 // Sum of losses (device) into accum[0] (double)
 void sum_floats(double* accum, const float* x, int64_t n, cudaStream_t st);
 

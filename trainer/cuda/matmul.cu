@@ -6,6 +6,7 @@
 #include <string>
 #include <type_traits>
 
+#include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/kernels.cuh"
 #include "trainer/cuda/matmul.cuh"
 
@@ -13,13 +14,6 @@ namespace shardkit::trainer::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-
-template <typename T>
-constexpr cudaDataType_t data_type() {
-  if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) return CUDA_R_16BF;
-  return CUDA_R_16F;
-}
 
 // The largest power of two (at most 256) that divides the address: the alignment cuBLASLt may assume.
 int alignment(const void* p) {
@@ -127,7 +121,7 @@ template <typename T>
 void Matmul::run(Epilogue epilogue, bool trans_a, bool trans_b, int m, int n, int k, const T* a, int lda, const T* b,
                  int ldb, T* d, int ldd, const T* bias, T* pre, const T* residual) {
   if (residual && epilogue == Epilogue::kBiasGelu) fail(ErrorKind::kInternal, "GELU epilogue with a residual input");
-  const Key key{static_cast<int>(data_type<T>()),
+  const Key key{static_cast<int>(DeviceType<T>::kCuda),
                 static_cast<int>(epilogue),
                 trans_a,
                 trans_b,
