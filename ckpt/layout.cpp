@@ -66,6 +66,11 @@ int64_t Layout::piece_size(int tensor) const {
   return ceil_div(numel_[static_cast<size_t>(tensor)], spec_.world_size);
 }
 
+int64_t Layout::piece_length(int tensor, int rank) const {
+  const int64_t piece = piece_size(tensor);
+  return std::clamp<int64_t>(numel_[static_cast<size_t>(tensor)] - int64_t{rank} * piece, 0, piece);
+}
+
 int64_t Layout::slot_offset(int tensor) const {
   check_tensor(tensor);
   if (spec_.stage != 3) fail(ErrorKind::kInternal, "slot_offset() is defined for ZeRO stage 3 only");

@@ -80,8 +80,11 @@ class Layout {
   // Stages 0-2: the tensor's first element in the global flat buffer, and the partition size P.
   int64_t global_offset(int tensor) const;
   int64_t partition_size() const;
-  // Stage 3: the piece size ceil(n / W) of a tensor and the offset of its slot in every flat buffer.
+  // Stage 3: the piece size p = ceil(n / W) of a tensor, how many of its elements rank r holds (its
+  // elements [r p, r p + piece_length) -- fewer than p, or none, at the end), and the offset of its
+  // slot in every flat buffer.
   int64_t piece_size(int tensor) const;
+  int64_t piece_length(int tensor, int rank) const;
   int64_t slot_offset(int tensor) const;
 
  private:

@@ -129,7 +129,7 @@ void ZeroEngine::gather_stage3(int group) {
       std::vector<float>& full = gathered_[static_cast<size_t>(t)];
       full.resize(static_cast<size_t>(n));
       for (int r = 0; r < world_; ++r) {
-        const int64_t count = std::clamp<int64_t>(n - r * piece, 0, piece);
+        const int64_t count = layout_.piece_length(t, r);
         const float* src = recv_buffer_.data() + r * span + (layout_.slot_offset(t) - base);
         std::copy(src, src + count, full.data() + r * piece);
       }
@@ -223,11 +223,10 @@ void ZeroEngine::reduce_stage3(int first, int last) {
   const int64_t span = slot_end(last) - base;
   send_buffer_.assign(static_cast<size_t>(span * world_), 0.0f);
   for (int t = first; t < last; ++t) {
-    const int64_t n = numel(t);
     const int64_t piece = layout_.piece_size(t);
     const auto& g = grad_buffers_[static_cast<size_t>(t)];
     for (int r = 0; r < world_; ++r) {
-      const int64_t count = std::clamp<int64_t>(n - r * piece, 0, piece);
+      const int64_t count = layout_.piece_length(t, r);
       std::copy(g.begin() + r * piece, g.begin() + r * piece + count,
                 send_buffer_.begin() + r * span + (layout_.slot_offset(t) - base));
     }

@@ -156,6 +156,13 @@ TEST(Layout, Stage3SplitsEachTensorIntoCeilPieces) {
   EXPECT_EQ(layout.fragments(2), (std::vector<Fragment>{{0, 4, 1, 0}, {1, 4, 2, 4}}));
   EXPECT_EQ(layout.fragments(3), std::vector<Fragment>{});
   EXPECT_EQ(layout.fragments(0).back(), (Fragment{2, 0, 1, 8}));
+  // What each rank holds of each tensor, as the fragments say.
+  const int64_t a[4] = {2, 2, 1, 0}, b[4] = {2, 2, 2, 0}, c[4] = {1, 0, 0, 0};
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(layout.piece_length(0, r), a[r]) << r;
+    EXPECT_EQ(layout.piece_length(1, r), b[r]) << r;
+    EXPECT_EQ(layout.piece_length(2, r), c[r]) << r;
+  }
 }
 
 TEST(Layout, StraddlingTensorIsSplitAcrossRanks) {

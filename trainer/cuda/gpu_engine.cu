@@ -227,7 +227,7 @@ void GpuZeroEngine<T>::gather(int group) {
       DeviceBuffer<T>& full = gathered_[static_cast<size_t>(t)];
       full = gather_pool_.take(static_cast<size_t>(n), st);
       for (int r = 0; r < world_; ++r) {
-        const int64_t count = std::clamp<int64_t>(n - r * piece, 0, piece);
+        const int64_t count = layout_.piece_length(t, r);
         if (count == 0) continue;
         CUDA_CHECK(cudaMemcpyAsync(full.data() + r * piece,
                                    gather_recv_.data() + r * span + (layout_.slot_offset(t) - base),
@@ -362,7 +362,7 @@ void GpuZeroEngine<T>::reduce_stage3(int first, int last) {
     const int64_t n = numel(t), piece = layout_.piece_size(t);
     const DeviceBuffer<float>& g = grad_buffers_[static_cast<size_t>(t)];
     for (int r = 0; r < world_; ++r) {
-      const int64_t count = std::clamp<int64_t>(n - r * piece, 0, piece);
+      const int64_t count = layout_.piece_length(t, r);
       if (count == 0) continue;
       CUDA_CHECK(cudaMemcpyAsync(send_.data() + r * span + (layout_.slot_offset(t) - base), g.data() + r * piece,
                                  static_cast<size_t>(count) * sizeof(float), cudaMemcpyDeviceToDevice, st));
