@@ -2,7 +2,8 @@
 # Fast checkpointing on the GPU machine (issue 6), against the disk's floors measured in the same run:
 #  1. dd of the checkpoint's bytes (conv=fdatasync) in the same folder: the durable-write floor;
 #  2. gpt2-xl (1.56 B parameters: 18.7 GB of fp32 weights and AdamW moments) trained on 2 GPUs at ZeRO
-#     stage 3 with an asynchronous checkpoint every 2 steps: durable save time and training stall per
+#     stage 3 with an asynchronous checkpoint every INTERVAL steps (default 80, about 18 s: longer than
+#     a save takes, so no save waits for the one before): durable save time and training stall per
 #     save (the metrics' checkpoint events);
 #  3. a cold read of the last checkpoint's shards (page cache dropped where allowed): the read floor;
 #  4. that checkpoint loaded onto 1 GPU at stage 1 (resharded from 2 ranks at stage 3), cold.
@@ -12,6 +13,7 @@ cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 sk=${SK:-build-gpu/shardkit}
 dir=${1:-/tmp/gpu-ckpt}
+interval=${INTERVAL:-80}
 rm -rf "$dir"
 mkdir -p "$dir"
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2> /dev/null || echo "(page cache could not be dropped)"; }
@@ -21,7 +23,7 @@ python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 50257, 2_00
 bytes=$(python3 -c "L, C, V, P = 48, 1600, 50257, 1024; print(12 * (V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C))")
 config() {  # config <stage> <file>
   cat > "$2" <<JSON
-{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+{"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
  "bf16": {"enabled": true}, "zero_optimization": {"stage": $1},
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}}}
 JSON
@@ -35,8 +37,8 @@ dd if=/dev/zero of="$dir/dd.bin" bs=64M count=$((bytes / (64 << 20))) conv=fdata
 dd_write=$(python3 -c "print($(now) - $start)")
 rm -f "$dir/dd.bin"
 
-mpirun -n 2 --bind-to none "$sk" train --config "$dir/s3.json" --model gpt2-xl --data "$dir/tokens.bin" --steps 6 \
-  --save-dir "$dir/run" --save-interval 2 --keep-last 1 --device cuda --metrics "$dir/m.jsonl" 2>&1 |
+mpirun -n 2 --bind-to none "$sk" train --config "$dir/s3.json" --model gpt2-xl --data "$dir/tokens.bin" --steps $((3 * interval)) \
+  --save-dir "$dir/run" --save-interval "$interval" --keep-last 1 --device cuda --metrics "$dir/m.jsonl" 2>&1 |
   grep -E "rank [0-9]:|checkpoint|error" | head -10
 
 last=$(cat "$dir/run/latest")
@@ -45,7 +47,7 @@ start=$(now)
 cat "$dir/run/$last"/*.h5 > /dev/null
 read_floor=$(python3 -c "print($(now) - $start)")
 drop_caches
-"$sk" train --config "$dir/s1.json" --model gpt2-xl --data "$dir/tokens.bin" --steps 7 --resume "$dir/run/$last" \
+"$sk" train --config "$dir/s1.json" --model gpt2-xl --data "$dir/tokens.bin" --steps $((3 * interval + 1)) --resume "$dir/run/$last" \
   --device cuda 2>&1 | grep -E "resumed from|error" | tee "$dir/load.txt"
 
 python3 - "$dir" "$bytes" "$dd_write" "$read_floor" <<'PY'

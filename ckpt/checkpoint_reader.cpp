@@ -1,5 +1,8 @@
 #include "ckpt/checkpoint_reader.hpp"
 
+#include <algorithm>
+#include <tuple>
+
 #include "ckpt/error.hpp"
 #include "ckpt/run_dir.hpp"
 #include "ckpt/thread_pool.hpp"
@@ -11,7 +14,10 @@ CheckpointReader::CheckpointReader(const std::filesystem::path& path, int read_t
       manifest_(read_manifest(step_dir_)),
       layout_(manifest_.tensors, manifest_.layout),
       shards_(static_cast<size_t>(manifest_.layout.world_size)),
-      pool_(read_threads > 1 ? std::make_unique<ThreadPool>(read_threads - 1) : nullptr) {}
+      pool_(read_threads > 1 ? std::make_unique<ThreadPool>(read_threads - 1) : nullptr) {
+  const int threads = pool_ ? pool_->concurrency() : 1;
+  for (int i = 0; i < threads; ++i) scratch_.push_back(std::make_unique<ShardReader::Scratch>());
+}
 
 CheckpointReader::~CheckpointReader() = default;
 
@@ -42,13 +48,60 @@ ShardReader& CheckpointReader::shard(int rank) {
 }
 
 void CheckpointReader::read(int tensor, int state, int64_t offset, std::span<float> out) {
-  if (state < 0 || static_cast<size_t>(state) >= manifest_.states.size()) {
-    fail(ErrorKind::kInternal, step_dir_.string() + ": state index " + std::to_string(state) + " out of range");
+  const ReadRequest request{tensor, state, offset, out};
+  read(std::span<const ReadRequest>(&request, 1));
+}
+
+void CheckpointReader::read(std::span<const ReadRequest> requests) {
+  // Each request is cut where the layout places it (shard by shard) and at chunk boundaries; the
+  // pieces are then grouped by the chunk they come from, so that each chunk is read once.
+  struct Located {
+    int rank;
+    int state;
+    int64_t chunk;
+    ShardReader::Piece piece;
+  };
+  std::vector<Located> pieces;
+  for (const ReadRequest& r : requests) {
+    if (r.state < 0 || static_cast<size_t>(r.state) >= manifest_.states.size()) {
+      fail(ErrorKind::kInternal, step_dir_.string() + ": state index " + std::to_string(r.state) + " out of range");
+    }
+    for (const Placement& p : layout_.locate(r.tensor, r.offset, static_cast<int64_t>(r.out.size()))) {
+      const int64_t chunk_elems = shard(p.rank).chunk_elems();
+      float* out = r.out.data() + (p.tensor_offset - r.offset);
+      for (int64_t pos = p.flat_offset, end = p.flat_offset + p.length; pos < end;) {
+        const int64_t chunk = pos / chunk_elems;
+        const int64_t run = std::min(end, (chunk + 1) * chunk_elems) - pos;
+        pieces.push_back({p.rank, r.state, chunk, {pos, run, out}});
+        out += run;
+        pos += run;
+      }
+    }
   }
-  for (const Placement& p : layout_.locate(tensor, offset, static_cast<int64_t>(out.size()))) {
-    shard(p.rank).read(static_cast<size_t>(state), p.flat_offset,
-                       out.subspan(static_cast<size_t>(p.tensor_offset - offset), static_cast<size_t>(p.length)),
-                       pool_.get());
+  std::ranges::sort(pieces, [](const Located& a, const Located& b) {
+    return std::tie(a.rank, a.state, a.chunk, a.piece.flat_offset) <
+           std::tie(b.rank, b.state, b.chunk, b.piece.flat_offset);
+  });
+  std::vector<ShardReader::Piece> flat(pieces.size());
+  std::ranges::transform(pieces, flat.begin(), &Located::piece);
+  std::vector<size_t> starts;  // the first piece of each chunk
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const bool same = i > 0 && pieces[i].rank == pieces[i - 1].rank && pieces[i].state == pieces[i - 1].state &&
+                      pieces[i].chunk == pieces[i - 1].chunk;
+    if (!same) starts.push_back(i);
+  }
+  starts.push_back(pieces.size());
+  auto read_one = [&](size_t task, int worker) {
+    const Located& first = pieces[starts[task]];
+    const std::span<const ShardReader::Piece> of_chunk(flat.data() + starts[task], starts[task + 1] - starts[task]);
+    shards_[static_cast<size_t>(first.rank)]->read_chunk(static_cast<size_t>(first.state), first.chunk, of_chunk,
+                                                         *scratch_[static_cast<size_t>(worker)]);
+  };
+  const size_t tasks = starts.size() - 1;
+  if (pool_ && tasks > 1) {
+    pool_->parallel_for(tasks, read_one);
+  } else {
+    for (size_t t = 0; t < tasks; ++t) read_one(t, 0);
   }
 }
 
@@ -70,7 +123,7 @@ VerifyReport CheckpointReader::verify(const ProgressFn& progress) {
     ++report.shards_checked;
     for (size_t s = 0; s < reader->num_states(); ++s) {
       for (int64_t c = 0; c < reader->num_chunks(); ++c) {
-        std::string problem = reader->check_chunk(s, c);
+        std::string problem = reader->check_chunk(s, c, *scratch_[0]);
         if (!problem.empty()) report.problems.push_back(std::move(problem));
         ++report.chunks_checked;
         const int64_t bytes = reader->chunk_storage_bytes(s, c);

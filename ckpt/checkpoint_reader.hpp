@@ -29,11 +29,19 @@ struct VerifyReport {
   bool ok() const noexcept { return problems.empty(); }
 };
 
+// Elements [offset, offset + out.size()) of `tensor`'s `state` (an index into the manifest's states).
+struct ReadRequest {
+  int tensor = 0;
+  int state = 0;
+  int64_t offset = 0;
+  std::span<float> out;
+};
+
 class CheckpointReader {
  public:
   // `path`: a step directory, or a run directory whose `latest` is followed. Parses and validates the
   // manifest; shards are opened (and validated) when first needed. With `read_threads` > 1, the
-  // chunks of a large read() are read, decoded and checked by that many threads.
+  // chunks of a read() are read, decoded and checked by that many threads.
   explicit CheckpointReader(const std::filesystem::path& path, int read_threads = 1);
   ~CheckpointReader();
 
@@ -46,6 +54,9 @@ class CheckpointReader {
 
   // Elements [offset, offset + out.size()) of `tensor`'s `state`.
   void read(int tensor, int state, int64_t offset, std::span<float> out);
+  // Many ranges at once: every chunk they touch is read, decoded and checked once, in file order, on
+  // the reader's threads. A resume passes all of a rank's ranges here, which keeps the disk busy.
+  void read(std::span<const ReadRequest> requests);
 
   // Opens every shard and checks every chunk of every state against its checksum. Never throws for
   // a damaged checkpoint: the problems are in the report.
@@ -58,7 +69,8 @@ class CheckpointReader {
   Manifest manifest_;
   Layout layout_;
   std::vector<std::unique_ptr<ShardReader>> shards_;
-  std::unique_ptr<ThreadPool> pool_;  // read_threads > 1: reads the chunks of large ranges in parallel
+  std::unique_ptr<ThreadPool> pool_;  // read_threads > 1: reads the chunks of a read() in parallel
+  std::vector<std::unique_ptr<ShardReader::Scratch>> scratch_;  // one per thread
 };
 
 }  // namespace shardkit::ckpt

@@ -1,7 +1,5 @@
 #include "ckpt/shard_reader.hpp"
 
-#include "ckpt/thread_pool.hpp"
-
 #include <fcntl.h>
 
 #include <algorithm>
@@ -159,7 +157,7 @@ int64_t ShardReader::chunk_storage_bytes(size_t state, int64_t chunk) const {
   return chunks_[state][static_cast<size_t>(chunk)].size;
 }
 
-void ShardReader::load_chunk(size_t state, int64_t chunk, float* out, Scratch& scratch) {
+void ShardReader::load_chunk(size_t state, int64_t chunk, float* out, Scratch& scratch) const {
   const ChunkLocation& loc = chunks_[state][static_cast<size_t>(chunk)];
   const size_t chunk_bytes = static_cast<size_t>(chunk_elems_) * sizeof(float);
   const std::string context = where_ + ": state " + states_[state] + " chunk " + std::to_string(chunk);
@@ -181,57 +179,44 @@ void ShardReader::load_chunk(size_t state, int64_t chunk, float* out, Scratch& s
   }
 }
 
-std::string ShardReader::check_chunk(size_t state, int64_t chunk) {
-  cache_.resize(static_cast<size_t>(chunk_elems_));
-  cached_chunk_ = -1;
+std::string ShardReader::check_chunk(size_t state, int64_t chunk, Scratch& scratch) const {
+  scratch.decoded.resize(static_cast<size_t>(chunk_elems_));
+  scratch.chunk = -1;
   try {
-    load_chunk(state, chunk, cache_.data(), scratch_);
+    load_chunk(state, chunk, scratch.decoded.data(), scratch);
   } catch (const Error& e) {
     return e.what();
   }
-  cached_state_ = state;
-  cached_chunk_ = chunk;
+  scratch.owner = this;
+  scratch.state = state;
+  scratch.chunk = chunk;
   return {};
 }
 
-void ShardReader::read(size_t state, int64_t offset, std::span<float> out, ThreadPool* pool) {
-  const int64_t length = static_cast<int64_t>(out.size());
-  if (state >= states_.size() || offset < 0 || offset > flat_size_ - length) {
-    fail(ErrorKind::kInternal, where_ + ": read outside the flat buffer");
+void ShardReader::read_chunk(size_t state, int64_t chunk, std::span<const Piece> pieces, Scratch& scratch) const {
+  const int64_t lo = chunk * chunk_elems_;
+  if (state >= states_.size() || chunk < 0 || chunk >= num_chunks_) {
+    fail(ErrorKind::kInternal, where_ + ": read of a chunk outside the flat buffer");
   }
-  // Whole chunks go straight into the caller's buffer (in parallel with a pool); a chunk the range
-  // only partly covers is decoded into the cache and copied from there.
-  std::vector<std::pair<int64_t, float*>> whole;
-  int64_t pos = offset;
-  float* dst = out.data();
-  while (pos < offset + length) {
-    const int64_t chunk = pos / chunk_elems_;
-    const int64_t within = pos - chunk * chunk_elems_;
-    const int64_t run = std::min(chunk_elems_ - within, offset + length - pos);
-    if (within == 0 && run == chunk_elems_) {
-      whole.emplace_back(chunk, dst);
-    } else {
-      if (cached_chunk_ != chunk || cached_state_ != state) {
-        cache_.resize(static_cast<size_t>(chunk_elems_));
-        cached_chunk_ = -1;
-        load_chunk(state, chunk, cache_.data(), scratch_);
-        cached_state_ = state;
-        cached_chunk_ = chunk;
-      }
-      std::memcpy(dst, cache_.data() + within, static_cast<size_t>(run) * sizeof(float));
+  for (const Piece& p : pieces) {
+    if (p.flat_offset < lo || p.length < 0 || p.flat_offset + p.length > lo + valid_elements(chunk)) {
+      fail(ErrorKind::kInternal, where_ + ": read piece outside chunk " + std::to_string(chunk));
     }
-    dst += run;
-    pos += run;
   }
-  if (pool && whole.size() > 1) {
-    while (pool_scratch_.size() < static_cast<size_t>(pool->concurrency())) {
-      pool_scratch_.push_back(std::make_unique<Scratch>());
-    }
-    pool->parallel_for(whole.size(), [&](size_t i, int worker) {
-      load_chunk(state, whole[i].first, whole[i].second, *pool_scratch_[static_cast<size_t>(worker)]);
-    });
-  } else {
-    for (const auto& [chunk, to] : whole) load_chunk(state, chunk, to, scratch_);
+  if (pieces.size() == 1 && pieces[0].length == chunk_elems_) {
+    load_chunk(state, chunk, pieces[0].out, scratch);
+    return;
+  }
+  if (scratch.owner != this || scratch.state != state || scratch.chunk != chunk) {
+    scratch.decoded.resize(static_cast<size_t>(chunk_elems_));
+    scratch.chunk = -1;
+    load_chunk(state, chunk, scratch.decoded.data(), scratch);
+    scratch.owner = this;
+    scratch.state = state;
+    scratch.chunk = chunk;
+  }
+  for (const Piece& p : pieces) {
+    std::memcpy(p.out, scratch.decoded.data() + (p.flat_offset - lo), static_cast<size_t>(p.length) * sizeof(float));
   }
 }
 

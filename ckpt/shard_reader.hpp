@@ -18,8 +18,6 @@
 
 namespace shardkit::ckpt {
 
-class ThreadPool;
-
 // What the manifest says a shard must be.
 struct ShardExpectation {
   const TensorTable* table = nullptr;
@@ -44,13 +42,34 @@ class ShardReader {
   size_t num_states() const noexcept { return states_.size(); }
   const std::string& state_name(size_t state) const { return states_[state]; }
 
-  // Reads flat elements [offset, offset + out.size()) of a state (index into the expected states).
-  // Whole chunks of the range are read, decoded and checked by `pool`'s threads when one is given.
-  // Throws Error(kCorrupt) naming the file, state, chunk and tensors when a checksum fails.
-  void read(size_t state, int64_t offset, std::span<float> out, ThreadPool* pool = nullptr);
+  // Per-thread buffers of read_chunk: a compressed chunk as read, its decoder, and the last chunk
+  // decoded whole (pieces that start or end inside a chunk are copied out of it, so consecutive small
+  // reads of one chunk read it once).
+  struct Scratch {
+    std::vector<std::byte> raw;
+    ZstdDecompressor decompressor;
+    std::vector<float> decoded;
+    const ShardReader* owner = nullptr;
+    size_t state = 0;
+    int64_t chunk = -1;
+  };
+  // Flat elements [flat_offset, flat_offset + length) of a state, all in one chunk, to copy to `out`.
+  struct Piece {
+    int64_t flat_offset = 0;
+    int64_t length = 0;
+    float* out = nullptr;
+  };
+
+  // Elements per chunk of this file's datasets.
+  int64_t chunk_elems() const noexcept { return chunk_elems_; }
+  // Reads, decodes and checks chunk `chunk` of `state` (an index into the expected states) once and
+  // fills every piece; a piece that is the whole chunk receives it directly. Threads may call it at
+  // once, each with its own scratch. Throws Error(kCorrupt) naming the file, state, chunk and tensors
+  // when the checksum fails.
+  void read_chunk(size_t state, int64_t chunk, std::span<const Piece> pieces, Scratch& scratch) const;
 
   // Reads and checks one chunk; returns an empty string when it is sound, else what is wrong.
-  std::string check_chunk(size_t state, int64_t chunk);
+  std::string check_chunk(size_t state, int64_t chunk, Scratch& scratch) const;
   // Bytes the chunk occupies in the file.
   int64_t chunk_storage_bytes(size_t state, int64_t chunk) const;
 
@@ -64,15 +83,9 @@ class ShardReader {
     bool compressed = false;
   };
 
-  // What decoding a compressed chunk needs; one per thread.
-  struct Scratch {
-    std::vector<std::byte> raw;  // a compressed chunk as read
-    ZstdDecompressor decompressor;
-  };
-
   void index_file(const ShardExpectation& expect);
   // Decodes chunk `chunk` of `state` into `out` (chunk_elems_ floats) and verifies its checksum.
-  void load_chunk(size_t state, int64_t chunk, float* out, Scratch& scratch);
+  void load_chunk(size_t state, int64_t chunk, float* out, Scratch& scratch) const;
   int64_t valid_elements(int64_t chunk) const noexcept;
 
   FileDescriptor fd_;
@@ -83,15 +96,8 @@ class ShardReader {
   int64_t flat_size_ = 0;
   int64_t chunk_elems_ = 0;  // of this file's datasets: min(manifest chunk size, flat size)
   int64_t num_chunks_ = 0;
-  std::vector<std::vector<ChunkLocation>> chunks_;      // [state][chunk]
-  std::vector<std::vector<uint64_t>> checksums_;        // [state][chunk]
-  Scratch scratch_;                                     // the calling thread's
-  std::vector<std::unique_ptr<Scratch>> pool_scratch_;  // one per pool worker
-  // The last decoded chunk (one for all states, so that memory per open shard stays one chunk):
-  // ranges that start or end inside a chunk read it from here.
-  size_t cached_state_ = 0;
-  int64_t cached_chunk_ = -1;
-  std::vector<float> cache_;
+  std::vector<std::vector<ChunkLocation>> chunks_;  // [state][chunk]
+  std::vector<std::vector<uint64_t>> checksums_;    // [state][chunk]
 };
 
 }  // namespace shardkit::ckpt

@@ -3,7 +3,8 @@
 # two GPUs are visible), the per-kernel time of a GPT-2 step, and the training speed benchmark
 # (PYTORCH=1: with PyTorch side by side; STEPS=n timed steps), and gpt2-xl (1.5 B parameters) at
 # stage 3 on 2 GPUs and at stage 2 with the optimizer offloaded to the CPU on 1 GPU (XL=0 skips it),
-# and, with 2 GPUs, checkpoint speed against the disk (CKPT=0 skips it).
+# and, with 2 GPUs, checkpoint speed against the disk (CKPT=0 skips it). TESTS=0 and SPEED=0 skip the
+# tests and the kernel and training-speed benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
@@ -16,15 +17,19 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$out/cmake.log" 2>&1 || { 
 cmake --build build-gpu -j"$(nproc)" > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
 echo "build ok"
 
-log "CUDA tests"
-(cd build-gpu && ctest -L cuda --output-on-failure --timeout 900 > "$out/ctest-cuda.log" 2>&1; grep -E "Passed|Failed|Skipped|Failure|Expected|Which|error|rror" "$out/ctest-cuda.log" | head -60)
+if [ "${TESTS:-1}" != 0 ]; then
+  log "CUDA tests"
+  (cd build-gpu && ctest -L cuda --output-on-failure --timeout 900 > "$out/ctest-cuda.log" 2>&1; grep -E "Passed|Failed|Skipped|Failure|Expected|Which|error|rror" "$out/ctest-cuda.log" | head -60)
+fi
 
-log "kernel time per step (GPT-2 124M, bf16, B16 x 1024)"
-build-gpu/bench/shardkit_gpu_kernels_bench | tee "$out/kernels.txt"
+if [ "${SPEED:-1}" != 0 ]; then
+  log "kernel time per step (GPT-2 124M, bf16, B16 x 1024)"
+  build-gpu/bench/shardkit_gpu_kernels_bench | tee "$out/kernels.txt"
 
-log "training speed (bench/gpu_vs_pytorch.py${PYTORCH:+, with PyTorch})"
-python3 bench/gpu_vs_pytorch.py --shardkit build-gpu/shardkit --steps "${STEPS:-15}" \
-  $([ -z "${PYTORCH:-}" ] && echo --skip-pytorch) --offload 2>&1 | tee "$out/speed.txt" | tail -12
+  log "training speed (bench/gpu_vs_pytorch.py${PYTORCH:+, with PyTorch})"
+  python3 bench/gpu_vs_pytorch.py --shardkit build-gpu/shardkit --steps "${STEPS:-15}" \
+    $([ -z "${PYTORCH:-}" ] && echo --skip-pytorch) --offload 2>&1 | tee "$out/speed.txt" | tail -12
+fi
 
 if [ "${XL:-1}" != 0 ]; then
   log "gpt2-xl: the memory each GPU holds, and a few steps"

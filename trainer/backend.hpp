@@ -4,13 +4,16 @@
 // schedule, checkpointing and metrics are shared.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
+#include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/layout.hpp"
 #include "ckpt/tensor_table.hpp"
 #include "comm/mpi.hpp"
@@ -30,10 +33,31 @@ struct BackendOptions {
   comm::MpiCollective* comm = nullptr;
 };
 
-// Fills elements [offset, offset + out.size()) of a tensor (initialisation, or a checkpoint read for
-// one state: 0 = fp32 master, 1 = exp_avg, 2 = exp_avg_sq).
+// Fills elements [offset, offset + out.size()) of a tensor (initialisation).
 using InitFn = std::function<void(int tensor, int64_t offset, std::span<float> out)>;
-using LoadFn = std::function<void(int tensor, int state, int64_t offset, std::span<float> out)>;
+// Fills the ranges of a checkpoint read, all at once (state 0 = fp32 master, 1 = exp_avg, 2 = exp_avg_sq).
+using LoadFn = std::function<void(std::span<const ckpt::ReadRequest> requests)>;
+
+// The reads that fill `flat`, one state of a rank's flat buffer, one per fragment of `plan`; the
+// elements no fragment covers (alignment padding) are set to zero here. The rest of `flat` may be
+// uninitialised memory: the reads write it from the reader's threads, which also spreads the first
+// touch of fresh pages over them.
+inline std::vector<ckpt::ReadRequest> load_requests(std::vector<ckpt::Fragment> plan, int state,
+                                                    std::span<float> flat) {
+  std::ranges::sort(plan, {}, &ckpt::Fragment::flat_offset);
+  std::vector<ckpt::ReadRequest> requests;
+  requests.reserve(plan.size());
+  size_t covered = 0;
+  for (const ckpt::Fragment& f : plan) {
+    const auto begin = static_cast<size_t>(f.flat_offset);
+    std::fill(flat.begin() + static_cast<std::ptrdiff_t>(covered), flat.begin() + static_cast<std::ptrdiff_t>(begin),
+              0.0f);
+    requests.push_back({f.tensor, state, f.tensor_offset, flat.subspan(begin, static_cast<size_t>(f.length))});
+    covered = begin + static_cast<size_t>(f.length);
+  }
+  std::fill(flat.begin() + static_cast<std::ptrdiff_t>(covered), flat.end(), 0.0f);
+  return requests;
+}
 
 class Backend {
  public:
@@ -69,6 +93,9 @@ class Backend {
   // allocates once (page-locked on GPUs). begin_snapshot() starts the copy; the buffers may be read
   // once wait_snapshot() has returned (from any thread). Until the copy is done the backend's next
   // optimizer step does not change the states, so training may go on meanwhile.
+  // reserve_snapshot() allocates the buffers ahead of the first save, which would otherwise stall
+  // for it (pinning gigabytes takes seconds).
+  virtual void reserve_snapshot() = 0;
   virtual void begin_snapshot() = 0;
   virtual void wait_snapshot() = 0;
   virtual std::array<std::span<const float>, 3> snapshot_buffers() const = 0;

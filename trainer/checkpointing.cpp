@@ -71,8 +71,9 @@ SaveOutcome Checkpointer::write(comm::MpiCollective& group, const ckpt::SaveRequ
 void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& backend,
                         const nlohmann::json& trainer_state, const nlohmann::json& model,
                         const nlohmann::json& config) {
-  const auto start = Clock::now();
-  collect(true);  // one save at a time: the snapshot buffers are the previous save's source
+  const auto requested = Clock::now();
+  collect(true);                    // one save at a time: the snapshot buffers are the previous save's source
+  const auto start = Clock::now();  // the write's clock starts once the previous save is out of the way
   // Snapshot: a consistent copy of this step's states, taken between optimizer steps. The write reads
   // only the snapshot, so training may go on while it runs.
   backend.begin_snapshot();
@@ -93,13 +94,13 @@ void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& b
     backend.wait_snapshot();
     SaveOutcome outcome = write(comm_, request);
     outcome.write_ms = ms_since(start);
-    outcome.stall_ms = outcome.write_ms;
+    outcome.stall_ms = ms_since(requested);
     completed_.push_back(std::move(outcome));
     return;
   }
   in_flight_ = std::make_unique<InFlight>();
   InFlight* job = in_flight_.get();
-  job->outcome.stall_ms = ms_since(start);
+  job->outcome.stall_ms = ms_since(requested);
   job->worker = std::thread([this, job, &backend, request = std::move(request), start] {
     try {
       backend.wait_snapshot();  // a GPU's copy to host memory overlaps the next micro-batches
@@ -158,7 +159,8 @@ std::optional<std::filesystem::path> resolve_resume(const std::string& resume, c
 }
 
 nlohmann::json load_checkpoint(const std::filesystem::path& path, const ckpt::TensorTable& table, Backend& backend) {
-  // Every chunk is read, decoded and checked on several threads: a resume reads at the disk's speed.
+  // Every chunk is read, decoded and checked on several threads, in file order: a resume reads at the
+  // disk's speed.
   ckpt::CheckpointReader reader(path, ckpt::ThreadPool::default_threads(0) + 1);
   const std::string where = reader.step_dir().string();
   if (!(reader.tensors() == table)) {
@@ -173,8 +175,10 @@ nlohmann::json load_checkpoint(const std::filesystem::path& path, const ckpt::Te
       fail(ErrorKind::kInvalidInput, where + " has no '" + state_names()[static_cast<size_t>(s)] + "' state");
     }
   }
-  backend.load([&](int tensor, int state, int64_t offset, std::span<float> out) {
-    reader.read(tensor, states[state], offset, out);
+  backend.load([&](std::span<const ckpt::ReadRequest> requests) {
+    std::vector<ckpt::ReadRequest> mapped(requests.begin(), requests.end());
+    for (ckpt::ReadRequest& r : mapped) r.state = states[r.state];
+    reader.read(mapped);
   });
   return reader.manifest().trainer_state;
 }

@@ -32,7 +32,7 @@ struct SaveOutcome {
   int64_t step = 0;
   int64_t bytes = 0;
   double stall_ms = 0;  // the training loop was blocked this long by this save
-  double write_ms = 0;  // from the save's start until it was committed and durable
+  double write_ms = 0;  // from the snapshot (after any wait for the previous save) until committed and durable
 };
 
 class Checkpointer {

@@ -1,5 +1,6 @@
 // The CPU backend: the fp32 GPT-2 of gpt2.hpp over the ZeRO engine of zero_engine.hpp, on MPI ranks.
 #include <algorithm>
+#include <iterator>
 #include <vector>
 
 #include "trainer/backend.hpp"
@@ -24,15 +25,10 @@ class CpuBackend final : public Backend {
 
   void load(const LoadFn& read) override {
     const std::span<float> targets[3] = {engine_.load_master(), engine_.load_exp_avg(), engine_.load_exp_avg_sq()};
-    for (const auto& t : targets) std::fill(t.begin(), t.end(), 0.0f);
-    // State by state, fragments in flat order: each state's dataset is read front to back, and the
-    // small tensors that share a chunk find it in the reader's cache.
-    for (int s = 0; s < 3; ++s) {
-      for (const ckpt::Fragment& f : engine_.load_plan()) {
-        read(f.tensor, s, f.tensor_offset,
-             targets[s].subspan(static_cast<size_t>(f.flat_offset), static_cast<size_t>(f.length)));
-      }
-    }
+    std::vector<ckpt::ReadRequest> requests;
+    for (int s = 0; s < 3; ++s)
+      std::ranges::move(load_requests(engine_.load_plan(), s, targets[s]), std::back_inserter(requests));
+    read(requests);
     engine_.finish_load();
   }
 
@@ -44,14 +40,15 @@ class CpuBackend final : public Backend {
   double global_grad_sq() override { return engine_.global_grad_sq(); }
   void step(const AdamWStep& s) override { engine_.step(s); }
 
+  void reserve_snapshot() override {
+    for (auto& buffer : snapshot_) buffer.resize(engine_.master_flat().size());
+  }
   // A plain copy, done when begin_snapshot returns.
   void begin_snapshot() override {
+    reserve_snapshot();
     const std::span<const float> sources[3] = {engine_.master_flat(), engine_.exp_avg_flat(),
                                                engine_.exp_avg_sq_flat()};
-    for (int s = 0; s < 3; ++s) {
-      snapshot_[s].resize(sources[s].size());
-      std::ranges::copy(sources[s], snapshot_[s].begin());
-    }
+    for (int s = 0; s < 3; ++s) std::ranges::copy(sources[s], snapshot_[s].begin());
   }
   void wait_snapshot() override {}
   std::array<std::span<const float>, 3> snapshot_buffers() const override {

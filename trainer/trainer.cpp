@@ -167,6 +167,7 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
     s.checkpointer = std::make_unique<Checkpointer>(comm, options.save_dir, options.keep_last, ckpt::ShardOptions{},
                                                     options.save_mode == "sync" ? SaveMode::kSync : SaveMode::kAsync,
                                                     [&s](const std::string& line) { s.log(line); });
+    s.backend->reserve_snapshot();
   }
 
   if (const auto resume = resolve_resume(options.resume, options.save_dir)) {

@@ -69,6 +69,46 @@ TEST(ShardRoundTrip, EveryStageAndWorldSizeReadsBackExactly) {
   }
 }
 
+// A resume reads all of a rank's ranges in one batch on several threads: many ranges share chunks
+// (with each other and across states), straddle shards, and are empty or one element long.
+TEST(ShardRoundTrip, ABatchOfRangesOnSeveralThreadsReadsExactly) {
+  const ckpt::TensorTable table = testing::random_table(11, 20, 700);
+  for (int stage : {1, 3}) {
+    for (int level : {0, 1}) {
+      SCOPED_TRACE("stage=" + std::to_string(stage) + " zstd=" + std::to_string(level));
+      TempDir dir;
+      ckpt::ShardOptions options;
+      options.chunk_elems = 61;
+      options.compression_level = level;
+      testing::write_synthetic_checkpoint(dir.path(), table, {3, stage, 8}, options, kSeed);
+      CheckpointReader reader(dir.path(), 4);
+      std::mt19937_64 rng(kSeed + static_cast<uint64_t>(stage));
+      struct Expected {
+        int tensor, state;
+        int64_t offset;
+        std::vector<float> values;
+      };
+      std::vector<Expected> ranges;
+      for (int i = 0; i < 300; ++i) {
+        const int t = static_cast<int>(rng() % table.size());
+        const int64_t n = table[static_cast<size_t>(t)].numel();
+        const int64_t a = n > 0 ? static_cast<int64_t>(rng() % static_cast<uint64_t>(n)) : 0;
+        const int64_t len = static_cast<int64_t>(rng() % static_cast<uint64_t>(n - a + 1));
+        ranges.push_back({t, static_cast<int>(rng() % 3), a, std::vector<float>(static_cast<size_t>(len), -1.0f)});
+      }
+      std::vector<ckpt::ReadRequest> requests;
+      for (Expected& r : ranges) requests.push_back({r.tensor, r.state, r.offset, r.values});
+      reader.read(requests);
+      for (const Expected& r : ranges) {
+        for (size_t i = 0; i < r.values.size(); ++i) {
+          ASSERT_EQ(r.values[i], bench::synthetic_value(kSeed, r.tensor, r.state, r.offset + static_cast<int64_t>(i)))
+              << table[static_cast<size_t>(r.tensor)].name << " state " << r.state << " element " << r.offset + i;
+        }
+      }
+    }
+  }
+}
+
 TEST(ShardRoundTrip, LargeChunksAndTheDefaultChunkSize) {
   const ckpt::TensorTable table = bench::synthetic_table(600'000);
   TempDir dir;

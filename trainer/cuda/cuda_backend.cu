@@ -97,9 +97,12 @@ class CudaBackend final : public Backend {
   void reduce_grads() override { engine_.reduce_grads(); }
   double global_grad_sq() override { return engine_.global_grad_sq(); }
   void step(const AdamWStep& s) override { engine_.step(s); }
+  void reserve_snapshot() override {
+    for (auto& b : snapshot_) b.resize(static_cast<size_t>(engine_.layout().flat_size()));  // page-locked
+  }
   void begin_snapshot() override {
-    const size_t flat = static_cast<size_t>(engine_.layout().flat_size());
-    for (auto& b : snapshot_) b.resize(flat);  // page-locked, allocated on first use
+    reserve_snapshot();
+    const size_t flat = snapshot_[0].size();
     engine_.begin_snapshot({snapshot_[0].data(), flat}, {snapshot_[1].data(), flat}, {snapshot_[2].data(), flat});
   }
   void wait_snapshot() override { engine_.wait_snapshot(); }

@@ -1,5 +1,9 @@
 #include <algorithm>
 #include <cmath>
+#include <exception>
+#include <iterator>
+#include <memory>
+#include <thread>
 
 #include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
@@ -107,24 +111,46 @@ void GpuZeroEngine<T>::initialize(const InitFn& init) {
 
 template <typename T>
 void GpuZeroEngine<T>::load(const LoadFn& read) {
-  std::vector<float> staging;
+  if (host_) {  // offloaded: the states live in host memory, read there in one pass
+    std::vector<ckpt::ReadRequest> requests;
+    const std::span<float> targets[3] = {host_->master(), host_->exp_avg(), host_->exp_avg_sq()};
+    for (int s = 0; s < 3; ++s) std::ranges::move(load_requests(plan(), s, targets[s]), std::back_inserter(requests));
+    read(requests);
+    publish_params();
+    return;
+  }
+  // State by state into host memory, each copied to the device by a helper thread while the next is
+  // read: the copy hides behind the disk.
+  const size_t n = master_.size();
+  std::unique_ptr<float[]> staging[2] = {std::make_unique_for_overwrite<float[]>(n),
+                                         std::make_unique_for_overwrite<float[]>(n)};
   DeviceBuffer<float>* devices[3] = {&master_, &exp_avg_, &exp_avg_sq_};
-  for (int s = 0; s < 3; ++s) {
-    std::span<float> host;
-    if (host_) {
-      host = s == 0 ? host_->master() : s == 1 ? host_->exp_avg() : host_->exp_avg_sq();
-    } else {
-      staging.resize(master_.size());
-      host = staging;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  std::thread copier;
+  std::exception_ptr copy_error;
+  auto join_copier = [&] {
+    if (copier.joinable()) copier.join();
+    if (copy_error) std::rethrow_exception(copy_error);
+  };
+  try {
+    for (int s = 0; s < 3; ++s) {
+      const std::span<float> host(staging[s % 2].get(), n);
+      read(load_requests(plan(), s, host));
+      join_copier();  // the previous state's copy, which also frees the other staging buffer
+      copier = std::thread([&, s, host] {
+        try {
+          CUDA_CHECK(cudaSetDevice(device));
+          CUDA_CHECK(cudaMemcpy(devices[s]->data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice));
+        } catch (...) {
+          copy_error = std::current_exception();
+        }
+      });
     }
-    std::fill(host.begin(), host.end(), 0.0f);
-    for (const ckpt::Fragment& f : plan()) {
-      read(f.tensor, s, f.tensor_offset,
-           host.subspan(static_cast<size_t>(f.flat_offset), static_cast<size_t>(f.length)));
-    }
-    if (!host_) {
-      CUDA_CHECK(cudaMemcpy(devices[s]->data(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
-    }
+    join_copier();
+  } catch (...) {
+    if (copier.joinable()) copier.join();
+    throw;
   }
   publish_params();
 }
