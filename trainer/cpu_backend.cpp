@@ -59,7 +59,7 @@ class CpuBackend final : public Backend {
   BackendOptions options_;
   Gpt2 model_;
   ZeroEngine engine_;
-  std::vector<float> snapshot_[3];
+  ckpt::LargeVector<float> snapshot_[3];
 };
 
 }  // namespace

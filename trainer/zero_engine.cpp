@@ -49,7 +49,7 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<TensorGroup> 
 }
 
 MemoryReport ZeroEngine::memory() const noexcept {
-  auto bytes = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * sizeof(float)); };
+  auto bytes = [](const ckpt::LargeVector<float>& v) { return static_cast<int64_t>(v.size() * sizeof(float)); };
   MemoryReport r;
   // Stage 3 keeps no replicated parameters: the fp32 partition is what the model's groups are
   // gathered from.
@@ -109,7 +109,7 @@ void ZeroEngine::release(int group) {
   if (stage() != 3) return;
   if (--acquired_count_[static_cast<size_t>(group)] > 0) return;
   const TensorGroup& g = groups_[static_cast<size_t>(group)];
-  for (int t = g.first; t < g.last; ++t) std::vector<float>().swap(gathered_[static_cast<size_t>(t)]);
+  for (int t = g.first; t < g.last; ++t) ckpt::LargeVector<float>().swap(gathered_[static_cast<size_t>(t)]);
 }
 
 void ZeroEngine::gather_stage3(int group) {
@@ -126,7 +126,7 @@ void ZeroEngine::gather_stage3(int group) {
     for (int t = a; t < b; ++t) {
       const int64_t n = numel(t);
       const int64_t piece = layout_.piece_size(t);
-      std::vector<float>& full = gathered_[static_cast<size_t>(t)];
+      ckpt::LargeVector<float>& full = gathered_[static_cast<size_t>(t)];
       full.resize(static_cast<size_t>(n));
       for (int r = 0; r < world_; ++r) {
         const int64_t count = layout_.piece_length(t, r);
@@ -140,7 +140,7 @@ void ZeroEngine::gather_stage3(int group) {
 
 const float* ZeroEngine::param(int tensor) const {
   if (stage() <= 2) return params_full_.data() + layout_.global_offset(tensor);
-  const std::vector<float>& full = gathered_[static_cast<size_t>(tensor)];
+  const ckpt::LargeVector<float>& full = gathered_[static_cast<size_t>(tensor)];
   if (full.size() != static_cast<size_t>(numel(tensor))) {
     fail(ErrorKind::kInternal, "parameter " + table_[static_cast<size_t>(tensor)].name + " used while not acquired");
   }
@@ -185,7 +185,7 @@ void ZeroEngine::flush_pending_grads() {
     }
     for (size_t k = i; k < j; ++k) {
       for (int t = closed[k].first; t < closed[k].last; ++t)
-        std::vector<float>().swap(grad_buffers_[static_cast<size_t>(t)]);
+        ckpt::LargeVector<float>().swap(grad_buffers_[static_cast<size_t>(t)]);
     }
     i = j;
   }
@@ -256,7 +256,7 @@ std::span<float> ZeroEngine::optimizer_grads() noexcept {
   return stage() == 0 ? grads_full_ : grad_part_;
 }
 
-std::span<const float> ZeroEngine::owned(const std::vector<float>& buffer) const noexcept {
+std::span<const float> ZeroEngine::owned(const ckpt::LargeVector<float>& buffer) const noexcept {
   if (stage() != 0) return buffer;
   const size_t P = static_cast<size_t>(layout_.partition_size());
   return std::span<const float>(buffer.data() + static_cast<size_t>(rank_) * P, P);

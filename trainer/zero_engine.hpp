@@ -18,6 +18,7 @@
 #include <span>
 #include <vector>
 
+#include "ckpt/huge_pages.hpp"
 #include "ckpt/layout.hpp"
 #include "comm/mpi.hpp"
 #include "trainer/adamw.hpp"
@@ -62,7 +63,6 @@ class ZeroEngine final : public ParameterStore {
   void reduce_grads();
   // Sum of squares of the rank's reduced gradient partition, summed over ranks (all ranks agree).
   double global_grad_sq();
-  // Whether any rank's reduced gradients hold inf or nan.
   // AdamW on the rank's partition, then the updated parameters are made visible to the model.
   void step(const AdamWStep& step);
 
@@ -82,7 +82,7 @@ class ZeroEngine final : public ParameterStore {
  private:
   void publish_params();
   std::span<float> optimizer_grads() noexcept;
-  std::span<const float> owned(const std::vector<float>& buffer) const noexcept;
+  std::span<const float> owned(const ckpt::LargeVector<float>& buffer) const noexcept;
   void flush_pending_grads();
   void reduce_stage2(int first_tensor, int last_tensor);
   void reduce_stage3(int first_tensor, int last_tensor);
@@ -101,21 +101,21 @@ class ZeroEngine final : public ParameterStore {
   int world_;
 
   // Stages 0-2: the model's parameters, replicated (W * P elements, tensors at global offsets).
-  std::vector<float> params_full_;
+  ckpt::LargeVector<float> params_full_;
   // Stages 0-1: gradients, replicated, accumulated in place across micro-batches.
-  std::vector<float> grads_full_;
+  ckpt::LargeVector<float> grads_full_;
   // The optimizer's view: stage 0 full (W * P), stages 1-2 the partition (P), stage 3 the slots (F).
-  std::vector<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
+  ckpt::LargeVector<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
 
   // Stage 3: gathered parameters of acquired groups, one buffer per tensor.
-  std::vector<std::vector<float>> gathered_;
+  std::vector<ckpt::LargeVector<float>> gathered_;
   std::vector<int> acquired_count_;  // per group
   // Stages 2-3: gradient buffers of open groups (one per tensor) and closed groups awaiting reduction.
-  std::vector<std::vector<float>> grad_buffers_;
+  std::vector<ckpt::LargeVector<float>> grad_buffers_;
   std::vector<int> pending_groups_;
   int64_t pending_elems_ = 0;
   int open_groups_ = 0;
-  std::vector<float> send_buffer_, recv_buffer_;
+  ckpt::LargeVector<float> send_buffer_, recv_buffer_;
 };
 
 }  // namespace shardkit::trainer

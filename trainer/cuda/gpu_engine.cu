@@ -5,6 +5,7 @@
 #include <memory>
 #include <thread>
 
+#include "ckpt/huge_pages.hpp"
 #include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
 #include "trainer/cuda/kernels.cuh"
@@ -122,8 +123,10 @@ void GpuZeroEngine<T>::load(const LoadFn& read) {
   // State by state into host memory, each copied to the device by a helper thread while the next is
   // read: the copy hides behind the disk.
   const size_t n = master_.size();
-  std::unique_ptr<float[]> staging[2] = {std::make_unique_for_overwrite<float[]>(n),
-                                         std::make_unique_for_overwrite<float[]>(n)};
+  ckpt::HugePageAllocator<float> allocator;  // uninitialised: the reads touch the pages, in parallel
+  const auto release = [&](float* p) { allocator.deallocate(p, n); };
+  std::unique_ptr<float[], decltype(release)> staging[2] = {{allocator.allocate(n), release},
+                                                            {allocator.allocate(n), release}};
   DeviceBuffer<float>* devices[3] = {&master_, &exp_avg_, &exp_avg_sq_};
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
