@@ -53,16 +53,25 @@ drop_caches
 python3 - "$dir" "$bytes" "$dd_write" "$read_floor" <<'PY'
 import json, re, statistics, sys
 d, size, dd_write, read_floor = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-events = [json.loads(l) for l in open(f"{d}/m.jsonl") if '"checkpoint"' in l]
+lines = [json.loads(l) for l in open(f"{d}/m.jsonl")]
+events = [e for e in lines if e.get("event") == "checkpoint"]
+steps = {e["step"]: e["step_ms"] for e in lines if "step_ms" in e}
 write = statistics.median(e["write_ms"] for e in events) / 1e3
+# The loop is blocked while save() runs (stall_ms); the snapshot's copy to host memory then overlaps
+# the next step, whose optimizer waits for it: whatever that step takes beyond a usual one counts too.
+usual = statistics.median(steps.values())
+after = [max(0.0, steps[e["step"] + 1] - usual) for e in events if e["step"] + 1 in steps]
 stall = statistics.median(e["stall_ms"] for e in events) / 1e3
+slower = statistics.median(after) / 1e3 if after else 0.0
 m = re.search(r"read in ([0-9.]+) s", open(f"{d}/load.txt").read())
 load = float(m.group(1)) if m else float("nan")
 print(f"\ngpt2-xl state, {size / 1e9:.2f} GB; {len(events)} saves (2 GPUs, stage 3, async)")
 print(f"  {'':34} {'seconds':>8} {'GB/s':>6} {'x floor':>8} {'bar':>6}")
 print(f"  {'dd conv=fdatasync (write floor)':34} {dd_write:8.2f} {size / dd_write / 1e9:6.2f}")
 print(f"  {'durable save (median)':34} {write:8.2f} {size / write / 1e9:6.2f} {write / dd_write:8.2f} {'1.10':>6}")
-print(f"  {'training stall per save (median)':34} {stall:8.3f} {'':6} {'':8} {'0.25 s':>6}")
+print(f"  {'training stall per save (median)':34} {stall + slower:8.3f} {'':6} {'':8} {'0.25 s':>6}")
+print(f"    {'of which save() blocked':32} {stall:8.3f}")
+print(f"    {'of which the next step was slower':32} {slower:8.3f}   (usual step {usual / 1e3:.3f} s)")
 print(f"  {'cold read of the shards (floor)':34} {read_floor:8.2f} {size / read_floor / 1e9:6.2f}")
 print(f"  {'load onto 1 GPU, resharded':34} {load:8.2f} {size / load / 1e9:6.2f} {load / read_floor:8.2f} {'1.20':>6}")
 PY

@@ -95,10 +95,11 @@ int run(int argc, char** argv) {
   auto w = filled<T>(size_t{4} * C * C, st), bias = filled<T>(size_t{4} * C, st);
   auto gw = filled<float>(size_t{4} * C * C, st), gb = filled<float>(size_t{4} * C, st);
   auto mean = filled<float>(N, st), rstd = filled<float>(N, st);
-  auto ln_scratch = filled<float>(static_cast<size_t>(layernorm_scratch_floats(C)), st);
+  auto scratch =
+      filled<float>(static_cast<size_t>(std::max(layernorm_scratch_floats(C), bias_scratch_floats(4 * C))), st);
   auto lse = filled<float>(size_t{1} * N * NH, st), delta = filled<float>(size_t{1} * N * NH, st);
-  const int ldv = (V + 63) / 64 * 64;  // as the model pads its logits rows
-  const int head_rows = static_cast<int>(std::min<size_t>((size_t{256} << 20) / (sizeof(T) * ldv), N));
+  const int ldv = padded_vocab(V);  // as the model computes its logits
+  const int head_rows = head_block_rows(ldv, sizeof(T), static_cast<int>(N));
   auto logits = filled<T>(size_t{1} * head_rows * ldv, st), wte = filled<T>(size_t{1} * ldv * C, st);
   auto gwte = filled<float>(size_t{1} * V * C, st), losses = filled<float>(N, st);
   DeviceBuffer<int32_t> targets(N);
@@ -137,7 +138,7 @@ int run(int argc, char** argv) {
       [&] { layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), bias.data(), bias.data(), N, C, st); });
   add("layernorm_backward", 2 * L + 1, [&] {
     layernorm_backward(y.data(), gb.data(), gb.data() + C, x.data(), x.data(), bias.data(), mean.data(), rstd.data(), N,
-                       C, ln_scratch.data(), st);
+                       C, scratch.data(), st);
   });
   add("linear qkv (+bias)", L, lt(Epilogue::kBias, 3 * C, C, false));
   add("linear attproj (+bias+residual)", L, lt(Epilogue::kBias, C, C, true));
@@ -154,9 +155,9 @@ int run(int argc, char** argv) {
   add("gemm attproj dweight", L, mm_dw(C, C));
   add("gemm fc dweight", L, mm_dw(4 * C, C));
   add("gemm fcproj dweight", L, mm_dw(C, 4 * C));
-  add("bias_backward (3C)", L, [&] { bias_backward(gb.data(), qkv.data(), N, 3 * C, st); });
-  add("bias_backward (C)", 2 * L, [&] { bias_backward(gb.data(), x.data(), N, C, st); });
-  add("bias_backward (4C)", L, [&] { bias_backward(gb.data(), big.data(), N, 4 * C, st); });
+  add("bias_backward (3C)", L, [&] { bias_backward(gb.data(), qkv.data(), N, 3 * C, scratch.data(), st); });
+  add("bias_backward (C)", 2 * L, [&] { bias_backward(gb.data(), x.data(), N, C, scratch.data(), st); });
+  add("bias_backward (4C)", L, [&] { bias_backward(gb.data(), big.data(), N, 4 * C, scratch.data(), st); });
   add("attention_forward", L, [&] { attention_forward(x.data(), lse.data(), qkv.data(), B, S, C, NH, st); });
   add("attention_backward", L, [&] {
     attention_backward(dqkv.data(), delta.data(), y.data(), x.data(), qkv.data(), lse.data(), B, S, C, NH, st);

@@ -252,6 +252,39 @@ TEST(CudaKernels, LayerNormBackwardMatchesDoubleAndBf16MatchesFp32) {
   }
 }
 
+// Bias gradients (column sums) against double on the host, added to what dbias held, for widths that
+// take the 16-byte path and odd ones that do not; two runs give the same bits (no atomics).
+TEST(CudaKernels, BiasBackwardMatchesDoubleAndIsDeterministic) {
+  REQUIRE_GPU();
+  for (const auto& [N, OC] : {std::pair{16384, 3072}, std::pair{1000, 768}, std::pair{333, 77}, std::pair{5, 9}}) {
+    std::vector<__nv_bfloat16> d_t;
+    std::vector<float> d_f;
+    random_values<__nv_bfloat16>(size_t{1} * N * OC, 1.0f, 21, d_t, d_f);
+    std::vector<double> want(static_cast<size_t>(OC), 0.5);
+    for (int n = 0; n < N; ++n) {
+      for (int c = 0; c < OC; ++c) {
+        want[static_cast<size_t>(c)] += static_cast<double>(d_f[size_t{1} * n * OC + static_cast<size_t>(c)]);
+      }
+    }
+    auto run = [&](const auto& d) {
+      auto dd = upload(d);
+      DeviceBuffer<float> db(static_cast<size_t>(OC)), scratch(static_cast<size_t>(bias_scratch_floats(OC)));
+      const std::vector<float> initial(static_cast<size_t>(OC), 0.5f);
+      CUDA_CHECK(cudaMemcpy(db.data(), initial.data(), db.bytes(), cudaMemcpyHostToDevice));
+      bias_backward(db.data(), dd.data(), N, OC, scratch.data(), nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      return download(db);
+    };
+    const std::string what = "N=" + std::to_string(N) + " OC=" + std::to_string(OC);
+    const std::vector<float> got16 = run(d_t), got32 = run(d_f);
+    EXPECT_EQ(got16, run(d_t)) << what << ": bf16 not deterministic";
+    EXPECT_EQ(got32, run(d_f)) << what << ": fp32 not deterministic";
+    const std::vector<float> want_f(want.begin(), want.end());
+    EXPECT_LT(relative_error(got32, want_f), 1e-5) << what << " fp32 vs double";
+    EXPECT_LT(relative_error(got16, want_f), 1e-5) << what << " bf16 inputs, fp32 sums";
+  }
+}
+
 // Each fused epilogue against a plain product followed by the separate kernels, in fp32 (where a GELU
 // other than the tanh approximation would show) and in bf16; odd sizes exercise the unaligned paths.
 template <typename T>

@@ -19,18 +19,18 @@ double ms_since(Clock::time_point t) {
 
 // dweight += inp^T @ dout;  dbias += colsum(dout)   (inp (N, IC), dout (N, OC))
 template <typename T>
-void weight_grads(cublasHandle_t h, cudaStream_t st, float* dweight, float* dbias, const T* dout, const T* inp, int N,
-                  int IC, int OC) {
+void weight_grads(cublasHandle_t h, cudaStream_t st, float* scratch, float* dweight, float* dbias, const T* dout,
+                  const T* inp, int N, int IC, int OC) {
   gemm<T, float>(h, true, false, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dweight, OC);
-  bias_backward(dbias, dout, N, OC, st);
+  bias_backward(dbias, dout, N, OC, scratch, st);
 }
 
 // dinp = dout @ weight^T;  dweight += inp^T @ dout;  dbias += colsum(dout)
 template <typename T>
-void matmul_backward(cublasHandle_t h, cudaStream_t st, T* dinp, float* dweight, float* dbias, const T* dout,
-                     const T* inp, const T* weight, int N, int IC, int OC) {
+void matmul_backward(cublasHandle_t h, cudaStream_t st, float* scratch, T* dinp, float* dweight, float* dbias,
+                     const T* dout, const T* inp, const T* weight, int N, int IC, int OC) {
   gemm<T, T>(h, false, true, N, IC, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp, IC);
-  weight_grads(h, st, dweight, dbias, dout, inp, N, IC, OC);
+  weight_grads(h, st, scratch, dweight, dbias, dout, inp, N, IC, OC);
 }
 
 }  // namespace
@@ -55,11 +55,8 @@ GpuGpt2<T>::GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cubl
   groups_.push_back({2 + model::kTensorsPerBlock * L, 2 + model::kTensorsPerBlock * L + 2});
   const size_t N = static_cast<size_t>(batch) * seq_len, C = static_cast<size_t>(config.n_embd);
   const size_t Ls = static_cast<size_t>(L);
-  // Logits for up to 256 MiB at once. The vocabulary is padded to a multiple of 64 for the output
-  // projection (a zero-padded copy of wte, padded logits rows): with GPT-2's odd vocabulary (50257)
-  // cuBLAS leaves its fast tensor-core kernels, 5-6x slower.
-  logits_ld_ = (config.vocab_size + 63) / 64 * 64;
-  head_rows_ = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / (sizeof(T) * logits_ld_), 1, N));
+  logits_ld_ = padded_vocab(config.vocab_size);
+  head_rows_ = head_block_rows(logits_ld_, sizeof(T), static_cast<int>(N));
   auto T_ = [&](DeviceBuffer<T>& b, size_t n) {
     b.resize(n);
     activation_bytes_ += static_cast<int64_t>(b.bytes());
@@ -95,7 +92,9 @@ GpuGpt2<T>::GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cubl
   T_(dbuf_3c_, N * 3 * C);
   T_(dbuf_4c2_, N * 4 * C);
   F_(delta_, N * static_cast<size_t>(config.n_head));
-  F_(ln_scratch_, static_cast<size_t>(layernorm_scratch_floats(config.n_embd)));
+  // The reductions' partial sums (LayerNorm and bias gradients, one kernel at a time on the stream).
+  F_(scratch_,
+     static_cast<size_t>(std::max(layernorm_scratch_floats(config.n_embd), bias_scratch_floats(4 * config.n_embd))));
   loss_sum_.resize(1);
 }
 
@@ -184,7 +183,7 @@ void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
   p.acquire(L + 1);
   p.open_grads(L + 1);
   layernorm_backward(dres_.data(), p.grad(lnf), p.grad(lnf + 1), dbuf_c_.data(), block_output(L - 1), p.param(lnf),
-                     lnf_mean_.data(), lnf_rstd_.data(), N, C, ln_scratch_.data(), stream_);
+                     lnf_mean_.data(), lnf_rstd_.data(), N, C, scratch_.data(), stream_);
   p.close_grads(L + 1);
   p.release(L + 1);
   for (int l = L - 1; l >= 0; --l) {
@@ -197,19 +196,20 @@ void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
     // d(fc output) = (dres @ fcproj^T) * gelu'(fc pre-activation), the GELU's backward in the epilogue.
     matmul_.run<T>(Epilogue::kDGelu, false, true, N, 4 * C, C, dres, C, w(kFcProjW), C, dbuf_4c2_.data(), 4 * C,
                    nullptr, fch_.data() + 4 * lc);
-    weight_grads(cublas_, stream_, g(kFcProjW), g(kFcProjB), dres, fch_gelu_.data() + 4 * lc, N, 4 * C, C);
-    matmul_backward(cublas_, stream_, dbuf_c_.data(), g(kFcW), g(kFcB), dbuf_4c2_.data(), ln2_.data() + lc, w(kFcW), N,
-                    C, 4 * C);
+    weight_grads(cublas_, stream_, scratch_.data(), g(kFcProjW), g(kFcProjB), dres, fch_gelu_.data() + 4 * lc, N, 4 * C,
+                 C);
+    matmul_backward(cublas_, stream_, scratch_.data(), dbuf_c_.data(), g(kFcW), g(kFcB), dbuf_4c2_.data(),
+                    ln2_.data() + lc, w(kFcW), N, C, 4 * C);
     layernorm_backward(dres, g(kLn2W), g(kLn2B), dbuf_c_.data(), res2_.data() + lc, w(kLn2W), ln2_mean_.data() + ln,
-                       ln2_rstd_.data() + ln, N, C, ln_scratch_.data(), stream_);
-    matmul_backward(cublas_, stream_, dbuf_c_.data(), g(kAttProjW), g(kAttProjB), dres, atty_.data() + lc, w(kAttProjW),
-                    N, C, C);
+                       ln2_rstd_.data() + ln, N, C, scratch_.data(), stream_);
+    matmul_backward(cublas_, stream_, scratch_.data(), dbuf_c_.data(), g(kAttProjW), g(kAttProjB), dres,
+                    atty_.data() + lc, w(kAttProjW), N, C, C);
     attention_backward(dbuf_3c_.data(), delta_.data(), dbuf_c_.data(), atty_.data() + lc, qkv_.data() + 3 * lc,
                        lse_.data() + ln * NH, B_, S_, C, NH, stream_);
-    matmul_backward(cublas_, stream_, dbuf_c2_.data(), g(kQkvW), g(kQkvB), dbuf_3c_.data(), ln1_.data() + lc, w(kQkvW),
-                    N, C, 3 * C);
+    matmul_backward(cublas_, stream_, scratch_.data(), dbuf_c2_.data(), g(kQkvW), g(kQkvB), dbuf_3c_.data(),
+                    ln1_.data() + lc, w(kQkvW), N, C, 3 * C);
     layernorm_backward(dres, g(kLn1W), g(kLn1B), dbuf_c2_.data(), block_output(l - 1), w(kLn1W), ln1_mean_.data() + ln,
-                       ln1_rstd_.data() + ln, N, C, ln_scratch_.data(), stream_);
+                       ln1_rstd_.data() + ln, N, C, scratch_.data(), stream_);
     p.close_grads(1 + l);
     p.release(1 + l);
   }

@@ -1,4 +1,5 @@
 #include <cfloat>
+#include <cstdint>
 
 #include <type_traits>
 
@@ -197,22 +198,42 @@ __global__ void bias_forward_kernel(T* out, const T* bias, int N, int OC) {
   }
 }
 
-// Column sums: block (32 columns x 8 row groups), partial sums reduced in shared memory.
+// Column sums, deterministic: block (x, g) sums columns [x 32 V, (x + 1) 32 V) of rows
+// [g R, (g + 1) R) into partial[g] -- a thread V adjacent columns with 16-byte loads (V values of T),
+// so a warp reads 512 contiguous bytes of a row; its 8 row groups are added in shared memory in a
+// fixed order. bias_reduce_kernel then adds the partials in block order.
 template <typename T>
-__global__ void bias_backward_kernel(float* dbias, const T* dout, int N, int OC) {
-  __shared__ float sums[8][33];
-  const int col = blockIdx.x * 32 + threadIdx.x;
-  float sum = 0.0f;
-  if (col < OC) {
-    for (int row = blockIdx.y * 8 + threadIdx.y; row < N; row += gridDim.y * 8)
-      sum += to_float(dout[int64_t{row} * OC + col]);
+__global__ void bias_partial_kernel(float* partial, const T* dout, int N, int OC, int R, bool vectorized) {
+  constexpr int kVec = Vec<T>::kSize;
+  __shared__ float sums[8][32 * kVec];
+  const int col0 = (blockIdx.x * 32 + threadIdx.x) * kVec;
+  const int begin = blockIdx.y * R, end = min(N, begin + R);
+  float acc[kVec] = {};
+  for (int row = begin + threadIdx.y; row < end; row += 8) {
+    const T* src = dout + int64_t{row} * OC + col0;
+    if (vectorized && col0 < OC) {
+      const Vec<T> v = load_vec(src);
+      for (int i = 0; i < kVec; ++i) acc[i] += to_float(v.v[i]);
+    } else {
+      for (int i = 0; i < kVec && col0 + i < OC; ++i) acc[i] += to_float(src[i]);
+    }
   }
-  sums[threadIdx.y][threadIdx.x] = sum;
+  for (int i = 0; i < kVec; ++i) sums[threadIdx.y][threadIdx.x * kVec + i] = acc[i];
   __syncthreads();
-  if (threadIdx.y == 0 && col < OC) {
+  for (int j = threadIdx.y * 32 + threadIdx.x; j < 32 * kVec; j += 256) {
+    const int col = blockIdx.x * 32 * kVec + j;
+    if (col >= OC) continue;
     float total = 0.0f;
-    for (int y = 0; y < 8; ++y) total += sums[y][threadIdx.x];
-    atomicAdd(dbias + col, total);
+    for (int y = 0; y < 8; ++y) total += sums[y][j];
+    partial[int64_t{blockIdx.y} * OC + col] = total;
+  }
+}
+
+__global__ void bias_reduce_kernel(float* dbias, const float* partial, int blocks, int OC) {
+  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < OC; c += gridDim.x * blockDim.x) {
+    float sum = 0.0f;
+    for (int b = 0; b < blocks; ++b) sum += partial[int64_t{b} * OC + c];
+    dbias[c] += sum;
   }
 }
 
@@ -442,22 +463,39 @@ __device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, floa
   m = mx;
 }
 
+// One block per row. A thread keeps its first kXentCached vectors of the row in registers between the
+// two passes (all of a bf16 GPT-2 row: 50304 / (512 x 8) = 13 vectors), so the row is read from
+// memory once and written once; what does not fit is read again.
+constexpr int kXentThreads = 512;
+constexpr int kXentCached = 13;
+
 template <typename T>
-__global__ void softmax_xent_kernel(T* logits, int64_t ld, float* losses, const int32_t* targets, int V, float dscale,
-                                    bool backward) {
+__global__ void __launch_bounds__(kXentThreads)
+    softmax_xent_kernel(T* logits, int64_t ld, float* losses, const int32_t* targets, int V, float dscale,
+                        bool backward) {
   constexpr int kVec = Vec<T>::kSize;
+  constexpr int kStride = kXentThreads * kVec;
   __shared__ float shared_m[32], shared_s[32];
   T* x = logits + blockIdx.x * ld;
   const int full = V / kVec * kVec;  // rows start 16-byte aligned (ld is a multiple of the vector size)
+  const int first = threadIdx.x * kVec;
   float m = -FLT_MAX, s = 0.0f;
-  for (int v = threadIdx.x * kVec; v < full; v += blockDim.x * kVec) {
-    const Vec<T> xv = load_vec(x + v);
+  auto merge_vec = [&](const Vec<T>& xv) {
     float vm = -FLT_MAX;
     for (int i = 0; i < kVec; ++i) vm = fmaxf(vm, to_float(xv.v[i]));
     float vs = 0.0f;
     for (int i = 0; i < kVec; ++i) vs += __expf(to_float(xv.v[i]) - vm);
     merge_max_sum(m, s, vm, vs);
+  };
+  Vec<T> cache[kXentCached];
+#pragma unroll
+  for (int j = 0; j < kXentCached; ++j) {
+    if (first + j * kStride < full) {
+      cache[j] = load_vec(x + first + j * kStride);
+      merge_vec(cache[j]);
+    }
   }
+  for (int v = first + kXentCached * kStride; v < full; v += kStride) merge_vec(load_vec(x + v));
   for (int v = full + threadIdx.x; v < V; v += blockDim.x) merge_max_sum(m, s, to_float(x[v]), 1.0f);
   for (int o = 16; o > 0; o >>= 1) {
     merge_max_sum(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
@@ -475,14 +513,18 @@ __global__ void softmax_xent_kernel(T* logits, int64_t ld, float* losses, const 
   if (threadIdx.x == 0) losses[blockIdx.x] = lse - to_float(x[target]);
   __syncthreads();  // the target logit is read before it is overwritten
   if (!backward) return;
-  for (int v = threadIdx.x * kVec; v < full; v += blockDim.x * kVec) {
-    Vec<T> xv = load_vec(x + v);
+  auto gradient = [&](Vec<T> xv, int v) {
     for (int i = 0; i < kVec; ++i) {
       const float p = __expf(to_float(xv.v[i]) - lse);
       xv.v[i] = from_float<T>((p - (v + i == target ? 1.0f : 0.0f)) * dscale);
     }
     store_vec(x + v, xv);
+  };
+#pragma unroll
+  for (int j = 0; j < kXentCached; ++j) {
+    if (first + j * kStride < full) gradient(cache[j], first + j * kStride);
   }
+  for (int v = first + kXentCached * kStride; v < full; v += kStride) gradient(load_vec(x + v), v);
   for (int v = full + threadIdx.x; v < V; v += blockDim.x) {
     const float p = __expf(to_float(x[v]) - lse);
     x[v] = from_float<T>((p - (v == target ? 1.0f : 0.0f)) * dscale);
@@ -609,9 +651,16 @@ void bias_forward(T* out, const T* bias, int N, int OC, cudaStream_t st) {
 }
 
 template <typename T>
-void bias_backward(float* dbias, const T* dout, int N, int OC, cudaStream_t st) {
-  const dim3 grid((OC + 31) / 32, std::min(64, (N + 7) / 8));
-  bias_backward_kernel<<<grid, dim3(32, 8), 0, st>>>(dbias, dout, N, OC);
+void bias_backward(float* dbias, const T* dout, int N, int OC, float* scratch, cudaStream_t st) {
+  if (N == 0 || OC == 0) return;
+  constexpr int kVec = Vec<T>::kSize;
+  const bool vectorized = OC % kVec == 0 && reinterpret_cast<uintptr_t>(dout) % 16 == 0;
+  const int rows = (N + kBiasBlocks - 1) / kBiasBlocks;
+  const int blocks = (N + rows - 1) / rows;
+  const dim3 grid((OC + 32 * kVec - 1) / (32 * kVec), blocks);
+  bias_partial_kernel<<<grid, dim3(32, 8), 0, st>>>(scratch, dout, N, OC, rows, vectorized);
+  check_launch();
+  bias_reduce_kernel<<<(OC + 255) / 256, 256, 0, st>>>(dbias, scratch, blocks, OC);
   check_launch();
 }
 
@@ -660,7 +709,7 @@ void softmax_cross_entropy(T* logits, int64_t ld, float* losses, const int32_t* 
   if (rows == 0) return;
   if (ld % Vec<T>::kSize != 0)
     fail(ErrorKind::kInternal, "softmax_cross_entropy: row stride not a multiple of 16 bytes");
-  softmax_xent_kernel<<<rows, 1024, 0, st>>>(logits, ld, losses, targets, V, dscale, backward);
+  softmax_xent_kernel<<<rows, kXentThreads, 0, st>>>(logits, ld, losses, targets, V, dscale, backward);
   check_launch();
 }
 
@@ -698,7 +747,7 @@ void sum_floats(double* accum, const float* x, int64_t n, cudaStream_t st) {
   template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, const float*, \
                                       int, int, float*, cudaStream_t);                                              \
   template void bias_forward<T>(T*, const T*, int, int, cudaStream_t);                                              \
-  template void bias_backward<T>(float*, const T*, int, int, cudaStream_t);                                         \
+  template void bias_backward<T>(float*, const T*, int, int, float*, cudaStream_t);                                 \
   template void gelu_forward<T>(T*, const T*, int64_t, cudaStream_t);                                               \
   template void gelu_backward<T>(T*, const T*, const T*, int64_t, cudaStream_t);                                    \
   template void add_inplace<T>(T*, const T*, int64_t, cudaStream_t);                                                \

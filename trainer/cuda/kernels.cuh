@@ -36,11 +36,16 @@ template <typename T>
 void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
                         const float* mean, const float* rstd, int N, int C, float* scratch, cudaStream_t st);
 
-// out (N, OC) += bias;  dbias (OC) += column sums of dout (N, OC)
+// out (N, OC) += bias;  dbias (OC) += column sums of dout (N, OC), deterministic (the same sums in
+// the same order on every run), with `scratch` of bias_scratch_floats(OC) floats.
 template <typename T>
 void bias_forward(T* out, const T* bias, int N, int OC, cudaStream_t st);
+constexpr int kBiasBlocks = 128;  // row blocks: partial sums each
+constexpr int64_t bias_scratch_floats(int OC) {
+  return int64_t{kBiasBlocks} * OC;
+}
 template <typename T>
-void bias_backward(float* dbias, const T* dout, int N, int OC, cudaStream_t st);
+void bias_backward(float* dbias, const T* dout, int N, int OC, float* scratch, cudaStream_t st);
 
 // GELU, tanh approximation (gelu_new); backward: dinp = dout * gelu'(inp)
 template <typename T>
