@@ -52,6 +52,12 @@ void check_launch() {
   CUDA_CHECK(cudaGetLastError());
 }
 
+// The LayerNorm kernels move rows 16 bytes at a time.
+void check_layernorm_channels(int C) {
+  if (C % 8 != 0)
+    fail(ErrorKind::kInvalidInput, "CUDA LayerNorm needs a multiple of 8 channels, not " + std::to_string(C));
+}
+
 // ------------------------------------------------------------------------------------------------
 // Embeddings
 
@@ -82,32 +88,6 @@ __global__ void encoder_backward_kernel(float* dwte, float* dwpe, const T* dout,
 // ------------------------------------------------------------------------------------------------
 // LayerNorm: one warp per row.
 
-template <typename T>
-__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias,
-                                         int N, int C) {
-  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= N) return;
-  const T* x = inp + int64_t{row} * C;
-  float sum = 0.0f;
-  for (int c = lane; c < C; c += 32) sum += to_float(x[c]);
-  const float m = warp_sum(sum) / C;
-  float var = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float d = to_float(x[c]) - m;
-    var += d * d;
-  }
-  const float s = rsqrtf(warp_sum(var) / C + kLayerNormEps);
-  T* o = out + int64_t{row} * C;
-  for (int c = lane; c < C; c += 32) {
-    o[c] = from_float<T>((to_float(x[c]) - m) * s * to_float(weight[c]) + to_float(bias[c]));
-  }
-  if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = s;
-  }
-}
-
 // Sixteen bytes of T (8 bf16/fp16 values or 4 floats) at a time.
 template <typename T>
 struct Vec {
@@ -123,6 +103,46 @@ __device__ __forceinline__ Vec<T> load_vec(const T* p) {
 template <typename T>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T>& x) {
   *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(x.v);
+}
+
+// LayerNorm forward: a warp per row, 16-byte accesses (C a multiple of 8); the row's three passes
+// after the first find it in L1.
+template <typename T>
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias,
+                                         int N, int C) {
+  constexpr int kVec = Vec<T>::kSize;
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const T* x = inp + int64_t{row} * C;
+  float sum = 0.0f;
+  for (int c = lane * kVec; c < C; c += 32 * kVec) {
+    const Vec<T> xv = load_vec(x + c);
+    for (int i = 0; i < kVec; ++i) sum += to_float(xv.v[i]);
+  }
+  const float m = warp_sum(sum) / C;
+  float var = 0.0f;
+  for (int c = lane * kVec; c < C; c += 32 * kVec) {
+    const Vec<T> xv = load_vec(x + c);
+    for (int i = 0; i < kVec; ++i) {
+      const float d = to_float(xv.v[i]) - m;
+      var += d * d;
+    }
+  }
+  const float s = rsqrtf(warp_sum(var) / C + kLayerNormEps);
+  T* o = out + int64_t{row} * C;
+  for (int c = lane * kVec; c < C; c += 32 * kVec) {
+    const Vec<T> xv = load_vec(x + c), wv = load_vec(weight + c), bv = load_vec(bias + c);
+    Vec<T> ov;
+    for (int i = 0; i < kVec; ++i) {
+      ov.v[i] = from_float<T>((to_float(xv.v[i]) - m) * s * to_float(wv.v[i]) + to_float(bv.v[i]));
+    }
+    store_vec(o + c, ov);
+  }
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
 }
 
 // LayerNorm backward, deterministic: block b takes rows [b R, (b + 1) R). Its warps add each row's
@@ -463,39 +483,22 @@ __device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, floa
   m = mx;
 }
 
-// One block per row. A thread keeps its first kXentCached vectors of the row in registers between the
-// two passes (all of a bf16 GPT-2 row: 50304 / (512 x 8) = 13 vectors), so the row is read from
-// memory once and written once; what does not fit is read again.
-constexpr int kXentThreads = 512;
-constexpr int kXentCached = 13;
-
 template <typename T>
-__global__ void __launch_bounds__(kXentThreads)
-    softmax_xent_kernel(T* logits, int64_t ld, float* losses, const int32_t* targets, int V, float dscale,
-                        bool backward) {
+__global__ void softmax_xent_kernel(T* logits, int64_t ld, float* losses, const int32_t* targets, int V, float dscale,
+                                    bool backward) {
   constexpr int kVec = Vec<T>::kSize;
-  constexpr int kStride = kXentThreads * kVec;
   __shared__ float shared_m[32], shared_s[32];
   T* x = logits + blockIdx.x * ld;
   const int full = V / kVec * kVec;  // rows start 16-byte aligned (ld is a multiple of the vector size)
-  const int first = threadIdx.x * kVec;
   float m = -FLT_MAX, s = 0.0f;
-  auto merge_vec = [&](const Vec<T>& xv) {
+  for (int v = threadIdx.x * kVec; v < full; v += blockDim.x * kVec) {
+    const Vec<T> xv = load_vec(x + v);
     float vm = -FLT_MAX;
     for (int i = 0; i < kVec; ++i) vm = fmaxf(vm, to_float(xv.v[i]));
     float vs = 0.0f;
     for (int i = 0; i < kVec; ++i) vs += __expf(to_float(xv.v[i]) - vm);
     merge_max_sum(m, s, vm, vs);
-  };
-  Vec<T> cache[kXentCached];
-#pragma unroll
-  for (int j = 0; j < kXentCached; ++j) {
-    if (first + j * kStride < full) {
-      cache[j] = load_vec(x + first + j * kStride);
-      merge_vec(cache[j]);
-    }
   }
-  for (int v = first + kXentCached * kStride; v < full; v += kStride) merge_vec(load_vec(x + v));
   for (int v = full + threadIdx.x; v < V; v += blockDim.x) merge_max_sum(m, s, to_float(x[v]), 1.0f);
   for (int o = 16; o > 0; o >>= 1) {
     merge_max_sum(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
@@ -513,18 +516,14 @@ __global__ void __launch_bounds__(kXentThreads)
   if (threadIdx.x == 0) losses[blockIdx.x] = lse - to_float(x[target]);
   __syncthreads();  // the target logit is read before it is overwritten
   if (!backward) return;
-  auto gradient = [&](Vec<T> xv, int v) {
+  for (int v = threadIdx.x * kVec; v < full; v += blockDim.x * kVec) {
+    Vec<T> xv = load_vec(x + v);
     for (int i = 0; i < kVec; ++i) {
       const float p = __expf(to_float(xv.v[i]) - lse);
       xv.v[i] = from_float<T>((p - (v + i == target ? 1.0f : 0.0f)) * dscale);
     }
     store_vec(x + v, xv);
-  };
-#pragma unroll
-  for (int j = 0; j < kXentCached; ++j) {
-    if (first + j * kStride < full) gradient(cache[j], first + j * kStride);
   }
-  for (int v = first + kXentCached * kStride; v < full; v += kStride) gradient(load_vec(x + v), v);
   for (int v = full + threadIdx.x; v < V; v += blockDim.x) {
     const float p = __expf(to_float(x[v]) - lse);
     x[v] = from_float<T>((p - (v == target ? 1.0f : 0.0f)) * dscale);
@@ -626,6 +625,7 @@ void encoder_backward(float* dwte, float* dwpe, const T* dout, const int32_t* in
 template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
                        cudaStream_t st) {
+  check_layernorm_channels(C);
   layernorm_forward_kernel<<<(N + 7) / 8, 256, 0, st>>>(out, mean, rstd, inp, weight, bias, N, C);
   check_launch();
 }
@@ -633,8 +633,7 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
 template <typename T>
 void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
                         const float* mean, const float* rstd, int N, int C, float* scratch, cudaStream_t st) {
-  if (C % 8 != 0)
-    fail(ErrorKind::kInvalidInput, "CUDA LayerNorm needs a multiple of 8 channels, not " + std::to_string(C));
+  check_layernorm_channels(C);
   if (N == 0) return;
   const int rows = (N + kLayerNormBlocks - 1) / kLayerNormBlocks;
   const int blocks = (N + rows - 1) / rows;
@@ -709,7 +708,7 @@ void softmax_cross_entropy(T* logits, int64_t ld, float* losses, const int32_t* 
   if (rows == 0) return;
   if (ld % Vec<T>::kSize != 0)
     fail(ErrorKind::kInternal, "softmax_cross_entropy: row stride not a multiple of 16 bytes");
-  softmax_xent_kernel<<<rows, kXentThreads, 0, st>>>(logits, ld, losses, targets, V, dscale, backward);
+  softmax_xent_kernel<<<rows, 1024, 0, st>>>(logits, ld, losses, targets, V, dscale, backward);
   check_launch();
 }
 
