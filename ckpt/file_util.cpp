@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "ckpt/error.hpp"
+#include "ckpt/fault.hpp"
 
 namespace shardkit::ckpt {
 
@@ -114,8 +115,10 @@ void write_file_durable(const std::filesystem::path& path, std::string_view cont
     fd.fsync();
     fd.close();
   }
+  crash_point(tmp.filename().string());
   if (::rename(tmp.c_str(), path.c_str()) != 0) fail_errno("rename " + tmp.string() + " -> " + path.string(), errno);
   fsync_directory(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
+  crash_point(path.filename().string());
 }
 
 std::string read_small_file(const std::filesystem::path& path, size_t max_bytes) {

@@ -23,6 +23,11 @@ void init_thread() {
   thread_local bool initialized = false;
   if (initialized) return;
   initialized = true;
+  // No HDF5 clean-up at exit: a file whose close failed (a full disk during a save the trainer then
+  // went on from) stays half-closed in HDF5's tables, and closing it again at exit crashed the process
+  // (H5F__close_cb). Every file shardkit writes is closed explicitly and made durable before use.
+  static std::once_flag library;
+  std::call_once(library, [] { H5dont_atexit(); });
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   static std::once_flag registered;
   std::call_once(registered, [] {

@@ -78,4 +78,42 @@ std::vector<CheckpointListing> list_checkpoints(const std::filesystem::path& run
   return out;
 }
 
+bool remove_uncommitted(const std::filesystem::path& step_dir) noexcept {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(step_dir, ec) || std::filesystem::exists(step_dir / kManifestFileName, ec)) {
+    return false;
+  }
+  return std::filesystem::remove_all(step_dir, ec) > 0 && !ec;
+}
+
+std::vector<std::string> clean_run_dir(const std::filesystem::path& run_dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(run_dir, ec)) return removed;
+  auto remove_file = [&](const std::filesystem::path& path) {
+    std::error_code rc;
+    if (std::filesystem::remove(path, rc)) removed.push_back("removed " + path.string() + " (temporary file)");
+  };
+  std::vector<std::filesystem::path> entries;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir, ec)) entries.push_back(entry.path());
+  if (ec) fail(ErrorKind::kIo, run_dir.string() + ": cannot list: " + ec.message());
+  for (const std::filesystem::path& path : entries) {
+    const std::string name = path.filename().string();
+    if (name == std::string(kLatestFileName) + ".tmp") {
+      remove_file(path);
+    } else if (parse_step_dir_name(name) >= 0 && std::filesystem::is_directory(path, ec)) {
+      if (remove_uncommitted(path)) {
+        removed.push_back("removed " + path.string() + " (a save that never committed: no manifest)");
+        continue;
+      }
+      std::vector<std::filesystem::path> temporary;
+      for (const auto& inner : std::filesystem::directory_iterator(path, ec)) {
+        if (inner.path().extension() == ".tmp") temporary.push_back(inner.path());
+      }
+      for (const auto& file : temporary) remove_file(file);
+    }
+  }
+  return removed;
+}
+
 }  // namespace shardkit::ckpt

@@ -32,4 +32,13 @@ struct CheckpointListing {
 // Every step directory of `run_dir`, by step.
 std::vector<CheckpointListing> list_checkpoints(const std::filesystem::path& run_dir);
 
+// Removes `step_dir` if it holds no manifest (a save that never committed); returns whether it did.
+// Never throws: this is cleanup on an error path.
+bool remove_uncommitted(const std::filesystem::path& step_dir) noexcept;
+
+// What killed saves leave in `run_dir`: step directories without a manifest and temporary files
+// (`latest.tmp`, `*.tmp` inside step directories). Removes them; returns one line per item removed.
+// Only for a run directory no other job writes to (the trainer holds its lock).
+std::vector<std::string> clean_run_dir(const std::filesystem::path& run_dir);
+
 }  // namespace shardkit::ckpt

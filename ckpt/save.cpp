@@ -2,7 +2,9 @@
 
 #include "ckpt/checksum.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/fault.hpp"
 #include "ckpt/file_util.hpp"
+#include "ckpt/run_dir.hpp"
 #include "ckpt/shard_format.hpp"
 
 namespace shardkit::ckpt {
@@ -91,6 +93,7 @@ SaveResult save_checkpoint(Collective& group, const SaveRequest& request) {
                                    " or state count");
   }
   const std::filesystem::path step_dir = request.run_dir / step_dir_name(meta.step);
+  const FaultScope faults(rank, meta.step);
 
   // 1. Rank 0 prepares the directory and names the checkpoint.
   std::string begin;
@@ -105,6 +108,7 @@ SaveResult save_checkpoint(Collective& group, const SaveRequest& request) {
   const json start = parse_message(group.broadcast(begin));
   throw_if_error(start);
   const std::string uid = start["uid"].get<std::string>();
+  crash_point("save-start");
 
   // 2. Every rank writes its shard.
   std::string record;
@@ -114,8 +118,18 @@ SaveResult save_checkpoint(Collective& group, const SaveRequest& request) {
     const Layout layout(*meta.table, meta.layout);
     ShardWriter writer(step_dir / shard_file_name(rank, group.size()), *meta.table, layout, {uid, meta.step, rank},
                        meta.states, meta.shard);
-    for (size_t s = 0; s < meta.states.size(); ++s) writer.write_state(meta.states[s], request.buffers[s]);
+    for (size_t s = 0; s < meta.states.size(); ++s) {
+      if (s == 1) {
+        crash_point("shard-partial");
+        if (fault_armed("enospc")) {
+          fail(ErrorKind::kIo, (step_dir / shard_file_name(rank, group.size())).string() +
+                                   ".tmp: write: No space left on device (SHARDKIT_FAULT=enospc)");
+        }
+      }
+      writer.write_state(meta.states[s], request.buffers[s]);
+    }
     const ShardRecord r = writer.commit();
+    crash_point("shard-written");
     record = message({{"rank", r.rank}, {"file", r.file}, {"bytes", r.bytes}, {"digest", to_hex(r.digest)}});
   } catch (const std::exception& e) {
     record = message(e, "rank " + std::to_string(rank) + ": ");
@@ -145,8 +159,10 @@ SaveResult save_checkpoint(Collective& group, const SaveRequest& request) {
     }
   }
 
-  // 5. Everyone learns the outcome.
+  // 5. Everyone learns the outcome. A save that failed leaves nothing behind: its uncommitted step
+  // directory would only hold disk space (which may be why it failed) until the next start.
   const json done = parse_message(group.broadcast(outcome));
+  if (!done["error"].get<std::string>().empty() && rank == 0) remove_uncommitted(step_dir);
   throw_if_error(done);
   return {step_dir, done["bytes"].get<int64_t>()};
 }

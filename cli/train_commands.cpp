@@ -65,11 +65,20 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
       ->add_option("--save-mode", o->options.save_mode,
                    "async (default): training continues while the checkpoint is written and committed; sync: it waits")
       ->check(CLI::IsMember({"async", "sync"}));
+  train
+      ->add_option_function<std::string>(
+          "--on-save-error", [o](const std::string& v) { o->options.stop_on_save_error = v == "stop"; },
+          "continue (default): a failed save (full disk, I/O error) is reported -- a warning and a checkpoint_error "
+          "metrics event -- and training goes on, the next save is tried; stop: the run ends with the error")
+      ->check(CLI::IsMember({"continue", "stop"}));
   train->add_option("--keep-last", o->options.keep_last, "Keep only the newest K checkpoints (default 0: keep all)")
       ->check(CLI::NonNegativeNumber);
-  train->add_option("--resume", o->options.resume,
-                    "auto: continue from --save-dir's latest checkpoint if any (default); none; or a checkpoint path "
-                    "(any world size and ZeRO stage)");
+  train->add_option(
+      "--resume", o->options.resume,
+      "auto (default): continue from --save-dir's newest checkpoint that loads (a damaged one is skipped with "
+      "a warning), if any; none; or a checkpoint path "
+      "(any world size and ZeRO stage). The save directory is locked for the run (one job per folder) "
+      "and what killed saves left there is removed at start");
   train
       ->add_option("--device", o->device,
                    "cpu (default): fp32 on MPI ranks; cuda: one GPU per rank (local rank -> device), NCCL")

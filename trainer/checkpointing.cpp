@@ -31,7 +31,8 @@ const std::vector<std::string>& state_names() {
 }  // namespace
 
 // The save being written in the background: the worker thread sets `done` last, after `outcome` or
-// `error`, so the training thread may read them once it sees `done` (or after join).
+// `error` (a failure outside the save protocol, which only this rank may have seen: fatal), so the
+// training thread may read them once it sees `done` (or after join).
 struct Checkpointer::InFlight {
   std::thread worker;
   std::atomic<bool> done{false};
@@ -58,13 +59,19 @@ Checkpointer::~Checkpointer() {
 }
 
 SaveOutcome Checkpointer::write(comm::MpiCollective& group, const ckpt::SaveRequest& request) {
-  const ckpt::SaveResult result = ckpt::save_checkpoint(group, request);
+  SaveOutcome outcome;
+  outcome.step = request.meta.step;
+  try {
+    const ckpt::SaveResult result = ckpt::save_checkpoint(group, request);
+    outcome.path = result.step_dir;
+    outcome.bytes = result.bytes;
+  } catch (const std::exception& e) {
+    outcome.path = request.run_dir / ckpt::step_dir_name(request.meta.step);
+    outcome.error = e.what();
+    return outcome;  // nothing new to prune
+  }
   if (group.rank() == 0) prune();
   group.barrier();  // pruning is finished before any rank looks at the directory again
-  SaveOutcome outcome;
-  outcome.path = result.step_dir;
-  outcome.step = request.meta.step;
-  outcome.bytes = result.bytes;
   return outcome;
 }
 
@@ -148,14 +155,17 @@ void Checkpointer::prune() {
   }
 }
 
-std::optional<std::filesystem::path> resolve_resume(const std::string& resume, const std::filesystem::path& save_dir) {
-  if (resume == "none") return std::nullopt;
-  if (resume == "auto") {
-    std::error_code ec;
-    if (save_dir.empty() || !std::filesystem::exists(save_dir / ckpt::kLatestFileName, ec)) return std::nullopt;
-    return ckpt::resolve_checkpoint(save_dir);
+std::vector<std::filesystem::path> resume_candidates(const std::string& resume, const std::filesystem::path& save_dir) {
+  if (resume == "none") return {};
+  if (resume != "auto") return {ckpt::resolve_checkpoint(resume)};
+  std::error_code ec;
+  if (save_dir.empty() || !std::filesystem::is_directory(save_dir, ec)) return {};
+  std::vector<std::filesystem::path> out;
+  for (const auto& c : ckpt::list_checkpoints(save_dir)) {
+    if (c.committed) out.push_back(save_dir / c.name);
   }
-  return ckpt::resolve_checkpoint(resume);
+  std::reverse(out.begin(), out.end());
+  return out;
 }
 
 nlohmann::json load_checkpoint(const std::filesystem::path& path, const ckpt::TensorTable& table, Backend& backend) {

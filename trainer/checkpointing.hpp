@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +32,7 @@ struct SaveOutcome {
   int64_t bytes = 0;
   double stall_ms = 0;  // the training loop was blocked this long by this save
   double write_ms = 0;  // from the snapshot (after any wait for the previous save) until committed and durable
+  std::string error;    // non-empty: the save failed, alike on every rank, and left nothing behind
 };
 
 class Checkpointer {
@@ -46,14 +46,14 @@ class Checkpointer {
 
   // Snapshots the backend's states into its host buffers, allocated once (a consistent copy, taken
   // between optimizer steps), then saves them through ckpt's protocol: every rank its shard, rank 0 the manifest.
-  // Sync: returns when committed. Async: first waits for a previous save still being written (the
+  // Sync: returns when committed or failed. Async: first waits for a previous save still being written (the
   // wait counts as stall), then returns as soon as the snapshot is taken; a background thread writes,
   // syncs and commits on its own communicator. Collective.
   void save(int64_t step, const ckpt::TensorTable& table, Backend& backend, const nlohmann::json& trainer_state,
             const nlohmann::json& model, const nlohmann::json& config);
 
-  // The saves completed since the last call, oldest first; never blocks. A failed save throws here
-  // (on every rank, with the protocol's error).
+  // The saves completed since the last call, oldest first, failed ones included (with `error`; the
+  // protocol makes every rank see the same outcome); never blocks.
   std::vector<SaveOutcome> poll();
   // Waits for the save in flight, then as poll().
   std::vector<SaveOutcome> finish();
@@ -75,9 +75,11 @@ class Checkpointer {
   std::vector<SaveOutcome> completed_;
 };
 
-// Which checkpoint --resume selects: "none" -> nothing; "auto" -> save_dir's latest if there is one;
-// anything else is a step or run directory that must exist.
-std::optional<std::filesystem::path> resolve_resume(const std::string& resume, const std::filesystem::path& save_dir);
+// The checkpoints --resume may load, in the order to try them: "none" -> none; "auto" -> every
+// committed checkpoint of save_dir (manifest present and valid), newest first -- the manifest is the
+// commit point, so one committed after the last update of `latest` counts; anything else -> that one
+// step or run directory, which must exist.
+std::vector<std::filesystem::path> resume_candidates(const std::string& resume, const std::filesystem::path& save_dir);
 
 // Restores the backend's master weights and Adam moments from `path` (any world size and stage) and
 // returns the manifest's trainer_state. Error(kInvalidInput) when the checkpoint holds another model.

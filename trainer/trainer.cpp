@@ -8,6 +8,8 @@
 #include <thread>
 
 #include "ckpt/error.hpp"
+#include "ckpt/run_dir.hpp"
+#include "ckpt/run_lock.hpp"
 #include "model/gpt2_config.hpp"
 #include "model/hf_weights.hpp"
 #include "trainer/backend.hpp"
@@ -64,6 +66,7 @@ struct Trainer::State {
   std::unique_ptr<LossScaler> scaler;
   std::unique_ptr<TokenFile> tokens;
   std::unique_ptr<SampleOrder> order;
+  std::unique_ptr<ckpt::RunLock> lock;  // rank 0, while saving into options.save_dir
   std::unique_ptr<Checkpointer> checkpointer;
   std::ofstream metrics;
 
@@ -88,6 +91,11 @@ struct Trainer::State {
   void write_metrics(const nlohmann::json& record);
   void save();
   void report(const std::vector<SaveOutcome>& saves);  // log lines and metrics events of completed saves
+  // Rank 0 locks the save directory and clears what killed saves left there; every rank fails alike.
+  void take_save_dir();
+  // Loads the first of --resume's candidates that every rank reads without error, warning about each
+  // one skipped; false when there is none to try.
+  bool resume();
 };
 
 nlohmann::json Trainer::State::trainer_state() const {
@@ -164,26 +172,15 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
     if (options.save_mode != "async" && options.save_mode != "sync") {
       fail(ErrorKind::kInvalidInput, "--save-mode is '" + options.save_mode + "', must be async or sync");
     }
+    s.take_save_dir();
     s.checkpointer = std::make_unique<Checkpointer>(comm, options.save_dir, options.keep_last, ckpt::ShardOptions{},
                                                     options.save_mode == "sync" ? SaveMode::kSync : SaveMode::kAsync,
                                                     [&s](const std::string& line) { s.log(line); });
     s.backend->reserve_snapshot();
   }
 
-  if (const auto resume = resolve_resume(options.resume, options.save_dir)) {
-    const auto load_start = std::chrono::steady_clock::now();
-    const nlohmann::json state = load_checkpoint(*resume, s.table, *s.backend);
-    // The slowest rank's time; the states read (weights and two moments) are the same at any world size.
-    const double seconds =
-        comm.allreduce_max(std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
-    const double bytes = 3.0 * sizeof(float) * static_cast<double>(s.table.total_elements());
-    s.restore(state, resume->string());
-    char rate[96];
-    std::snprintf(rate, sizeof(rate), ": %s of states read in %.2f s (%.2f GB/s)",
-                  human_bytes(static_cast<int64_t>(bytes)).c_str(), seconds, bytes / seconds / 1e9);
-    s.log("resumed from " + resume->string() + " at step " + std::to_string(s.step) + " (" +
-          std::to_string(s.comm.size()) + " ranks, ZeRO stage " + std::to_string(s.config.zero.stage) + ")" + rate);
-  } else if (!options.init_from.empty()) {
+  const bool resumed = s.resume();
+  if (!resumed && !options.init_from.empty()) {
     const model::HfWeights weights(options.init_from);
     if (!(weights.config() == s.model_config)) {
       fail(ErrorKind::kInvalidInput,
@@ -191,7 +188,7 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
     }
     s.backend->initialize([&](int t, int64_t offset, std::span<float> out) { weights.read(t, offset, out); });
     s.log("initialised from " + options.init_from.string());
-  } else {
+  } else if (!resumed) {
     const model::GptConfig& mc = s.model_config;
     const ckpt::TensorTable& table = s.table;
     const uint64_t seed = options.seed;
@@ -321,8 +318,76 @@ void Trainer::State::save() {
   checkpointer->save(step, table, *backend, trainer_state(), to_json(model_config), to_json(config));
 }
 
+bool Trainer::State::resume() {
+  const std::vector<std::filesystem::path> candidates = resume_candidates(options.resume, options.save_dir);
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const std::filesystem::path& path = candidates[i];
+    const auto load_start = std::chrono::steady_clock::now();
+    nlohmann::json state;
+    std::string error;
+    try {
+      state = load_checkpoint(path, table, *backend);
+    } catch (const Error& e) {
+      // Damage (a flipped bit, a truncated or missing shard) moves on to an older checkpoint; a
+      // checkpoint of another model, or one the user named, is the user's to sort out.
+      if ((e.kind() != ErrorKind::kCorrupt && e.kind() != ErrorKind::kIo) || options.resume != "auto") throw;
+      error = e.what();
+    }
+    // Every rank read its own part: all must have succeeded.
+    std::string first_error;
+    for (const std::string& e : comm.gather(error)) {
+      if (first_error.empty()) first_error = e;
+    }
+    first_error = comm.broadcast(first_error);
+    if (!first_error.empty()) {
+      log("warning: skipping " + path.string() + ": " + first_error);
+      if (i + 1 == candidates.size()) {
+        fail(ErrorKind::kCorrupt, "no checkpoint in " + options.save_dir.string() + " can be loaded (" +
+                                      std::to_string(candidates.size()) +
+                                      " tried); the newest fails with: " + first_error.substr(0, 300));
+      }
+      continue;
+    }
+    // The slowest rank's time; the states read (weights and two moments) are the same at any world size.
+    const double seconds =
+        comm.allreduce_max(std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
+    const double bytes = 3.0 * sizeof(float) * static_cast<double>(table.total_elements());
+    restore(state, path.string());
+    char rate[96];
+    std::snprintf(rate, sizeof(rate), ": %s of states read in %.2f s (%.2f GB/s)",
+                  human_bytes(static_cast<int64_t>(bytes)).c_str(), seconds, bytes / seconds / 1e9);
+    log("resumed from " + path.string() + " at step " + std::to_string(step) + " (" + std::to_string(comm.size()) +
+        " ranks, ZeRO stage " + std::to_string(config.zero.stage) + ")" + rate);
+    return true;
+  }
+  return false;
+}
+
+void Trainer::State::take_save_dir() {
+  std::string error;
+  if (root()) {
+    try {
+      std::string previous;
+      lock = std::make_unique<ckpt::RunLock>(options.save_dir, "shardkit train", &previous);
+      if (!previous.empty()) log("notice: " + previous);
+      for (const std::string& line : ckpt::clean_run_dir(options.save_dir)) log("notice: " + line);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  error = comm.broadcast(error);
+  if (!error.empty()) fail(ErrorKind::kInvalidInput, error);
+}
+
 void Trainer::State::report(const std::vector<SaveOutcome>& saves) {
   for (const SaveOutcome& o : saves) {
+    if (!o.error.empty()) {
+      log("warning: checkpoint of step " + std::to_string(o.step) + " failed: " + o.error +
+          (options.stop_on_save_error ? "" : " -- training goes on, the previous checkpoint is intact"));
+      write_metrics({{"event", "checkpoint_error"}, {"step", o.step}, {"path", o.path.string()}, {"error", o.error}});
+      if (options.stop_on_save_error) fail(ErrorKind::kIo, o.error);
+      continue;
+    }
     char line[256];
     std::snprintf(line, sizeof(line), ": %s committed in %.0f ms, training stalled %.1f ms",
                   human_bytes(o.bytes).c_str(), o.write_ms, o.stall_ms);

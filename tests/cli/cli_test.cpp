@@ -9,45 +9,13 @@
 #include <sstream>
 
 #include "ckpt/shard_format.hpp"
+#include "tests/cli/cli_support.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace shardkit {
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// Runs a shell command line; `prefix` goes before the binary (e.g. "mpirun -n 2"), the test
-// environment (OpenMPI as root, sanitizer options) before both.
-Result run(const std::string& args, const std::string& prefix = "") {
-  static testing::TempDir scratch;
-  const std::string command = std::string(SHARDKIT_TEST_ENV) + " " + prefix + " " + SHARDKIT_BINARY + " " + args +
-                              " >" + (scratch / "out").string() + " 2>" + (scratch / "err").string();
-  const int status = std::system(command.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(scratch / "out");
-  r.err = slurp(scratch / "err");
-  return r;
-}
-
-std::string mpirun(int ranks) {
-  return std::string(SHARDKIT_MPIEXEC) + " -n " + std::to_string(ranks) + " --oversubscribe";
-}
-
-int count_lines(const std::string& s) {
-  return static_cast<int>(std::count(s.begin(), s.end(), '\n'));
-}
+using namespace testing::cli;
 
 TEST(Cli, EverySubcommandHasHelpWithAnExample) {
   for (const char* sub : {"train", "eval", "data encode", "ckpt ls", "ckpt inspect", "ckpt verify", "ckpt diff",
@@ -131,23 +99,11 @@ TEST(Cli, WriteListInspectVerifyDiffAndDetectDamage) {
   EXPECT_NE(r.err.find("manifest.json"), std::string::npos) << r.err;
 }
 
-// Byte-level tokens of a repeated sentence: enough windows of 65 tokens for gpt2-tiny.
-std::filesystem::path write_text_tokens(const testing::TempDir& dir) {
-  std::ofstream text(dir / "text.txt");
-  for (int i = 0; i < 200; ++i) text << "sharded checkpoints let a run resume on any number of ranks " << i << ". ";
-  text.close();
-  const Result r = run("data encode " + (dir / "text.txt").string() + " -o " + (dir / "text.bin").string());
-  EXPECT_EQ(r.code, 0) << r.err;
-  return dir / "text.bin";
-}
-
-const std::string kSamples = std::string(SHARDKIT_SOURCE_DIR) + "/samples/configs/";
-
 TEST(Cli, SeedArticleConfigsTrainAsWritten) {
   testing::TempDir dir;
   const std::string data = write_text_tokens(dir).string();
   // train_batch_size 32 with 4 accumulation steps: micro-batches of 4 on 2 ranks; fp16 on CPU ranks.
-  Result r = run("train --config " + kSamples + "seed_zero2_fp16.json --model gpt2-tiny --data " + data +
+  Result r = run("train --config " + samples() + "seed_zero2_fp16.json --model gpt2-tiny --data " + data +
                      " --steps 2 --threads 1 --metrics " + (dir / "m.jsonl").string(),
                  mpirun(2));
   ASSERT_EQ(r.code, 0) << r.err << r.out;
@@ -168,13 +124,13 @@ TEST(Cli, SeedArticleConfigsTrainAsWritten) {
   }
   EXPECT_EQ(lines, 2);
   // "auto" batch sizes with micro-batches of 2: any world size.
-  r = run(
-      "train --config " + kSamples + "seed_zero2_auto.json --model gpt2-tiny --data " + data + " --steps 2 --threads 1",
-      mpirun(3));
+  r = run("train --config " + samples() + "seed_zero2_auto.json --model gpt2-tiny --data " + data +
+              " --steps 2 --threads 1",
+          mpirun(3));
   EXPECT_EQ(r.code, 0) << r.err << r.out;
   EXPECT_NE(r.out.find("batch 6 = 2 x 1 accumulation x 3 ranks"), std::string::npos) << r.out;
   // 32 samples cannot be split over 3 ranks with 4 accumulation steps: one clear line, exit 2.
-  r = run("train --config " + kSamples + "seed_zero2_fp16.json --model gpt2-tiny --data " + data + " --steps 2",
+  r = run("train --config " + samples() + "seed_zero2_fp16.json --model gpt2-tiny --data " + data + " --steps 2",
           mpirun(3));
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("train_batch_size 32 != train_micro_batch_size_per_gpu 2 * gradient_accumulation_steps 4 * "
@@ -187,7 +143,7 @@ TEST(Cli, TrainCheckpointsResumesAndEvaluates) {
   testing::TempDir dir;
   const std::string data = write_text_tokens(dir).string();
   const std::string run_dir = (dir / "run").string();
-  Result r = run("train --config " + kSamples + "tiny_zero2.json --model gpt2-tiny --data " + data +
+  Result r = run("train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --data " + data +
                      " --steps 4 --save-interval 2 --keep-last 1 --threads 1 --save-dir " + run_dir,
                  mpirun(2));
   ASSERT_EQ(r.code, 0) << r.err;
@@ -196,7 +152,7 @@ TEST(Cli, TrainCheckpointsResumesAndEvaluates) {
   EXPECT_EQ(list[0]["step"], 4);
   EXPECT_EQ(list[0]["world_size"], 2);
   // Resume on 3 ranks at stage 3 and continue to step 6.
-  r = run("train --config " + kSamples + "tiny_zero3.json --model gpt2-tiny --data " + data +
+  r = run("train --config " + samples() + "tiny_zero3.json --model gpt2-tiny --data " + data +
               " --steps 6 --threads 1 --save-dir " + run_dir,
           mpirun(3));
   ASSERT_EQ(r.code, 0) << r.err;
@@ -212,12 +168,12 @@ TEST(Cli, TrainCheckpointsResumesAndEvaluates) {
   std::ofstream(dir / "small.json")
       << R"({"n_layer": 1, "n_head": 2, "n_embd": 64, "vocab_size": 256, "n_positions": 64})";
   // (A single process: mpirun's own exit status is not what is tested here.)
-  r = run("train --config " + kSamples + "tiny_zero2.json --model " + (dir / "small.json").string() + " --data " +
+  r = run("train --config " + samples() + "tiny_zero2.json --model " + (dir / "small.json").string() + " --data " +
           data + " --steps 8 --resume " + run_dir);
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("holds another model"), std::string::npos) << r.err;
   // A missing token file: exit 2, naming it.
-  r = run("train --config " + kSamples + "tiny_zero2.json --model gpt2-tiny --data " + (dir / "none.bin").string() +
+  r = run("train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --data " + (dir / "none.bin").string() +
           " --steps 1");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("none.bin"), std::string::npos) << r.err;
@@ -231,7 +187,7 @@ TEST(Cli, ARunKilledDuringAsynchronousSavesResumesFromItsLatestCheckpoint) {
   const std::string data = write_text_tokens(dir).string();
   const std::filesystem::path run_dir = dir / "run";
   const std::string pid_file = (dir / "pid").string();
-  const std::string command = std::string(SHARDKIT_TEST_ENV) + " " + SHARDKIT_BINARY + " train --config " + kSamples +
+  const std::string command = std::string(SHARDKIT_TEST_ENV) + " " + SHARDKIT_BINARY + " train --config " + samples() +
                               "tiny_zero2.json --model gpt2-tiny --data " + data +
                               " --steps 100000 --save-interval 1 --save-mode async --threads 1 --quiet --save-dir " +
                               run_dir.string() + " > " + (dir / "log").string() + " 2>&1 & echo $! > " + pid_file;
@@ -254,40 +210,34 @@ TEST(Cli, ARunKilledDuringAsynchronousSavesResumesFromItsLatestCheckpoint) {
   ASSERT_GE(list.size(), 3u);
   // `latest` names a committed checkpoint; it may lag one committed after it (a kill between the
   // manifest and the pointer), and a save in flight may have left a step directory without a manifest.
+  // The next run resumes from the newest committed checkpoint.
   std::string latest = slurp(run_dir / "latest");
   latest.erase(latest.find_last_not_of(" \n") + 1);
   bool latest_committed = false;
-  for (const auto& c : list) latest_committed |= c["name"] == latest && c["committed"].get<bool>();
+  std::string newest;
+  for (const auto& c : list) {
+    latest_committed |= c["name"] == latest && c["committed"].get<bool>();
+    if (c["committed"].get<bool>()) newest = c["name"].get<std::string>();
+  }
   ASSERT_TRUE(latest_committed) << latest;
-  const int64_t latest_step = std::stoll(latest.substr(latest.find('-') + 1));
-  r = run("train --config " + kSamples + "tiny_zero2.json --model gpt2-tiny --data " + data + " --steps " +
-          std::to_string(latest_step + 2) + " --threads 1 --save-dir " + run_dir.string());
+  const int64_t newest_step = std::stoll(newest.substr(newest.find('-') + 1));
+  r = run("train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --data " + data + " --steps " +
+          std::to_string(newest_step + 2) + " --threads 1 --save-dir " + run_dir.string());
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("resumed from " + (run_dir / latest).string()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("resumed from " + (run_dir / newest).string()), std::string::npos) << r.out;
   EXPECT_EQ(run("ckpt verify " + run_dir.string()).code, 0);
   // An unknown save mode is refused like any bad option.
-  r = run("train --config " + kSamples + "tiny_zero2.json --model gpt2-tiny --data " + data +
+  r = run("train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --data " + data +
           " --steps 1 --save-mode sometimes");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--save-mode"), std::string::npos) << r.err;
-}
-
-std::vector<nlohmann::json> read_metrics(const std::filesystem::path& file) {
-  std::vector<nlohmann::json> steps;
-  std::ifstream in(file);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (!j.contains("event")) steps.push_back(std::move(j));
-  }
-  return steps;
 }
 
 TEST(Cli, AReshardedCheckpointResumesAtItsWorldSizeAndContinuesTheRun) {
   testing::TempDir dir;
   const std::string data = write_text_tokens(dir).string();
   const std::string full = (dir / "full").string();
-  Result r = run("train --config " + kSamples + "tiny_zero2.json --model gpt2-tiny --data " + data +
+  Result r = run("train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --data " + data +
                      " --steps 6 --save-interval 2 --threads 1 --save-dir " + full + " --metrics " +
                      (dir / "full.jsonl").string(),
                  mpirun(2));
@@ -295,7 +245,7 @@ TEST(Cli, AReshardedCheckpointResumesAtItsWorldSizeAndContinuesTheRun) {
   r = run("convert reshard " + full + "/step-00000002 -o " + (dir / "three").string() +
           " --world-size 3 --stage 3 --quiet");
   ASSERT_EQ(r.code, 0) << r.err;
-  r = run("train --config " + kSamples + "tiny_zero3.json --model gpt2-tiny --data " + data +
+  r = run("train --config " + samples() + "tiny_zero3.json --model gpt2-tiny --data " + data +
               " --steps 6 --threads 1 --save-dir " + (dir / "three").string() + " --metrics " +
               (dir / "three.jsonl").string(),
           mpirun(3));

@@ -1,0 +1,61 @@
+#include "ckpt/fault.hpp"
+
+#include <csignal>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+namespace shardkit::ckpt {
+namespace {
+
+struct FaultSpec {
+  std::string point;
+  std::optional<int64_t> rank;
+  std::optional<int64_t> step;
+};
+
+std::optional<int64_t> integer_env(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  return std::strtoll(text, nullptr, 10);
+}
+
+const std::optional<FaultSpec>& spec() {
+  static const std::optional<FaultSpec> s = []() -> std::optional<FaultSpec> {
+    const char* point = std::getenv("SHARDKIT_FAULT");
+    if (point == nullptr || *point == '\0') return std::nullopt;
+    return FaultSpec{point, integer_env("SHARDKIT_FAULT_RANK"), integer_env("SHARDKIT_FAULT_STEP")};
+  }();
+  return s;
+}
+
+thread_local bool active = false;
+thread_local int active_rank = 0;
+thread_local int64_t active_step = 0;
+
+}  // namespace
+
+FaultScope::FaultScope(int rank, int64_t step)
+    : outer_active_(active), outer_rank_(active_rank), outer_step_(active_step) {
+  active = true;
+  active_rank = rank;
+  active_step = step;
+}
+
+FaultScope::~FaultScope() {
+  active = outer_active_;
+  active_rank = outer_rank_;
+  active_step = outer_step_;
+}
+
+bool fault_armed(std::string_view point) {
+  const auto& s = spec();
+  if (!s || !active || s->point != point) return false;
+  return (!s->rank || *s->rank == active_rank) && (!s->step || *s->step == active_step);
+}
+
+void crash_point(std::string_view point) {
+  if (fault_armed(point)) std::raise(SIGKILL);
+}
+
+}  // namespace shardkit::ckpt

@@ -1,0 +1,44 @@
+// Fault injection for the crash-consistency and I/O-error tests, driven by the environment:
+//   SHARDKIT_FAULT=<point>    a named instant of the save protocol (below)
+//   SHARDKIT_FAULT_RANK=<r>   only on this rank (default: every rank)
+//   SHARDKIT_FAULT_STEP=<s>   only while saving the checkpoint of this step (default: any)
+// At a crash point the process kills itself with SIGKILL, as `kill -9` at that instant would. At the
+// I/O point "enospc" the rank's shard write fails with ENOSPC halfway, as on a full disk. Without
+// SHARDKIT_FAULT nothing happens (one cached getenv).
+//
+// Crash points, in protocol order:
+//   save-start          the step directory exists, no shard file yet
+//   shard-partial       the rank's shard .tmp file holds its first state only
+//   shard-written       the rank's shard is durable under its final name, not yet reported
+//   manifest.json.tmp   (rank 0) the manifest is durable under its temporary name
+//   manifest.json       (rank 0) the manifest is in place: the checkpoint is committed
+//   latest.tmp          (rank 0) the new `latest` is durable under its temporary name
+//   latest              (rank 0) `latest` names the new checkpoint; the ranks are not told yet
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace shardkit::ckpt {
+
+// Marks the save in progress on this thread (its rank and step) for the checks below; outside one,
+// no fault fires.
+class FaultScope {
+ public:
+  FaultScope(int rank, int64_t step);
+  ~FaultScope();
+  FaultScope(const FaultScope&) = delete;
+  FaultScope& operator=(const FaultScope&) = delete;
+
+ private:
+  bool outer_active_;
+  int outer_rank_;
+  int64_t outer_step_;
+};
+
+// Whether SHARDKIT_FAULT names `point` for the save in progress on this thread.
+bool fault_armed(std::string_view point);
+// SIGKILL when armed.
+void crash_point(std::string_view point);
+
+}  // namespace shardkit::ckpt

@@ -1,0 +1,175 @@
+// Faults injected into real runs of `shardkit train` on 2 ranks: a kill -9 at each instant of the save
+// protocol, a full disk (injected, and a real small tmpfs where the test may mount one), a second job
+// on the same save directory. After each: no committed checkpoint is lost, the newest one verifies,
+// and the next run cleans up and continues exactly as the uninterrupted run did.
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "ckpt/run_lock.hpp"
+#include "tests/cli/cli_support.hpp"
+
+namespace shardkit {
+namespace {
+
+using namespace testing::cli;
+
+// `steps` of gpt2-tiny on 2 ranks, a checkpoint every 2 steps.
+std::string train_args(const std::filesystem::path& data, const std::filesystem::path& run_dir,
+                       const std::filesystem::path& metrics, const std::string& extra = "", int steps = 6) {
+  return "train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --data " + data.string() + " --steps " +
+         std::to_string(steps) + " --save-interval 2 --threads 1 --save-dir " + run_dir.string() + " --metrics " +
+         metrics.string() + " " + extra;
+}
+
+std::string latest_of(const std::filesystem::path& run_dir) {
+  std::string latest = slurp(run_dir / "latest");
+  latest.erase(latest.find_last_not_of(" \n") + 1);
+  return latest;
+}
+
+// The loss of every step in a metrics file, by step (a resumed run appends its steps after the first
+// run's: the last record of a step wins).
+std::map<int64_t, double> losses(const std::filesystem::path& metrics) {
+  std::map<int64_t, double> out;
+  for (const auto& r : read_metrics(metrics)) out[r["step"].get<int64_t>()] = r["loss"].get<double>();
+  return out;
+}
+
+struct Point {
+  const char* name;
+  int rank;
+  bool commits;  // the checkpoint of step 4 is committed when the process dies here
+};
+
+TEST(Faults, AKillAtEachPointOfTheSaveProtocolLosesNothingAndTheRunContinuesExactly) {
+  testing::TempDir dir;
+  const auto data = write_text_tokens(dir);
+  Result r = run(train_args(data, dir / "reference", dir / "reference.jsonl"), mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto reference = losses(dir / "reference.jsonl");
+  ASSERT_EQ(reference.size(), 6u);
+
+  const std::vector<Point> points = {{"save-start", 1, false},    {"shard-partial", 1, false},
+                                     {"shard-written", 0, false}, {"manifest.json.tmp", 0, false},
+                                     {"manifest.json", 0, true},  {"latest.tmp", 0, true},
+                                     {"latest", 0, true}};
+  for (const Point& p : points) {
+    SCOPED_TRACE(p.name);
+    const std::filesystem::path run_dir = dir / p.name, metrics = dir / (std::string(p.name) + ".jsonl");
+    const std::string fault = "SHARDKIT_FAULT=" + std::string(p.name) +
+                              " SHARDKIT_FAULT_RANK=" + std::to_string(p.rank) + " SHARDKIT_FAULT_STEP=4";
+    r = run(train_args(data, run_dir, metrics), mpirun(2), fault);
+    ASSERT_NE(r.code, 0) << "the fault did not fire";
+    // What the kill left: the newest checkpoint verifies; `latest` names step 2, or step 4 when the
+    // kill came after it was updated.
+    r = run("ckpt verify " + run_dir.string());
+    EXPECT_EQ(r.code, 0) << r.out << r.err;
+    EXPECT_EQ(latest_of(run_dir), std::string(p.name) == "latest" ? "step-00000004" : "step-00000002");
+    EXPECT_EQ(std::filesystem::exists(run_dir / "step-00000004" / "manifest.json"), p.commits);
+
+    // The next run removes the leftovers and continues from the newest committed checkpoint.
+    r = run(train_args(data, run_dir, metrics), mpirun(2));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(
+        r.out.find(std::string("resumed from ") + (run_dir / (p.commits ? "step-00000004" : "step-00000002")).string()),
+        std::string::npos)
+        << r.out;
+    if (!p.commits) {
+      EXPECT_NE(r.out.find("(a save that never committed: no manifest)"), std::string::npos) << r.out;
+    }
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(run_dir)) {
+      EXPECT_NE(entry.path().extension(), ".tmp") << entry.path() << " survived the restart";
+    }
+    EXPECT_EQ(run("ckpt verify " + run_dir.string()).code, 0);
+    EXPECT_EQ(latest_of(run_dir), "step-00000006");
+    EXPECT_EQ(losses(metrics), reference) << "the resumed run differs from the uninterrupted one";
+  }
+}
+
+TEST(Faults, AFullDiskFailsThatSaveOnlyAndTrainingGoesOnUnlessToldToStop) {
+  testing::TempDir dir;
+  const auto data = write_text_tokens(dir);
+  const std::string enospc = "SHARDKIT_FAULT=enospc SHARDKIT_FAULT_RANK=1 SHARDKIT_FAULT_STEP=4";
+  Result r = run(train_args(data, dir / "run", dir / "m.jsonl"), mpirun(2), enospc);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("checkpoint of step 4 failed"), std::string::npos) << r.out;
+  const auto events = read_metrics(dir / "m.jsonl", true);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[1]["event"], "checkpoint_error");
+  EXPECT_EQ(events[1]["step"], 4);
+  EXPECT_NE(events[1]["error"].get<std::string>().find("No space left on device"), std::string::npos);
+  EXPECT_EQ(events[2]["event"], "checkpoint") << "the next save is tried, and succeeds";
+  EXPECT_FALSE(std::filesystem::exists(dir / "run" / "step-00000004")) << "a failed save leaves nothing";
+  EXPECT_EQ(latest_of(dir / "run"), "step-00000006");
+  EXPECT_EQ(run("ckpt verify " + (dir / "run").string()).code, 0);
+
+  r = run(train_args(data, dir / "stop", dir / "stop.jsonl", "--on-save-error stop"), mpirun(2), enospc);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+  EXPECT_EQ(latest_of(dir / "stop"), "step-00000002");
+  EXPECT_EQ(run("ckpt verify " + (dir / "stop").string()).code, 0);
+}
+
+// A real full disk: a tmpfs with room for one checkpoint and a half. With --keep-last 1 the second
+// checkpoint needs room next to the first (the older one goes only after the newer one commits).
+TEST(Faults, ARealFullDiskKeepsThePreviousCheckpoint) {
+  testing::TempDir dir;
+  const auto data = write_text_tokens(dir);
+  Result r = run(train_args(data, dir / "probe", dir / "probe.jsonl", "", 2), mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err;
+  uintmax_t bytes = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir / "probe")) {
+    if (e.is_regular_file()) bytes += e.file_size();
+  }
+  const std::filesystem::path mnt = dir / "small";
+  std::filesystem::create_directories(mnt);
+  const std::string options = "size=" + std::to_string(bytes * 3 / 2 / 4096 * 4096);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, options.c_str()) != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root): the injected-ENOSPC test covers the logic";
+  }
+  struct Unmount {
+    std::filesystem::path at;
+    ~Unmount() { ::umount2(at.c_str(), MNT_DETACH); }
+  } unmount{mnt};
+  r = run(train_args(data, mnt / "run", dir / "full.jsonl", "--keep-last 1"), mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto events = read_metrics(dir / "full.jsonl", true);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0]["event"], "checkpoint");
+  EXPECT_EQ(events[1]["event"], "checkpoint_error");
+  EXPECT_EQ(events[2]["event"], "checkpoint_error");
+  EXPECT_EQ(latest_of(mnt / "run"), "step-00000002");
+  EXPECT_EQ(run("ckpt verify " + (mnt / "run").string()).code, 0);
+  EXPECT_FALSE(std::filesystem::exists(mnt / "run" / "step-00000004"));
+}
+
+TEST(Faults, ASecondJobOnTheSameSaveDirectoryIsRefusedAndAStaleLockIsTakenOver) {
+  testing::TempDir dir;
+  const auto data = write_text_tokens(dir);
+  const std::filesystem::path run_dir = dir / "run";
+  {
+    std::string previous;
+    const ckpt::RunLock held(run_dir, "a test", &previous);
+    EXPECT_TRUE(previous.empty());
+    const Result r = run(train_args(data, run_dir, dir / "m.jsonl"), mpirun(2));
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("is in use by pid " + std::to_string(::getpid())), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(".shardkit.lock"), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(run_dir / "latest")) << "the refused job wrote nothing";
+  }
+  // A lock file whose holder died (a kill -9 leaves its content behind) does not block.
+  std::ofstream(run_dir / ckpt::kLockFileName)
+      << "pid 999999 on elsewhere since 2026-01-01T00:00:00Z (shardkit train)\n";
+  const Result r = run(train_args(data, run_dir, dir / "m.jsonl"), mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("from pid 999999 on elsewhere"), std::string::npos) << r.out;
+  EXPECT_EQ(latest_of(run_dir), "step-00000006");
+}
+
+}  // namespace
+}  // namespace shardkit
