@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -155,17 +156,32 @@ void Checkpointer::prune() {
   }
 }
 
-std::vector<std::filesystem::path> resume_candidates(const std::string& resume, const std::filesystem::path& save_dir) {
+ResumeCandidates resume_candidates(const std::string& resume, const std::filesystem::path& save_dir) {
   if (resume == "none") return {};
-  if (resume != "auto") return {ckpt::resolve_checkpoint(resume)};
+  if (resume != "auto") return {{ckpt::resolve_checkpoint(resume)}, {}, {}};
   std::error_code ec;
   if (save_dir.empty() || !std::filesystem::is_directory(save_dir, ec)) return {};
-  std::vector<std::filesystem::path> out;
+  ResumeCandidates out;
   for (const auto& c : ckpt::list_checkpoints(save_dir)) {
-    if (c.committed) out.push_back(save_dir / c.name);
+    if (c.committed) {
+      out.paths.push_back(save_dir / c.name);
+    } else if (std::filesystem::exists(save_dir / c.name / ckpt::kManifestFileName, ec)) {
+      out.skipped.push_back("skipping " + (save_dir / c.name).string() + ": " + c.problem);
+      out.damaged.push_back(save_dir / c.name);
+    }
   }
-  std::reverse(out.begin(), out.end());
+  std::reverse(out.paths.begin(), out.paths.end());
   return out;
+}
+
+std::string set_aside(const std::filesystem::path& step_dir) {
+  std::filesystem::path target = step_dir;
+  target += ".damaged";
+  std::error_code ec;
+  std::filesystem::remove_all(target, ec);  // an older set-aside copy of the same step
+  std::filesystem::rename(step_dir, target, ec);
+  if (ec) return "could not move " + step_dir.string() + " aside: " + ec.message();
+  return "moved " + step_dir.string() + " aside to " + target.filename().string();
 }
 
 nlohmann::json load_checkpoint(const std::filesystem::path& path, const ckpt::TensorTable& table, Backend& backend) {
@@ -185,11 +201,21 @@ nlohmann::json load_checkpoint(const std::filesystem::path& path, const ckpt::Te
       fail(ErrorKind::kInvalidInput, where + " has no '" + state_names()[static_cast<size_t>(s)] + "' state");
     }
   }
+  // A read that fails (damage in the part this rank reads) must not skip the collectives that the
+  // backend's load runs after reading: the error is kept and thrown once the load is through, so that
+  // every rank reaches the caller, which decides with the others (see Trainer's resume).
+  std::optional<Error> failure;
   backend.load([&](std::span<const ckpt::ReadRequest> requests) {
+    if (failure) return;
     std::vector<ckpt::ReadRequest> mapped(requests.begin(), requests.end());
     for (ckpt::ReadRequest& r : mapped) r.state = states[r.state];
-    reader.read(mapped);
+    try {
+      reader.read(mapped);
+    } catch (const Error& e) {
+      failure = e;
+    }
   });
+  if (failure) throw *failure;
   return reader.manifest().trainer_state;
 }
 

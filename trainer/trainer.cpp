@@ -8,8 +8,10 @@
 #include <thread>
 
 #include "ckpt/error.hpp"
+#include "ckpt/file_util.hpp"
 #include "ckpt/run_dir.hpp"
 #include "ckpt/run_lock.hpp"
+#include "ckpt/shard_format.hpp"
 #include "model/gpt2_config.hpp"
 #include "model/hf_weights.hpp"
 #include "trainer/backend.hpp"
@@ -319,7 +321,23 @@ void Trainer::State::save() {
 }
 
 bool Trainer::State::resume() {
-  const std::vector<std::filesystem::path> candidates = resume_candidates(options.resume, options.save_dir);
+  const ResumeCandidates found = resume_candidates(options.resume, options.save_dir);
+  for (const std::string& line : found.skipped) log("warning: " + line);
+  const std::vector<std::filesystem::path>& candidates = found.paths;
+  std::vector<std::filesystem::path> damaged = found.damaged;
+  // Damaged checkpoints go out of the way (the run will save those steps again), and `latest` names the
+  // checkpoint loaded if it named one of them.
+  auto set_damaged_aside = [&](const std::filesystem::path& loaded) {
+    if (root() && !damaged.empty()) {
+      for (const auto& dir : damaged) log("notice: " + set_aside(dir));
+      std::error_code ec;
+      const auto latest = ckpt::read_latest(options.save_dir);
+      if (!loaded.empty() && latest && !std::filesystem::exists(options.save_dir / *latest, ec)) {
+        ckpt::write_file_durable(options.save_dir / ckpt::kLatestFileName, loaded.filename().string() + "\n");
+      }
+    }
+    comm.barrier();
+  };
   for (size_t i = 0; i < candidates.size(); ++i) {
     const std::filesystem::path& path = candidates[i];
     const auto load_start = std::chrono::steady_clock::now();
@@ -341,10 +359,11 @@ bool Trainer::State::resume() {
     first_error = comm.broadcast(first_error);
     if (!first_error.empty()) {
       log("warning: skipping " + path.string() + ": " + first_error);
+      damaged.push_back(path);
       if (i + 1 == candidates.size()) {
         fail(ErrorKind::kCorrupt, "no checkpoint in " + options.save_dir.string() + " can be loaded (" +
                                       std::to_string(candidates.size()) +
-                                      " tried); the newest fails with: " + first_error.substr(0, 300));
+                                      " tried; the last: " + first_error.substr(0, 300) + ")");
       }
       continue;
     }
@@ -358,8 +377,10 @@ bool Trainer::State::resume() {
                   human_bytes(static_cast<int64_t>(bytes)).c_str(), seconds, bytes / seconds / 1e9);
     log("resumed from " + path.string() + " at step " + std::to_string(step) + " (" + std::to_string(comm.size()) +
         " ranks, ZeRO stage " + std::to_string(config.zero.stage) + ")" + rate);
+    set_damaged_aside(path);
     return true;
   }
+  set_damaged_aside({});
   return false;
 }
 

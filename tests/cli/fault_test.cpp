@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "ckpt/run_lock.hpp"
+#include "ckpt/shard_format.hpp"
 #include "tests/cli/cli_support.hpp"
 
 namespace shardkit {
@@ -89,6 +91,43 @@ TEST(Faults, AKillAtEachPointOfTheSaveProtocolLosesNothingAndTheRunContinuesExac
     EXPECT_EQ(latest_of(run_dir), "step-00000006");
     EXPECT_EQ(losses(metrics), reference) << "the resumed run differs from the uninterrupted one";
   }
+}
+
+// --resume auto skips damaged checkpoints, each with a warning naming the damage, loads the newest
+// sound one, moves the damaged ones aside, and the run continues as the uninterrupted one did.
+TEST(Faults, ResumeSkipsDamagedCheckpointsWithAWarningAndContinuesExactly) {
+  testing::TempDir dir;
+  const auto data = write_text_tokens(dir);
+  const std::filesystem::path run_dir = dir / "run";
+  Result r = run(train_args(data, run_dir, dir / "m.jsonl"), mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto reference = losses(dir / "m.jsonl");
+
+  // Step 6: one flipped bit in rank 1's data. Step 4: rank 0's shard truncated.
+  const std::filesystem::path flipped = run_dir / "step-00000006" / ckpt::shard_file_name(1, 2);
+  testing::flip_bit(flipped, testing::chunk_extent(flipped, "exp_avg", 0).offset + 64, 3);
+  const std::filesystem::path truncated = run_dir / "step-00000004" / ckpt::shard_file_name(0, 2);
+  std::filesystem::resize_file(truncated, std::filesystem::file_size(truncated) / 2);
+  r = run(train_args(data, run_dir, dir / "m.jsonl"), mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("warning: skipping " + (run_dir / "step-00000006").string()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(flipped.string()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("checksum mismatch"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(truncated.string()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("truncated"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("resumed from " + (run_dir / "step-00000002").string()), std::string::npos) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(run_dir / "step-00000006.damaged"));
+  EXPECT_EQ(losses(dir / "m.jsonl"), reference);
+  EXPECT_EQ(run("ckpt verify " + run_dir.string()).code, 0);
+
+  // A broken manifest: skipped with a warning naming it.
+  std::ofstream(run_dir / "step-00000006" / "manifest.json", std::ios::trunc) << "{\"format\": ";
+  r = run(train_args(data, run_dir, dir / "m.jsonl", "", 8), mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("warning: skipping " + (run_dir / "step-00000006").string()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("manifest.json"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("resumed from " + (run_dir / "step-00000004").string()), std::string::npos) << r.out;
+  EXPECT_EQ(latest_of(run_dir), "step-00000008");
 }
 
 TEST(Faults, AFullDiskFailsThatSaveOnlyAndTrainingGoesOnUnlessToldToStop) {
