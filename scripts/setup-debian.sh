@@ -14,6 +14,7 @@ packages=(
   libopenblas-dev                  # matrix products of the CPU trainer
   python3 python3-h5py python3-numpy python3-xxhash  # interop tests: Debian h5py reads shards
   clang-format
+  clang libclang-rt-dev            # libFuzzer targets of the parsers (scripts/fuzz.sh)
 )
 
 missing=()

@@ -2,7 +2,8 @@
 # Builds and runs every test from a fresh clone: system packages, the release build with the whole
 # suite (unit, multi-rank under mpirun, command line, h5py interop, golden numerics against PyTorch),
 # the AddressSanitizer + UndefinedBehaviorSanitizer build with the unit, command-line and 1-2 rank
-# tests, and the clang-format check. Exits non-zero on the first failure.
+# tests, the parsers' libFuzzer targets for a bounded time, and the clang-format check. Exits non-zero
+# on the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -20,5 +21,8 @@ BUILD_DIR=build ./scripts/build.sh
 echo "== sanitizer build (ASan + UBSan): unit, command-line and 1-2 rank tests"
 BUILD_DIR=build-asan ./scripts/build.sh -DSHARDKIT_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 (cd build-asan && ctest -j"$jobs" --output-on-failure --timeout 900 -L 'unit|cli|mpi-small')
+
+echo "== fuzzing the parsers of untrusted input (libFuzzer + ASan + UBSan, 20 s per target)"
+./scripts/fuzz.sh 20
 
 echo "== all tests passed"

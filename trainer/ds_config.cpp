@@ -223,8 +223,18 @@ void resolve_batch(Section& top, int64_t world_size, DsConfig& c) {
   if (!train && !micro) top.reject("either train_batch_size or train_micro_batch_size_per_gpu must be given");
   // The six cases of §2.1 in two lines: a missing gas is train / micro / ws when both are given and 1
   // otherwise; a missing micro is train / ws / gas (train is given then).
-  c.gradient_accumulation_steps = gas.value_or(train && micro ? *train / *micro / world_size : 1);
-  c.micro_batch_per_gpu = micro.value_or(*train / world_size / c.gradient_accumulation_steps);
+  // (Each quotient is checked before it divides: train_batch_size 12 with a micro-batch of 2 at world
+  // size 8 leaves no accumulation step, and dividing by that zero killed the process with SIGFPE.)
+  c.gradient_accumulation_steps = gas ? *gas : train && micro ? *train / *micro / world_size : 1;
+  if (c.gradient_accumulation_steps < 1) {
+    top.reject("train_batch_size " + std::to_string(*train) + " is smaller than train_micro_batch_size_per_gpu " +
+               std::to_string(*micro) + " * world size " + std::to_string(world_size));
+  }
+  c.micro_batch_per_gpu = micro ? *micro : *train / world_size / c.gradient_accumulation_steps;
+  if (c.micro_batch_per_gpu < 1) {
+    top.reject("train_batch_size " + std::to_string(*train) + " is smaller than gradient_accumulation_steps " +
+               std::to_string(c.gradient_accumulation_steps) + " * world size " + std::to_string(world_size));
+  }
   const std::string factors = batch_factors(c.micro_batch_per_gpu, c.gradient_accumulation_steps, world_size);
   // Checked in floating point first: given micro and gas sizes can make the int64 product overflow.
   const double approximate = static_cast<double>(c.micro_batch_per_gpu) * c.gradient_accumulation_steps * world_size;
@@ -530,7 +540,12 @@ DsConfig load_ds_config(const std::filesystem::path& file, int world_size, const
   if (!in) fail_errno(where, errno);
   std::ostringstream text;
   text << in.rdbuf();  // an empty file leaves `text` empty (and failed): "not valid JSON" below
-  const json config = json::parse(text.str(), nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  return parse_ds_config_text(text.str(), world_size, context, where);
+}
+
+DsConfig parse_ds_config_text(std::string_view text, int world_size, const AutoContext& context,
+                              const std::string& where) {
+  const json config = json::parse(text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   if (config.is_discarded()) fail(ErrorKind::kInvalidInput, where + ": not valid JSON");
   return parse_ds_config(config, world_size, context, where);
 }

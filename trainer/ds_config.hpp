@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -101,6 +102,9 @@ DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const Aut
 
 // Reads a JSON file (comments allowed) and parses it.
 DsConfig load_ds_config(const std::filesystem::path& file, int world_size, const AutoContext& context);
+// The same for the file's text.
+DsConfig parse_ds_config_text(std::string_view text, int world_size, const AutoContext& context,
+                              const std::string& where);
 
 // The resolved configuration as JSON (every field above, "auto" replaced), for manifests and logs.
 nlohmann::json to_json(const DsConfig& config);

@@ -174,8 +174,7 @@ TEST(DsConfigSeed, Fp16ConfigFailsAtWorldSizesThatDoNotDivideIt) {
             "config.json: train_batch_size 32 != train_micro_batch_size_per_gpu 2 * gradient_accumulation_steps 4 * "
             "world size 3");
   EXPECT_TRUE(Contains(error_of(json::parse(kSeedFp16), 16),
-                       "train_batch_size 32 != train_micro_batch_size_per_gpu 0 * gradient_accumulation_steps 4 * "
-                       "world size 16"));
+                       "train_batch_size 32 is smaller than gradient_accumulation_steps 4 * world size 16"));
 }
 
 TEST(DsConfigSeed, AutoConfigTakesTheBatchFromTheMicroBatch) {
@@ -244,6 +243,15 @@ TEST(DsConfigBatch, InconsistentSizesNameAllFourNumbers) {
   EXPECT_TRUE(Contains(error_of({{"train_micro_batch_size_per_gpu", int64_t{1} << 40},
                                  {"gradient_accumulation_steps", int64_t{1} << 40}}),
                        "is too large"));
+}
+
+// Found by fuzz/ds_config_fuzz.cpp: sizes that leave no accumulation step (or no micro-batch) at this
+// world size were divided by that zero (SIGFPE).
+TEST(DsConfigBatch, SizesTooSmallForTheWorldSizeAreRejectedNotDividedByZero) {
+  EXPECT_EQ(error_of({{"train_batch_size", 12}, {"train_micro_batch_size_per_gpu", 2}}, 8),
+            "config.json: train_batch_size 12 is smaller than train_micro_batch_size_per_gpu 2 * world size 8");
+  EXPECT_EQ(error_of({{"train_batch_size", 4}, {"gradient_accumulation_steps", 4}}, 2),
+            "config.json: train_batch_size 4 is smaller than gradient_accumulation_steps 4 * world size 2");
 }
 
 TEST(DsConfigBatch, NeedsTrainOrMicroBatchSize) {

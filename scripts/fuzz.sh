@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (fuzz/, Clang with ASan + UBSan) in build-fuzz and runs each for a
+# bounded time, starting from the seed corpus in fuzz/corpus/ (new inputs go to a scratch copy, not
+# into the repository). Usage: scripts/fuzz.sh [SECONDS per target, default 30]. A crash, leak, UB or
+# timeout of a target fails the script; libFuzzer writes the input that did it to build-fuzz/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-30}
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -DSHARDKIT_FUZZ=ON -DSHARDKIT_CUDA=OFF -DSHARDKIT_BUILD_TESTS=OFF \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
+cmake --build build-fuzz -j"$(nproc)" > /dev/null
+for target in manifest ds_config safetensors_header; do
+  work=$(mktemp -d)
+  cp -r "fuzz/corpus/$target/." "$work/"
+  echo "-- fuzz_$target: ${seconds} s from $(ls "$work" | wc -l) seeds"
+  if ! (cd build-fuzz && "./fuzz/fuzz_$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+        -print_final_stats=1 "$work" > "fuzz_$target.log" 2>&1); then
+    tail -40 "build-fuzz/fuzz_$target.log"
+    echo "fuzz_$target failed: the input is in build-fuzz/ (crash-*, leak-*, timeout-*)"
+    exit 1
+  fi
+  grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb|cov: .* ft: " "build-fuzz/fuzz_$target.log" | tail -3
+  rm -rf "$work"
+done
