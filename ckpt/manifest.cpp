@@ -158,8 +158,11 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
     s.rank = static_cast<int>(f.integer("rank", 0, kMaxWorldSize));
     s.file = f.string("file");
     s.bytes = f.integer("bytes", 0, int64_t{1} << 56);
-    if (s.rank != static_cast<int>(r) || s.file != shard_file_name(s.rank, m.layout.world_size)) {
-      f.bad("expected rank " + std::to_string(r) + " in " + shard_file_name(static_cast<int>(r), m.layout.world_size));
+    // The file name is never used as a path as given: only the one name the rank and world size imply.
+    const std::string expected = shard_file_name(static_cast<int>(r), m.layout.world_size);
+    if (s.rank != static_cast<int>(r) || s.file != expected) {
+      f.bad("rank " + std::to_string(s.rank) + " in file '" + s.file.substr(0, 80) + "', expected rank " +
+            std::to_string(r) + " in " + expected);
     }
     if (!from_hex(f.string("digest"), &s.digest)) f.bad("digest is not 16 hex digits");
     m.shards.push_back(std::move(s));

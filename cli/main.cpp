@@ -3,12 +3,43 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <string>
 
 #include "ckpt/error.hpp"
 #include "cli/commands.hpp"
 
+namespace {
+
+// "unknown command 'x' for shardkit ckpt (one of: ls, inspect, ...)" when argv names a command that
+// does not exist, else empty. (CLI11 would say only that a subcommand is required.)
+std::string unknown_command(CLI::App& app, int argc, char** argv) {
+  CLI::App* current = &app;
+  std::string path = "shardkit";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto subcommands = current->get_subcommands([](CLI::App*) { return true; });
+    if (subcommands.empty() || arg.empty() || arg[0] == '-') return {};
+    CLI::App* next = nullptr;
+    std::string names;
+    for (CLI::App* sub : subcommands) {
+      if (sub->check_name(arg)) next = sub;
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!next) return "unknown command '" + arg + "' for " + path + " (one of: " + names + ")";
+    current = next;
+    path += " " + next->get_name();
+  }
+  return {};
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app("shardkit: ZeRO training with universal sharded checkpoints", "shardkit");
+  // One line per error, set before the subcommands are added (they copy it).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string("shardkit: error: ") + e.what() + " (see --help)\n";
+  });
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("shardkit ") + SHARDKIT_VERSION);
   shardkit::cli::Action action;
@@ -16,6 +47,10 @@ int main(int argc, char** argv) {
   shardkit::cli::add_ckpt_commands(app, action);
   shardkit::cli::add_convert_commands(app, action);
   shardkit::cli::add_bench_commands(app, action, &argc, &argv);
+  if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
+    std::fprintf(stderr, "shardkit: error: %s\n", unknown.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,106 @@
+// A battery of bad inputs as a user or a damaged file would present them: each is refused with exit
+// code 1 or 2 and one line on stderr that names the file or option and what was expected.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "ckpt/manifest.hpp"
+#include "tests/cli/cli_support.hpp"
+
+namespace shardkit {
+namespace {
+
+using namespace testing::cli;
+
+struct Case {
+  std::string what;
+  std::string args;
+  int code;               // expected exit code
+  std::string must_name;  // a substring of the one line
+  std::string must_say;   // and another
+};
+
+void write(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+TEST(BadInput, EachIsRefusedWithOneLineNamingTheProblem) {
+  testing::TempDir dir;
+  const std::string data = write_text_tokens(dir).string();
+  const std::string tiny = samples() + "tiny_zero2.json";
+  auto path = [&](const std::string& name) { return (dir / name).string(); };
+  write(dir / "bad.json", "{\"train_batch_size\": 4,");
+  write(dir / "inconsistent.json", R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 3})");
+  write(dir / "odd.bin", "abc");
+  write(dir / "short.bin", std::string(20, 'a'));
+  write(dir / "heads.json", R"({"n_layer": 1, "n_head": 3, "n_embd": 64, "vocab_size": 256, "n_positions": 64})");
+  write(dir / "small.json", R"({"n_layer": 1, "n_head": 2, "n_embd": 64, "vocab_size": 256, "n_positions": 64})");
+  write(dir / "regular.txt", "not a checkpoint\n");
+  // Hugging Face weights: a header length of 2^63 - 1, and offsets past the end of the file.
+  std::filesystem::create_directories(dir / "hf");
+  write(dir / "hf" / "config.json",
+        R"({"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 64, "vocab_size": 256, "n_positions": 64})");
+  write(dir / "hf" / "absurd.safetensors", std::string("\xff\xff\xff\xff\xff\xff\xff\x7f{}", 10));
+  const std::string header = R"({"wte": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})";
+  std::string past(8, '\0');
+  for (int i = 0; i < 8; ++i) past[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  write(dir / "hf" / "past.safetensors", past + header + std::string(8, '\0'));  // 16 bytes promised, 8 there
+
+  // A checkpoint of gpt2-tiny, to resume into another model.
+  Result r =
+      run("train --config " + tiny + " --model gpt2-tiny --data " + data + " --steps 1 --save-dir " + path("run"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  // A checkpoint whose manifest (digest recomputed, as an attacker would) names ../../etc/passwd.
+  r = run("bench ckpt --size 1MiB --dir " + path("ckpt"), mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::filesystem::path step = dir / "ckpt" / "step-00000001";
+  ckpt::Manifest manifest = ckpt::read_manifest(step);
+  manifest.shards[1].file = "../../etc/passwd";
+  ckpt::write_manifest(step, manifest);
+
+  const std::string train = "train --config ";
+  const std::vector<Case> cases = {
+      {"config that is not JSON", train + path("bad.json") + " --model gpt2-tiny --data " + data + " --steps 1", 2,
+       "bad.json", "not valid JSON"},
+      {"inconsistent batch sizes",
+       train + path("inconsistent.json") + " --model gpt2-tiny --data " + data + " --steps 1", 2, "inconsistent.json",
+       "train_batch_size 10 != train_micro_batch_size_per_gpu 3"},
+      {"missing data", train + tiny + " --model gpt2-tiny --data " + path("none.bin") + " --steps 1", 2, "none.bin",
+       "no such file"},
+      {"odd-length data", train + tiny + " --model gpt2-tiny --data " + path("odd.bin") + " --steps 1", 2, "odd.bin",
+       "odd size"},
+      {"data shorter than one sequence", train + tiny + " --model gpt2-tiny --data " + path("short.bin") + " --steps 1",
+       2, "short.bin", "fewer than"},
+      {"n_embd not divisible by n_head",
+       train + tiny + " --model " + path("heads.json") + " --data " + data + " --steps 1", 2, "heads.json",
+       "not divisible by n_head"},
+      {"resume from a regular file",
+       train + tiny + " --model gpt2-tiny --data " + data + " --steps 1 --resume " + path("regular.txt"), 2,
+       "regular.txt", "not a directory"},
+      {"resume into a model of another shape",
+       train + tiny + " --model " + path("small.json") + " --data " + data + " --steps 2 --resume " + path("run"), 2,
+       "step-00000001", "holds another model"},
+      {"manifest naming ../../etc/passwd", "ckpt verify " + step.string(), 1, "manifest.json",
+       "file '../../etc/passwd', expected rank 1 in shard-00001-of-00002.h5"},
+      {"safetensors header length 2^63", "convert import " + path("hf/absurd.safetensors") + " -o " + path("o1"), 1,
+       "absurd.safetensors", "header length"},
+      {"safetensors offsets past the end", "convert import " + path("hf/past.safetensors") + " -o " + path("o2"), 1,
+       "past.safetensors", "truncated"},
+      {"unknown command", "frobnicate", 2, "frobnicate", "unknown command"},
+      {"unknown ckpt command", "ckpt frobnicate", 2, "frobnicate", "one of: ls"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    r = run(c.args);
+    EXPECT_EQ(r.code, c.code) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(c.must_name), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(c.must_say), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace shardkit
