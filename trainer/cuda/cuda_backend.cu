@@ -43,7 +43,7 @@ class DeviceContext {
     NCCL_CHECK(ncclCommInitRank(&nccl_, comm.size(), id, comm.rank()));
   }
   ~DeviceContext() {
-    if (nccl_) ncclCommDestroy(nccl_);
+    if (nccl_ && !nccl_aborted(nccl_)) ncclCommDestroy(nccl_);
     if (cublas_) cublasDestroy(cublas_);
   }
   DeviceContext(const DeviceContext&) = delete;

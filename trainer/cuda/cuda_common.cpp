@@ -1,9 +1,68 @@
 #include "trainer/cuda/cuda_common.hpp"
 
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <thread>
+
 namespace shardkit::trainer::cuda {
 
 void throw_cuda(const char* what, const char* detail, const char* file, int line) {
   fail(ErrorKind::kInternal, std::string(what) + " failed at " + file + ":" + std::to_string(line) + ": " + detail);
+}
+
+namespace {
+
+std::mutex aborted_mutex;
+std::set<ncclComm_t> aborted;  // communicators freed by ncclCommAbort
+
+double nccl_timeout_seconds() {
+  static const double seconds = [] {
+    const char* text = std::getenv("SHARDKIT_NCCL_TIMEOUT");
+    const double value = text ? std::strtod(text, nullptr) : 0.0;
+    return value > 0 ? value : 600.0;
+  }();
+  return seconds;
+}
+
+}  // namespace
+
+void wait_checking_nccl(cudaStream_t stream, ncclComm_t comm) {
+  if (comm == nullptr) {
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    const cudaError_t state = cudaStreamQuery(stream);
+    if (state == cudaSuccess) return;
+    if (state != cudaErrorNotReady) CUDA_CHECK(state);
+    ncclResult_t async = ncclSuccess;
+    NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if ((async != ncclSuccess && async != ncclInProgress) || waited > nccl_timeout_seconds()) {
+      // Aborted here, before anything frees device memory: cudaFree would wait for the collectives
+      // that never complete.
+      const std::string detail = ncclGetLastError(comm) ? ncclGetLastError(comm) : "";
+      ncclCommAbort(comm);
+      {
+        const std::lock_guard<std::mutex> lock(aborted_mutex);
+        aborted.insert(comm);
+      }
+      fail(ErrorKind::kIo, async != ncclSuccess && async != ncclInProgress
+                               ? std::string("NCCL failed during a collective: ") + ncclGetErrorString(async) +
+                                     (detail.empty() ? "" : " (" + detail + ")")
+                               : "no progress on the GPU for " + std::to_string(static_cast<int>(waited)) +
+                                     " s (SHARDKIT_NCCL_TIMEOUT): a rank stalled or died inside a collective");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+bool nccl_aborted(ncclComm_t comm) {
+  const std::lock_guard<std::mutex> lock(aborted_mutex);
+  return aborted.count(comm) > 0;
 }
 
 }  // namespace shardkit::trainer::cuda

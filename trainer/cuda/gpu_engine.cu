@@ -431,7 +431,7 @@ double GpuZeroEngine<T>::global_grad_sq() {
   sum_squares(scalar_.data(), g, owned_size(), stream_);
   double local = 0;
   CUDA_CHECK(cudaMemcpyAsync(&local, scalar_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host decides on overflow and clipping from it
+  synchronize(stream_);  // the host decides on overflow and clipping from it
   return mpi_.allreduce_sum(local);
 }
 

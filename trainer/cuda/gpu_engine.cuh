@@ -42,6 +42,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   void open_grads(int group) override;
   float* grad(int tensor) override;
   void close_grads(int group) override;
+  void synchronize(cudaStream_t stream) override { wait_checking_nccl(stream, nccl_); }
 
   void zero_grads();
   void reduce_grads();

@@ -167,7 +167,7 @@ double GpuGpt2<T>::forward_backward(GpuParamStore<T>& p, const int32_t* inputs, 
   double loss = 0;
   // The loss is needed on the host for the step's record; this is the pass's one synchronisation.
   CUDA_CHECK(cudaMemcpyAsync(&loss, loss_sum_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  p.synchronize(stream_);
   if (times) times->backward_ms = ms_since(backward_start);
   return loss / N;
 }

@@ -30,6 +30,8 @@ class GpuParamStore {
   virtual void open_grads(int group) = 0;
   virtual float* grad(int tensor) = 0;
   virtual void close_grads(int group) = 0;
+  // Blocks until `stream` is done, failing rather than hanging when communication has failed.
+  virtual void synchronize(cudaStream_t stream) = 0;
 };
 
 // Row-major C (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * C, A and B in T, C in TC (T or
