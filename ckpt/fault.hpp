@@ -3,8 +3,10 @@
 //   SHARDKIT_FAULT_RANK=<r>   only on this rank (default: every rank)
 //   SHARDKIT_FAULT_STEP=<s>   only while saving the checkpoint of this step (default: any)
 // At a crash point the process kills itself with SIGKILL, as `kill -9` at that instant would. At the
-// I/O point "enospc" the rank's shard write fails with ENOSPC halfway, as on a full disk. Without
-// SHARDKIT_FAULT nothing happens (one cached getenv).
+// I/O point "enospc" the rank's shard write fails with ENOSPC halfway, as on a full disk. At
+// "step-error" (SHARDKIT_FAULT_STEP: the step about to run) the trainer fails on that rank alone,
+// outside any collective: the others must not wait for it forever. Without SHARDKIT_FAULT nothing
+// happens (one cached getenv).
 //
 // Crash points, in protocol order:
 //   save-start          the step directory exists, no shard file yet
@@ -21,8 +23,8 @@
 
 namespace shardkit::ckpt {
 
-// Marks the save in progress on this thread (its rank and step) for the checks below; outside one,
-// no fault fires.
+// Marks the save (or training step) in progress on this thread, its rank and step, for the checks
+// below; outside one, no fault fires.
 class FaultScope {
  public:
   FaultScope(int rank, int64_t step);

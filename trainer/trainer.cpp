@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "ckpt/error.hpp"
+#include "ckpt/fault.hpp"
 #include "ckpt/file_util.hpp"
 #include "ckpt/run_dir.hpp"
 #include "ckpt/run_lock.hpp"
@@ -232,6 +233,12 @@ StepRecord Trainer::State::train_step() {
   const double scale = scaler->scale();
   const float grad_scale = static_cast<float>(scale / static_cast<double>(gas));
   double fwd_ms = 0, bwd_ms = 0;
+  {
+    const ckpt::FaultScope faults(comm.rank(), step + 1);
+    if (ckpt::fault_armed("step-error")) {
+      fail(ErrorKind::kIo, "step " + std::to_string(step + 1) + ": injected failure (SHARDKIT_FAULT=step-error)");
+    }
+  }
 
   backend->zero_grads();
   double loss_sum = 0;

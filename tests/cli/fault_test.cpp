@@ -6,6 +6,7 @@
 #include <sys/mount.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
 #include <map>
 #include <string>
@@ -185,6 +186,22 @@ TEST(Faults, ARealFullDiskKeepsThePreviousCheckpoint) {
   EXPECT_EQ(latest_of(mnt / "run"), "step-00000002");
   EXPECT_EQ(run("ckpt verify " + (mnt / "run").string()).code, 0);
   EXPECT_FALSE(std::filesystem::exists(mnt / "run" / "step-00000004"));
+}
+
+// One rank fails on its own while the other waits in a collective for it: the job ends, with the
+// failing rank's message, instead of hanging.
+TEST(Faults, ARankThatFailsAloneEndsTheJobInsteadOfHangingIt) {
+  testing::TempDir dir;
+  const auto data = write_text_tokens(dir);
+  const auto start = std::chrono::steady_clock::now();
+  // (Synchronous saves: the checkpoint of step 2 is committed before step 3 starts.)
+  const Result r = run(train_args(data, dir / "run", dir / "m.jsonl", "--save-mode sync"), mpirun(2),
+                       "SHARDKIT_FAULT=step-error SHARDKIT_FAULT_RANK=1 SHARDKIT_FAULT_STEP=3");
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("shardkit: error (rank 1 of 2): step 3: injected failure"), std::string::npos) << r.err;
+  EXPECT_LT(seconds, 120.0);
+  EXPECT_EQ(latest_of(dir / "run"), "step-00000002") << "the checkpoint before the failure is intact";
 }
 
 TEST(Faults, ASecondJobOnTheSameSaveDirectoryIsRefusedAndAStaleLockIsTakenOver) {
