@@ -124,8 +124,11 @@ void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& b
 }
 
 void Checkpointer::collect(bool wait) {
-  if (!in_flight_) return;
-  if (!wait && !in_flight_->done.load(std::memory_order_acquire)) return;
+  if (!in_flight_) return;  // alike on every rank: saves start at the same step everywhere
+  // A save is collected only once it is done on every rank, so that all ranks see its outcome at the
+  // same step and act on it alike (a failed save with --on-save-error stop ends the run on all of
+  // them; ranks that went on alone would wait forever in the next collective).
+  if (!wait && comm_.allreduce_max(in_flight_->done.load(std::memory_order_acquire) ? 0.0 : 1.0) > 0.0) return;
   in_flight_->worker.join();
   std::unique_ptr<InFlight> job = std::move(in_flight_);
   if (job->error) std::rethrow_exception(job->error);

@@ -52,8 +52,10 @@ class Checkpointer {
   void save(int64_t step, const ckpt::TensorTable& table, Backend& backend, const nlohmann::json& trainer_state,
             const nlohmann::json& model, const nlohmann::json& config);
 
-  // The saves completed since the last call, oldest first, failed ones included (with `error`; the
-  // protocol makes every rank see the same outcome); never blocks.
+  // The saves completed on every rank since the last call, oldest first, failed ones included (with
+  // `error`; the protocol makes every rank see the same outcome). Collective (a one-number all-reduce
+  // while a save is in flight, so that every rank collects it at the same step); does not wait for
+  // the save.
   std::vector<SaveOutcome> poll();
   // Waits for the save in flight, then as poll().
   std::vector<SaveOutcome> finish();
