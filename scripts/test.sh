@@ -22,7 +22,7 @@ echo "== sanitizer build (ASan + UBSan): unit, command-line and 1-2 rank tests"
 BUILD_DIR=build-asan ./scripts/build.sh -DSHARDKIT_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 (cd build-asan && ctest -j"$jobs" --output-on-failure --timeout 900 -L 'unit|cli|mpi-small')
 
-echo "== fuzzing the parsers of untrusted input (libFuzzer + ASan + UBSan, 20 s per target)"
-./scripts/fuzz.sh 20
+echo "== fuzzing the parsers of untrusted input (libFuzzer + ASan + UBSan, 10 s per target)"
+./scripts/fuzz.sh 10
 
 echo "== all tests passed"
