@@ -78,17 +78,16 @@ void CheckpointReader::read(std::span<const ReadRequest> requests) {
       }
     }
   }
-  std::ranges::sort(pieces, [](const Located& a, const Located& b) {
-    return std::tie(a.rank, a.state, a.chunk, a.piece.flat_offset) <
-           std::tie(b.rank, b.state, b.chunk, b.piece.flat_offset);
+  const auto chunk_of = [](const Located& l) { return std::tie(l.rank, l.state, l.chunk); };
+  std::ranges::sort(pieces, [&](const Located& a, const Located& b) {
+    return std::tuple_cat(chunk_of(a), std::tie(a.piece.flat_offset)) <
+           std::tuple_cat(chunk_of(b), std::tie(b.piece.flat_offset));
   });
   std::vector<ShardReader::Piece> flat(pieces.size());
   std::ranges::transform(pieces, flat.begin(), &Located::piece);
   std::vector<size_t> starts;  // the first piece of each chunk
   for (size_t i = 0; i < pieces.size(); ++i) {
-    const bool same = i > 0 && pieces[i].rank == pieces[i - 1].rank && pieces[i].state == pieces[i - 1].state &&
-                      pieces[i].chunk == pieces[i - 1].chunk;
-    if (!same) starts.push_back(i);
+    if (i == 0 || chunk_of(pieces[i]) != chunk_of(pieces[i - 1])) starts.push_back(i);
   }
   starts.push_back(pieces.size());
   auto read_one = [&](size_t task, int worker) {

@@ -48,10 +48,13 @@ FaultScope::~FaultScope() {
   active_step = outer_step_;
 }
 
-bool fault_armed(std::string_view point) {
+bool fault_armed(std::string_view point, int rank, int64_t step) {
   const auto& s = spec();
-  if (!s || !active || s->point != point) return false;
-  return (!s->rank || *s->rank == active_rank) && (!s->step || *s->step == active_step);
+  return s && s->point == point && (!s->rank || *s->rank == rank) && (!s->step || *s->step == step);
+}
+
+bool fault_armed(std::string_view point) {
+  return active && fault_armed(point, active_rank, active_step);
 }
 
 void crash_point(std::string_view point) {

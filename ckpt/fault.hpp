@@ -23,8 +23,7 @@
 
 namespace shardkit::ckpt {
 
-// Marks the save (or training step) in progress on this thread, its rank and step, for the checks
-// below; outside one, no fault fires.
+// Marks the save in progress on this thread, its rank and step, for the checks below.
 class FaultScope {
  public:
   FaultScope(int rank, int64_t step);
@@ -38,7 +37,10 @@ class FaultScope {
   int64_t outer_step_;
 };
 
-// Whether SHARDKIT_FAULT names `point` for the save in progress on this thread.
+// Whether SHARDKIT_FAULT names `point` for this rank and step.
+bool fault_armed(std::string_view point, int rank, int64_t step);
+// The same for the save in progress on this thread (false outside a FaultScope): for points deep in
+// code that does not know the rank and step.
 bool fault_armed(std::string_view point);
 // SIGKILL when armed.
 void crash_point(std::string_view point);

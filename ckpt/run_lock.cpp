@@ -58,9 +58,8 @@ RunLock::RunLock(const std::filesystem::path& run_dir, const std::string& comman
 RunLock::~RunLock() {
   // Emptied, not removed: unlinking would let a process that opened the old file lock it while a newer
   // one locks a new file. An empty file is a lock released cleanly; content means its holder died.
-  if (::ftruncate(fd_.get(), 0) != 0) {
-    // Nothing to do: the next job reports a stale lock it then takes over.
-  }
+  // On failure the next job reports a stale lock, which it then takes over.
+  [[maybe_unused]] const int ignored = ::ftruncate(fd_.get(), 0);
 }
 
 }  // namespace shardkit::ckpt

@@ -116,14 +116,13 @@ SaveResult save_checkpoint(Collective& group, const SaveRequest& request) {
     std::error_code ec;
     std::filesystem::create_directories(step_dir, ec);  // visible already on a shared filesystem
     const Layout layout(*meta.table, meta.layout);
-    ShardWriter writer(step_dir / shard_file_name(rank, group.size()), *meta.table, layout, {uid, meta.step, rank},
-                       meta.states, meta.shard);
+    const std::filesystem::path shard = step_dir / shard_file_name(rank, group.size());
+    ShardWriter writer(shard, *meta.table, layout, {uid, meta.step, rank}, meta.states, meta.shard);
     for (size_t s = 0; s < meta.states.size(); ++s) {
       if (s == 1) {
         crash_point("shard-partial");
         if (fault_armed("enospc")) {
-          fail(ErrorKind::kIo, (step_dir / shard_file_name(rank, group.size())).string() +
-                                   ".tmp: write: No space left on device (SHARDKIT_FAULT=enospc)");
+          fail(ErrorKind::kIo, shard.string() + ".tmp: write: No space left on device (SHARDKIT_FAULT=enospc)");
         }
       }
       writer.write_state(meta.states[s], request.buffers[s]);

@@ -179,17 +179,24 @@ void ShardReader::load_chunk(size_t state, int64_t chunk, float* out, Scratch& s
   }
 }
 
-std::string ShardReader::check_chunk(size_t state, int64_t chunk, Scratch& scratch) const {
-  scratch.decoded.resize(static_cast<size_t>(chunk_elems_));
-  scratch.chunk = -1;
-  try {
+const float* ShardReader::decoded_chunk(size_t state, int64_t chunk, Scratch& scratch) const {
+  if (scratch.owner != this || scratch.state != state || scratch.chunk != chunk) {
+    scratch.decoded.resize(static_cast<size_t>(chunk_elems_));
+    scratch.chunk = -1;  // invalid until the chunk has been read and checked
     load_chunk(state, chunk, scratch.decoded.data(), scratch);
+    scratch.owner = this;
+    scratch.state = state;
+    scratch.chunk = chunk;
+  }
+  return scratch.decoded.data();
+}
+
+std::string ShardReader::check_chunk(size_t state, int64_t chunk, Scratch& scratch) const {
+  try {
+    decoded_chunk(state, chunk, scratch);
   } catch (const Error& e) {
     return e.what();
   }
-  scratch.owner = this;
-  scratch.state = state;
-  scratch.chunk = chunk;
   return {};
 }
 
@@ -207,16 +214,9 @@ void ShardReader::read_chunk(size_t state, int64_t chunk, std::span<const Piece>
     load_chunk(state, chunk, pieces[0].out, scratch);
     return;
   }
-  if (scratch.owner != this || scratch.state != state || scratch.chunk != chunk) {
-    scratch.decoded.resize(static_cast<size_t>(chunk_elems_));
-    scratch.chunk = -1;
-    load_chunk(state, chunk, scratch.decoded.data(), scratch);
-    scratch.owner = this;
-    scratch.state = state;
-    scratch.chunk = chunk;
-  }
+  const float* decoded = decoded_chunk(state, chunk, scratch);
   for (const Piece& p : pieces) {
-    std::memcpy(p.out, scratch.decoded.data() + (p.flat_offset - lo), static_cast<size_t>(p.length) * sizeof(float));
+    std::memcpy(p.out, decoded + (p.flat_offset - lo), static_cast<size_t>(p.length) * sizeof(float));
   }
 }
 

@@ -86,6 +86,8 @@ class ShardReader {
   void index_file(const ShardExpectation& expect);
   // Decodes chunk `chunk` of `state` into `out` (chunk_elems_ floats) and verifies its checksum.
   void load_chunk(size_t state, int64_t chunk, float* out, Scratch& scratch) const;
+  // The chunk decoded and checked in `scratch` (read unless it is the one already there).
+  const float* decoded_chunk(size_t state, int64_t chunk, Scratch& scratch) const;
   int64_t valid_elements(int64_t chunk) const noexcept;
 
   FileDescriptor fd_;

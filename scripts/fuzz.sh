@@ -9,8 +9,10 @@ seconds=${1:-30}
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DSHARDKIT_FUZZ=ON -DSHARDKIT_CUDA=OFF -DSHARDKIT_BUILD_TESTS=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
 cmake --build build-fuzz -j"$(nproc)" > /dev/null
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 for target in manifest ds_config safetensors_header; do
-  work=$(mktemp -d)
+  rm -rf "${work:?}"/*
   cp -r "fuzz/corpus/$target/." "$work/"
   echo "-- fuzz_$target: ${seconds} s from $(ls "$work" | wc -l) seeds"
   if ! (cd build-fuzz && "./fuzz/fuzz_$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
@@ -20,5 +22,4 @@ for target in manifest ds_config safetensors_header; do
     exit 1
   fi
   grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb|cov: .* ft: " "build-fuzz/fuzz_$target.log" | tail -3
-  rm -rf "$work"
 done

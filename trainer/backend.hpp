@@ -38,24 +38,29 @@ using InitFn = std::function<void(int tensor, int64_t offset, std::span<float> o
 // Fills the ranges of a checkpoint read, all at once (state 0 = fp32 master, 1 = exp_avg, 2 = exp_avg_sq).
 using LoadFn = std::function<void(std::span<const ckpt::ReadRequest> requests)>;
 
-// The reads that fill `flat`, one state of a rank's flat buffer, one per fragment of `plan`; the
-// elements no fragment covers (alignment padding) are set to zero here. The rest of `flat` may be
-// uninitialised memory: the reads write it from the reader's threads, which also spreads the first
-// touch of fresh pages over them.
-inline std::vector<ckpt::ReadRequest> load_requests(std::vector<ckpt::Fragment> plan, int state,
-                                                    std::span<float> flat) {
+// The reads that fill a rank's flat buffers of consecutive states from a checkpoint: `flats[i]` is
+// state first_state + i, read with one request per fragment of `plan`. The elements no fragment
+// covers (alignment padding) are set to zero here; the rest of each buffer may be uninitialised
+// memory: the reads write it from the reader's threads, which also spreads the first touch of fresh
+// pages over them.
+inline std::vector<ckpt::ReadRequest> load_requests(std::vector<ckpt::Fragment> plan,
+                                                    std::span<const std::span<float>> flats, int first_state = 0) {
   std::ranges::sort(plan, {}, &ckpt::Fragment::flat_offset);
   std::vector<ckpt::ReadRequest> requests;
-  requests.reserve(plan.size());
-  size_t covered = 0;
-  for (const ckpt::Fragment& f : plan) {
-    const auto begin = static_cast<size_t>(f.flat_offset);
-    std::fill(flat.begin() + static_cast<std::ptrdiff_t>(covered), flat.begin() + static_cast<std::ptrdiff_t>(begin),
-              0.0f);
-    requests.push_back({f.tensor, state, f.tensor_offset, flat.subspan(begin, static_cast<size_t>(f.length))});
-    covered = begin + static_cast<size_t>(f.length);
+  requests.reserve(plan.size() * flats.size());
+  for (size_t i = 0; i < flats.size(); ++i) {
+    const std::span<float> flat = flats[i];
+    size_t covered = 0;
+    for (const ckpt::Fragment& f : plan) {
+      const auto begin = static_cast<size_t>(f.flat_offset);
+      std::fill(flat.begin() + static_cast<std::ptrdiff_t>(covered), flat.begin() + static_cast<std::ptrdiff_t>(begin),
+                0.0f);
+      requests.push_back({f.tensor, first_state + static_cast<int>(i), f.tensor_offset,
+                          flat.subspan(begin, static_cast<size_t>(f.length))});
+      covered = begin + static_cast<size_t>(f.length);
+    }
+    std::fill(flat.begin() + static_cast<std::ptrdiff_t>(covered), flat.end(), 0.0f);
   }
-  std::fill(flat.begin() + static_cast<std::ptrdiff_t>(covered), flat.end(), 0.0f);
   return requests;
 }
 

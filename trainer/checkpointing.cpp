@@ -161,7 +161,7 @@ void Checkpointer::prune() {
 
 ResumeCandidates resume_candidates(const std::string& resume, const std::filesystem::path& save_dir) {
   if (resume == "none") return {};
-  if (resume != "auto") return {{ckpt::resolve_checkpoint(resume)}, {}, {}};
+  if (resume != "auto") return {{ckpt::resolve_checkpoint(resume)}, {}};
   std::error_code ec;
   if (save_dir.empty() || !std::filesystem::is_directory(save_dir, ec)) return {};
   ResumeCandidates out;
@@ -169,8 +169,7 @@ ResumeCandidates resume_candidates(const std::string& resume, const std::filesys
     if (c.committed) {
       out.paths.push_back(save_dir / c.name);
     } else if (std::filesystem::exists(save_dir / c.name / ckpt::kManifestFileName, ec)) {
-      out.skipped.push_back("skipping " + (save_dir / c.name).string() + ": " + c.problem);
-      out.damaged.push_back(save_dir / c.name);
+      out.damaged.push_back({save_dir / c.name, c.problem});
     }
   }
   std::reverse(out.paths.begin(), out.paths.end());

@@ -79,19 +79,22 @@ class Checkpointer {
 
 // The checkpoints --resume may load, in the order to try them: "none" -> none; "auto" -> every
 // committed checkpoint of save_dir (manifest present and valid), newest first -- the manifest is the
-// commit point, so one committed after the last update of `latest` counts -- and in `skipped` a line
-// for each step directory whose manifest is damaged; anything else -> that one step or run directory,
+// commit point, so one committed after the last update of `latest` counts -- and, in `damaged`, each
+// step directory whose manifest is there but broken; anything else -> that one step or run directory,
 // which must exist.
 struct ResumeCandidates {
+  struct Damaged {
+    std::filesystem::path dir;
+    std::string problem;
+  };
   std::vector<std::filesystem::path> paths;
-  std::vector<std::string> skipped;
-  std::vector<std::filesystem::path> damaged;  // the directories of `skipped`
+  std::vector<Damaged> damaged;
 };
+ResumeCandidates resume_candidates(const std::string& resume, const std::filesystem::path& save_dir);
 
 // Renames a damaged step directory to <name>.damaged (kept for inspection, out of the run's way: the
 // resumed run saves those steps again); returns a line saying so.
 std::string set_aside(const std::filesystem::path& step_dir);
-ResumeCandidates resume_candidates(const std::string& resume, const std::filesystem::path& save_dir);
 
 // Restores the backend's master weights and Adam moments from `path` (any world size and stage) and
 // returns the manifest's trainer_state. Error(kInvalidInput) when the checkpoint holds another model;

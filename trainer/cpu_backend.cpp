@@ -1,6 +1,5 @@
 // The CPU backend: the fp32 GPT-2 of gpt2.hpp over the ZeRO engine of zero_engine.hpp, on MPI ranks.
 #include <algorithm>
-#include <iterator>
 #include <vector>
 
 #include "trainer/backend.hpp"
@@ -25,10 +24,7 @@ class CpuBackend final : public Backend {
 
   void load(const LoadFn& read) override {
     const std::span<float> targets[3] = {engine_.load_master(), engine_.load_exp_avg(), engine_.load_exp_avg_sq()};
-    std::vector<ckpt::ReadRequest> requests;
-    for (int s = 0; s < 3; ++s)
-      std::ranges::move(load_requests(engine_.load_plan(), s, targets[s]), std::back_inserter(requests));
-    read(requests);
+    read(load_requests(engine_.load_plan(), targets));
     engine_.finish_load();
   }
 

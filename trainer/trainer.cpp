@@ -233,11 +233,8 @@ StepRecord Trainer::State::train_step() {
   const double scale = scaler->scale();
   const float grad_scale = static_cast<float>(scale / static_cast<double>(gas));
   double fwd_ms = 0, bwd_ms = 0;
-  {
-    const ckpt::FaultScope faults(comm.rank(), step + 1);
-    if (ckpt::fault_armed("step-error")) {
-      fail(ErrorKind::kIo, "step " + std::to_string(step + 1) + ": injected failure (SHARDKIT_FAULT=step-error)");
-    }
+  if (ckpt::fault_armed("step-error", comm.rank(), step + 1)) {
+    fail(ErrorKind::kIo, "step " + std::to_string(step + 1) + ": injected failure (SHARDKIT_FAULT=step-error)");
   }
 
   backend->zero_grads();
@@ -329,9 +326,12 @@ void Trainer::State::save() {
 
 bool Trainer::State::resume() {
   const ResumeCandidates found = resume_candidates(options.resume, options.save_dir);
-  for (const std::string& line : found.skipped) log("warning: " + line);
   const std::vector<std::filesystem::path>& candidates = found.paths;
-  std::vector<std::filesystem::path> damaged = found.damaged;
+  std::vector<std::filesystem::path> damaged;  // skipped: broken manifests, then checkpoints that fail to load
+  for (const auto& d : found.damaged) {
+    log("warning: skipping " + d.dir.string() + ": " + d.problem);
+    damaged.push_back(d.dir);
+  }
   // Damaged checkpoints go out of the way (the run will save those steps again), and `latest` names the
   // checkpoint loaded if it named one of them.
   auto set_damaged_aside = [&](const std::filesystem::path& loaded) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "ckpt/run_dir.hpp"
 #include "ckpt/shard_format.hpp"
 #include "tests/cli/cli_support.hpp"
 #include "tests/support/test_support.hpp"
@@ -211,8 +212,7 @@ TEST(Cli, ARunKilledDuringAsynchronousSavesResumesFromItsLatestCheckpoint) {
   // `latest` names a committed checkpoint; it may lag one committed after it (a kill between the
   // manifest and the pointer), and a save in flight may have left a step directory without a manifest.
   // The next run resumes from the newest committed checkpoint.
-  std::string latest = slurp(run_dir / "latest");
-  latest.erase(latest.find_last_not_of(" \n") + 1);
+  const std::string latest = ckpt::read_latest(run_dir).value_or("");
   bool latest_committed = false;
   std::string newest;
   for (const auto& c : list) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/run_dir.hpp"
 #include "ckpt/run_lock.hpp"
 #include "ckpt/shard_format.hpp"
 #include "tests/cli/cli_support.hpp"
@@ -30,9 +31,7 @@ std::string train_args(const std::filesystem::path& data, const std::filesystem:
 }
 
 std::string latest_of(const std::filesystem::path& run_dir) {
-  std::string latest = slurp(run_dir / "latest");
-  latest.erase(latest.find_last_not_of(" \n") + 1);
-  return latest;
+  return ckpt::read_latest(run_dir).value_or("(no latest)");
 }
 
 // The loss of every step in a metrics file, by step (a resumed run appends its steps after the first

@@ -29,10 +29,6 @@ double nccl_timeout_seconds() {
 }  // namespace
 
 void wait_checking_nccl(cudaStream_t stream, ncclComm_t comm) {
-  if (comm == nullptr) {
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    return;
-  }
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
     const cudaError_t state = cudaStreamQuery(stream);

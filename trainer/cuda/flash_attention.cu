@@ -233,54 +233,54 @@ __global__ void __launch_bounds__(kBq * 2)
   load_a_fragments<T, HS>(qa, q_base, row0, S, ld);
   float o[HS / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-  for_each_kv_tile<T, HS, kBk>(k_tiles, v_tiles, q_base, C, S, ld, min(S, q0 + kBq),
-                               [&](int k0, const T* ks, const T* vs) {
-                                 if (k0 > warp_last) return;  // every key of the tile follows every query of this warp
-                                 float s[kBk / 8][4];
-                                 mma_abt<T, HS, kBk / 8>(s, qa, ks);
-                                 // Scores in the log2 domain; keys after the query are masked. The first tile (k0 = 0)
-                                 // always holds key 0, so every row's running maximum is finite from then on.
-                                 const bool diagonal = k0 + kBk - 1 > q0 + warp * 16;
-                                 float mx0 = -INFINITY, mx1 = -INFINITY;
+  auto tile = [&](int k0, const T* ks, const T* vs) {
+    if (k0 > warp_last) return;  // every key of the tile follows every query of this warp
+    float s[kBk / 8][4];
+    mma_abt<T, HS, kBk / 8>(s, qa, ks);
+    // Scores in the log2 domain; keys after the query are masked. The first tile (k0 = 0)
+    // always holds key 0, so every row's running maximum is finite from then on.
+    const bool diagonal = k0 + kBk - 1 > q0 + warp * 16;
+    float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-                                 for (int n = 0; n < kBk / 8; ++n) {
+    for (int n = 0; n < kBk / 8; ++n) {
 #pragma unroll
-                                   for (int i = 0; i < 2; ++i) {
-                                     const int key = k0 + n * 8 + 2 * t + i;
-                                     float a = s[n][i] * scale_log2, c = s[n][2 + i] * scale_log2;
-                                     if (diagonal && key > row0) a = -INFINITY;
-                                     if (diagonal && key > row1) c = -INFINITY;
-                                     s[n][i] = a;
-                                     s[n][2 + i] = c;
-                                     mx0 = fmaxf(mx0, a);
-                                     mx1 = fmaxf(mx1, c);
-                                   }
-                                 }
-                                 const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
-                                 const float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1);
-                                 m0 = mn0;
-                                 m1 = mn1;
-                                 l0 *= c0;
-                                 l1 *= c1;
+      for (int i = 0; i < 2; ++i) {
+        const int key = k0 + n * 8 + 2 * t + i;
+        float a = s[n][i] * scale_log2, c = s[n][2 + i] * scale_log2;
+        if (diagonal && key > row0) a = -INFINITY;
+        if (diagonal && key > row1) c = -INFINITY;
+        s[n][i] = a;
+        s[n][2 + i] = c;
+        mx0 = fmaxf(mx0, a);
+        mx1 = fmaxf(mx1, c);
+      }
+    }
+    const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
+    const float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1);
+    m0 = mn0;
+    m1 = mn1;
+    l0 *= c0;
+    l1 *= c1;
 #pragma unroll
-                                 for (int n = 0; n < HS / 8; ++n) {
-                                   o[n][0] *= c0;
-                                   o[n][1] *= c0;
-                                   o[n][2] *= c1;
-                                   o[n][3] *= c1;
-                                 }
+    for (int n = 0; n < HS / 8; ++n) {
+      o[n][0] *= c0;
+      o[n][1] *= c0;
+      o[n][2] *= c1;
+      o[n][3] *= c1;
+    }
 #pragma unroll
-                                 for (int n = 0; n < kBk / 8; ++n) {
+    for (int n = 0; n < kBk / 8; ++n) {
 #pragma unroll
-                                   for (int i = 0; i < 2; ++i) {
-                                     s[n][i] = exp2f(s[n][i] - m0);
-                                     s[n][2 + i] = exp2f(s[n][2 + i] - m1);
-                                     l0 += s[n][i];
-                                     l1 += s[n][2 + i];
-                                   }
-                                 }
-                                 mma_pb<T, HS, kBk>(o, s, vs);
-                               });
+      for (int i = 0; i < 2; ++i) {
+        s[n][i] = exp2f(s[n][i] - m0);
+        s[n][2 + i] = exp2f(s[n][2 + i] - m1);
+        l0 += s[n][i];
+        l1 += s[n][2 + i];
+      }
+    }
+    mma_pb<T, HS, kBk>(o, s, vs);
+  };
+  for_each_kv_tile<T, HS, kBk>(k_tiles, v_tiles, q_base, C, S, ld, min(S, q0 + kBq), tile);
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
   store_rows<T, HS>(out + int64_t{b} * S * C + h * HS, o, row0, S, C, 1.0f / l0, 1.0f / l1);

@@ -1,7 +1,6 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
-#include <iterator>
 #include <memory>
 #include <thread>
 
@@ -112,11 +111,10 @@ void GpuZeroEngine<T>::initialize(const InitFn& init) {
 
 template <typename T>
 void GpuZeroEngine<T>::load(const LoadFn& read) {
+  const std::vector<ckpt::Fragment> fragments = plan();
   if (host_) {  // offloaded: the states live in host memory, read there in one pass
-    std::vector<ckpt::ReadRequest> requests;
     const std::span<float> targets[3] = {host_->master(), host_->exp_avg(), host_->exp_avg_sq()};
-    for (int s = 0; s < 3; ++s) std::ranges::move(load_requests(plan(), s, targets[s]), std::back_inserter(requests));
-    read(requests);
+    read(load_requests(fragments, targets));
     publish_params();
     return;
   }
@@ -139,7 +137,7 @@ void GpuZeroEngine<T>::load(const LoadFn& read) {
   try {
     for (int s = 0; s < 3; ++s) {
       const std::span<float> host(staging[s % 2].get(), n);
-      read(load_requests(plan(), s, host));
+      read(load_requests(fragments, {&host, 1}, s));
       join_copier();  // the previous state's copy, which also frees the other staging buffer
       copier = std::thread([&, s, host] {
         try {
