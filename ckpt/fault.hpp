@@ -5,8 +5,10 @@
 // At a crash point the process kills itself with SIGKILL, as `kill -9` at that instant would. At the
 // I/O point "enospc" the rank's shard write fails with ENOSPC halfway, as on a full disk. At
 // "step-error" (SHARDKIT_FAULT_STEP: the step about to run) the trainer fails on that rank alone,
-// outside any collective: the others must not wait for it forever. Without SHARDKIT_FAULT nothing
-// happens (one cached getenv).
+// outside any collective: the others must not wait for it forever. At "stall" (same step rule) that
+// rank sleeps for an hour instead, alive but absent from the step's collectives, as a hung process or
+// a wedged GPU would be: on GPUs the other ranks' NCCL watchdog (SHARDKIT_NCCL_TIMEOUT) must end the
+// job. Without SHARDKIT_FAULT nothing happens (one cached getenv).
 //
 // Crash points, in protocol order:
 //   save-start          the step directory exists, no shard file yet
