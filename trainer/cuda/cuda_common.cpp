@@ -1,6 +1,7 @@
 #include "trainer/cuda/cuda_common.hpp"
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <set>
@@ -41,6 +42,13 @@ void wait_checking_nccl(cudaStream_t stream, ncclComm_t comm) {
       // Aborted here, before anything frees device memory: cudaFree would wait for the collectives
       // that never complete.
       const std::string detail = ncclGetLastError(comm) ? ncclGetLastError(comm) : "";
+      // Said at once, and the error says it again once unwound: should the abort itself not return,
+      // the log still shows why the job stopped.
+      int rank = -1;
+      ncclCommUserRank(comm, &rank);
+      std::fprintf(stderr, "shardkit: rank %d: NCCL watchdog: %s; aborting the communicator\n", rank,
+                   async != ncclSuccess && async != ncclInProgress ? ncclGetErrorString(async) : "no progress");
+      std::fflush(stderr);
       ncclCommAbort(comm);
       {
         const std::lock_guard<std::mutex> lock(aborted_mutex);

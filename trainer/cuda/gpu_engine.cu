@@ -57,6 +57,7 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<Tens
   prefetched_.assign(groups_.size(), 0);
   for (size_t g = 0; g < groups_.size(); ++g) gathered_at_.push_back(std::make_unique<Event>());
   scalar_.resize(1);
+  scalar_host_.resize(1);
 }
 
 template <typename T>
@@ -427,10 +428,9 @@ double GpuZeroEngine<T>::global_grad_sq() {
   const float* g = (layout_.stage() == 0 ? grads_full_.data() : grad_part_.data()) + owned_offset();
   CUDA_CHECK(cudaMemsetAsync(scalar_.data(), 0, sizeof(double), stream_));
   sum_squares(scalar_.data(), g, owned_size(), stream_);
-  double local = 0;
-  CUDA_CHECK(cudaMemcpyAsync(&local, scalar_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(scalar_host_.data(), scalar_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
   synchronize(stream_);  // the host decides on overflow and clipping from it
-  return mpi_.allreduce_sum(local);
+  return mpi_.allreduce_sum(scalar_host_.data()[0]);
 }
 
 template <typename T>

@@ -101,6 +101,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   DeviceBuffer<float> send_, recv_;
   DeviceBuffer<T> gather_recv_;
   DeviceBuffer<double> scalar_;
+  PinnedBuffer<double> scalar_host_;  // pinned for the reason GpuModel::loss_host_ is
 };
 
 }  // namespace shardkit::trainer::cuda

@@ -96,6 +96,7 @@ GpuGpt2<T>::GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cubl
   F_(scratch_,
      static_cast<size_t>(std::max(layernorm_scratch_floats(config.n_embd), bias_scratch_floats(4 * config.n_embd))));
   loss_sum_.resize(1);
+  loss_host_.resize(1);
 }
 
 template <typename T>
@@ -164,12 +165,11 @@ double GpuGpt2<T>::forward_backward(GpuParamStore<T>& p, const int32_t* inputs, 
   if (times) times->forward_ms = ms_since(start);
   const auto backward_start = Clock::now();
   backward_blocks(p, inputs);
-  double loss = 0;
   // The loss is needed on the host for the step's record; this is the pass's one synchronisation.
-  CUDA_CHECK(cudaMemcpyAsync(&loss, loss_sum_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaMemcpyAsync(loss_host_.data(), loss_sum_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
   p.synchronize(stream_);
   if (times) times->backward_ms = ms_since(backward_start);
-  return loss / N;
+  return loss_host_.data()[0] / N;
 }
 
 template <typename T>

@@ -89,6 +89,9 @@ class GpuGpt2 {
   DeviceBuffer<T> dres_, dbuf_c_, dbuf_c2_, dbuf_3c_, dbuf_4c2_;
   DeviceBuffer<float> delta_, scratch_;
   DeviceBuffer<double> loss_sum_;
+  // Where the host reads it: pinned, so the copy is queued and the wait is wait_checking_nccl's (a
+  // copy into pageable memory would block inside CUDA, where no NCCL watchdog can see a stall).
+  PinnedBuffer<double> loss_host_;
 };
 
 }  // namespace shardkit::trainer::cuda
