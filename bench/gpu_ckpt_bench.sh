@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Fast checkpointing on the GPU machine (issue 6), against the disk's floors measured in the same run:
 #  1. dd of the checkpoint's bytes (conv=fdatasync) in the same folder: the durable-write floor;
-#  2. gpt2-xl (1.56 B parameters: 18.7 GB of fp32 weights and AdamW moments) trained on 2 GPUs at ZeRO
+#  2. gpt2-xl (1.56 B parameters: 18.7 GB of fp32 weights and AdamW moments) trained on RANKS GPUs
+#     (default 2) at ZeRO
 #     stage 3 with an asynchronous checkpoint every INTERVAL steps (default 80, about 18 s: longer than
 #     a save takes, so no save waits for the one before): durable save time and training stall per
 #     save (the metrics' checkpoint events);
 #  3. a cold read of the last checkpoint's shards (page cache dropped where allowed): the read floor;
-#  4. that checkpoint loaded onto 1 GPU at stage 1 (resharded from 2 ranks at stage 3), cold.
+#  4. that checkpoint loaded onto 1 GPU at stage 1 (resharded from RANKS ranks at stage 3), cold.
 # Prints a table against the bars. Usage: bench/gpu_ckpt_bench.sh [DIR] (SK=path/to/shardkit)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,7 @@ export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 sk=${SK:-build-gpu/shardkit}
 dir=${1:-/tmp/gpu-ckpt}
 interval=${INTERVAL:-80}
+ranks=${RANKS:-2}
 rm -rf "$dir"
 mkdir -p "$dir"
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2> /dev/null || echo "(page cache could not be dropped)"; }
@@ -37,7 +39,7 @@ dd if=/dev/zero of="$dir/dd.bin" bs=64M count=$((bytes / (64 << 20))) conv=fdata
 dd_write=$(python3 -c "print($(now) - $start)")
 rm -f "$dir/dd.bin"
 
-mpirun -n 2 --bind-to none "$sk" train --config "$dir/s3.json" --model gpt2-xl --data "$dir/tokens.bin" --steps $((3 * interval)) \
+mpirun -n "$ranks" --bind-to none "$sk" train --config "$dir/s3.json" --model gpt2-xl --data "$dir/tokens.bin" --steps $((3 * interval)) \
   --save-dir "$dir/run" --save-interval "$interval" --keep-last 1 --device cuda --metrics "$dir/m.jsonl" 2>&1 |
   grep -E "rank [0-9]:|checkpoint|error" | head -10
 
@@ -50,9 +52,9 @@ drop_caches
 "$sk" train --config "$dir/s1.json" --model gpt2-xl --data "$dir/tokens.bin" --steps $((3 * interval + 1)) --resume "$dir/run/$last" \
   --device cuda 2>&1 | grep -E "resumed from|error" | tee "$dir/load.txt"
 
-python3 - "$dir" "$bytes" "$dd_write" "$read_floor" <<'PY'
+python3 - "$dir" "$bytes" "$dd_write" "$read_floor" "$ranks" <<'PY'
 import json, re, statistics, sys
-d, size, dd_write, read_floor = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+d, size, dd_write, read_floor, ranks = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 lines = [json.loads(l) for l in open(f"{d}/m.jsonl")]
 events = [e for e in lines if e.get("event") == "checkpoint"]
 steps = {e["step"]: e["step_ms"] for e in lines if "step_ms" in e}
@@ -65,7 +67,7 @@ stall = statistics.median(e["stall_ms"] for e in events) / 1e3
 slower = statistics.median(after) / 1e3 if after else 0.0
 m = re.search(r"read in ([0-9.]+) s", open(f"{d}/load.txt").read())
 load = float(m.group(1)) if m else float("nan")
-print(f"\ngpt2-xl state, {size / 1e9:.2f} GB; {len(events)} saves (2 GPUs, stage 3, async)")
+print(f"\ngpt2-xl state, {size / 1e9:.2f} GB; {len(events)} saves ({ranks} GPUs, stage 3, async)")
 print(f"  {'':34} {'seconds':>8} {'GB/s':>6} {'x floor':>8} {'bar':>6}")
 print(f"  {'dd conv=fdatasync (write floor)':34} {dd_write:8.2f} {size / dd_write / 1e9:6.2f}")
 print(f"  {'durable save (median)':34} {write:8.2f} {size / write / 1e9:6.2f} {write / dd_write:8.2f} {'1.10':>6}")
