@@ -35,6 +35,7 @@ CkptBenchResult run_ckpt_bench(ckpt::Collective& group, const CkptBenchOptions& 
   if (options.repeat < 1) fail(ErrorKind::kInvalidInput, "bench ckpt: --repeat must be at least 1");
   constexpr int kStates = 3;
   const ckpt::TensorTable table = synthetic_table(options.bytes / (kStates * int64_t{sizeof(float)}));
+  const int64_t payload = table.total_elements() * kStates * int64_t{sizeof(float)};
   const ckpt::Layout layout(table, {group.size(), options.stage, ckpt::kDefaultAlignment});
   const std::vector<std::string> names = {std::string(ckpt::kMasterWeights), std::string(ckpt::kExpAvg),
                                           std::string(ckpt::kExpAvgSq)};
@@ -78,12 +79,14 @@ CkptBenchResult run_ckpt_bench(ckpt::Collective& group, const CkptBenchOptions& 
     result.all_seconds.push_back(seconds_since(start));
     result.bytes = saved.bytes;
     result.last_checkpoint = saved.step_dir;
+    if (options.progress) options.progress((i + 1) * payload, options.repeat * payload);
   }
   result.seconds = median(result.all_seconds);
   return result;
 }
 
-ChecksumBenchResult run_checksum_bench(int64_t bytes) {
+ChecksumBenchResult run_checksum_bench(int64_t bytes,
+                                       const std::function<void(int64_t done, int64_t total)>& progress) {
   if (bytes < 1024) fail(ErrorKind::kInvalidInput, "bench checksum: --size must be at least 1 KiB");
   std::vector<unsigned char> data(static_cast<size_t>(bytes));
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 2654435761u >> 13);
@@ -92,7 +95,8 @@ ChecksumBenchResult run_checksum_bench(int64_t bytes) {
   result.bytes = bytes;
   double best_hash = 1e30, best_copy = 1e30;
   volatile uint64_t sink = 0;
-  for (int pass = 0; pass < 5; ++pass) {
+  constexpr int kPasses = 5;
+  for (int pass = 0; pass < kPasses; ++pass) {
     auto start = Clock::now();
     sink = sink + ckpt::xxh64(data.data(), data.size());
     best_hash = std::min(best_hash, seconds_since(start));
@@ -100,6 +104,7 @@ ChecksumBenchResult run_checksum_bench(int64_t bytes) {
     std::memcpy(copy.data(), data.data(), data.size());
     best_copy = std::min(best_copy, seconds_since(start));
     sink = sink + copy[static_cast<size_t>(pass)];
+    if (progress) progress((pass + 1) * bytes, kPasses * bytes);
   }
   result.xxh64_gb_per_s = static_cast<double>(bytes) / best_hash / 1e9;
   result.memcpy_gb_per_s = static_cast<double>(bytes) / best_copy / 1e9;

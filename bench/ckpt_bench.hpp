@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <vector>
 
 #include "ckpt/collective.hpp"
@@ -18,6 +19,8 @@ struct CkptBenchOptions {
   int repeat = 1;
   uint64_t seed = 1234;
   ckpt::ShardOptions shard;
+  // Called on every rank after each checkpoint with (payload bytes written, payload bytes of all repeats).
+  std::function<void(int64_t done, int64_t total)> progress;
 };
 
 struct CkptBenchResult {
@@ -38,6 +41,9 @@ struct ChecksumBenchResult {
   double memcpy_gb_per_s = 0;  // one core, for scale
 };
 
-ChecksumBenchResult run_checksum_bench(int64_t bytes);
+// Hashes and copies a buffer of `bytes` in several timed passes; `progress`, if set, is called after each
+// pass with (bytes hashed, bytes to hash in all passes).
+ChecksumBenchResult run_checksum_bench(int64_t bytes,
+                                       const std::function<void(int64_t done, int64_t total)>& progress = {});
 
 }  // namespace shardkit::bench

@@ -131,7 +131,7 @@ int run_verify(const std::string& path, bool quiet) {
 int run_diff(const std::string& a_path, const std::string& b_path, double tolerance, bool as_json, bool quiet) {
   ckpt::CheckpointReader a(a_path);
   ckpt::CheckpointReader b(b_path);
-  Progress progress("diff", quiet || as_json);
+  Progress progress("diff", quiet);
   const ckpt::DiffReport report = ckpt::diff_checkpoints(a, b, [&](int64_t d, int64_t t) { progress.update(d, t); });
   progress.finish();
   const bool ok = report.within(tolerance);
@@ -180,7 +180,7 @@ int run_diff(const std::string& a_path, const std::string& b_path, double tolera
 }  // namespace
 
 void add_ckpt_commands(CLI::App& app, Action& action) {
-  CLI::App* ckpt = app.add_subcommand("ckpt", "Inspect, verify and compare checkpoints");
+  CLI::App* ckpt = app.add_subcommand("ckpt", "List, inspect, verify and compare checkpoints");
   ckpt->require_subcommand(1);
 
   // Options live as long as the app; shared_ptr keeps them alive inside the callbacks.
@@ -191,25 +191,28 @@ void add_ckpt_commands(CLI::App& app, Action& action) {
   };
   auto o = std::make_shared<Options>();
 
-  CLI::App* ls = ckpt->add_subcommand("ls", "List the checkpoints of a run directory (* marks latest)");
+  CLI::App* ls = ckpt->add_subcommand(
+      "ls", "List the checkpoints of a run directory: status, ranks, ZeRO stage, size, creation time (* marks latest)");
   ls->add_option("RUN_DIR", o->path, "Run directory (holds step-NNNNNNNN folders and 'latest')")->required();
-  ls->add_flag("--json", o->json, "Print a JSON array instead of a table");
-  ls->footer("Example: shardkit ckpt ls runs/gpt2");
+  ls->add_flag("--json", o->json,
+               "Print a JSON array instead of a table: name, step, committed, latest, and world_size, stage, bytes, "
+               "created of a committed checkpoint or the problem of another");
+  ls->footer("Example: shardkit ckpt ls runs/tiny");
   ls->callback([&action, o] { action = [o] { return run_ls(o->path, o->json); }; });
 
   CLI::App* inspect = ckpt->add_subcommand("inspect", "Show a checkpoint's layout, tensors, shards and trainer state");
   inspect->add_option("CKPT", o->path, "Step directory, or run directory (follows 'latest')")->required();
-  inspect->add_flag("--json", o->json, "Print the manifest as JSON (with path and total_bytes)");
-  inspect->footer("Example: shardkit ckpt inspect runs/gpt2/step-00001000");
+  inspect->add_flag("--json", o->json, "Print the manifest as JSON, with path and total_bytes added");
+  inspect->footer("Example: shardkit ckpt inspect runs/tiny/step-00000100");
   inspect->callback([&action, o] { action = [o] { return run_inspect(o->path, o->json); }; });
 
   CLI::App* verify = ckpt->add_subcommand("verify", "Check every byte of a checkpoint against its checksums");
   verify->add_option("CKPT", o->path, "Step directory, or run directory (follows 'latest')")->required();
-  verify->add_flag("-q,--quiet", o->quiet, "No progress output");
+  verify->add_flag("-q,--quiet", o->quiet, "No progress output on stderr (problems and the result are still printed)");
   verify->footer(
       "Exit status 0 only when every shard is present, consistent with the manifest and every chunk matches its\n"
       "checksum; otherwise each problem is printed, naming the file, state and tensors, and the status is 1.\n"
-      "Example: shardkit ckpt verify runs/gpt2");
+      "Example: shardkit ckpt verify runs/tiny");
   verify->callback([&action, o] { action = [o] { return run_verify(o->path, o->quiet); }; });
 
   CLI::App* diff = ckpt->add_subcommand(
@@ -218,11 +221,13 @@ void add_ckpt_commands(CLI::App& app, Action& action) {
   diff->add_option("B", o->other, "Second checkpoint (step or run directory)")->required();
   diff->add_option("--tol", o->tolerance, "Largest |A-B| still counted as a match (default 0: exact)")
       ->check(CLI::NonNegativeNumber);
-  diff->add_flag("--json", o->json, "Print a JSON report");
-  diff->add_flag("-q,--quiet", o->quiet, "No progress output");
+  diff->add_flag("--json", o->json,
+                 "Print a JSON report: max_abs_diff and differing elements per tensor and state, tensors only in A or "
+                 "B, shape mismatches");
+  diff->add_flag("-q,--quiet", o->quiet, "No progress output on stderr (the report is still printed)");
   diff->footer(
       "Exit status 0 when both hold the same tensors and states and no difference exceeds --tol, else 1.\n"
-      "Example: shardkit ckpt diff runs/a/step-00000100 runs/b/step-00000100 --tol 1e-6");
+      "Example: shardkit ckpt diff runs/tiny/step-00000100 runs/tiny-3x --tol 1e-6");
   diff->callback(
       [&action, o] { action = [o] { return run_diff(o->path, o->other, o->tolerance, o->json, o->quiet); }; });
 }

@@ -16,6 +16,7 @@ using Action = std::function<int()>;
 void add_ckpt_commands(CLI::App& app, Action& action);
 void add_convert_commands(CLI::App& app, Action& action);
 void add_bench_commands(CLI::App& app, Action& action, int* argc, char*** argv);
+void add_report_commands(CLI::App& app, Action& action);
 void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv);
 
 }  // namespace shardkit::cli

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "ckpt/error.hpp"
 
@@ -89,36 +90,91 @@ void print_table(const std::vector<std::vector<std::string>>& rows, int indent) 
   }
 }
 
-Progress::Progress(std::string label, bool quiet)
+namespace {
+
+// SHARDKIT_PROGRESS_INTERVAL: seconds between two plain progress lines (default 5), read once.
+double plain_interval_seconds() {
+  static const double seconds = [] {
+    const char* text = std::getenv("SHARDKIT_PROGRESS_INTERVAL");
+    if (text == nullptr || *text == '\0') return 5.0;
+    char* end = nullptr;
+    const double value = std::strtod(text, &end);
+    if (*end != '\0' || !std::isfinite(value) || value < 0) {
+      fail(ErrorKind::kInvalidInput,
+           std::string("SHARDKIT_PROGRESS_INTERVAL: '") + text + "' is not a number of seconds >= 0");
+    }
+    return value;
+  }();
+  return seconds;
+}
+
+}  // namespace
+
+Progress::Progress(std::string label, bool quiet, std::string unit)
     : label_(std::move(label)),
+      unit_(std::move(unit)),
       enabled_(!quiet),
       tty_(::isatty(STDERR_FILENO) == 1),
+      // A terminal redraws ten times a second; a log gets a line every few seconds.
+      interval_s_(tty_ ? 0.1 : plain_interval_seconds()),
       start_(Clock::now()),
       last_(start_) {}
 
 Progress::~Progress() {
-  finish();
+  close();
 }
 
 void Progress::update(int64_t done, int64_t total) {
   if (!enabled_) return;
+  updated_ = true;
+  done_ = done;
+  total_ = total;
+  // The complete state is finish()'s to draw, once.
+  if (done >= total || std::chrono::duration<double>(Clock::now() - last_).count() < interval_s_) return;
+  draw(false);
+}
+
+void Progress::finish() {
+  // A short job leaves no trace in a log, but a terminal shows its bar once, complete.
+  if (enabled_ && (drawn_ || (tty_ && updated_))) draw(true);
+  close();
+}
+
+void Progress::close() noexcept {
+  if (enabled_ && tty_ && drawn_) std::fputc('\n', stderr);
+  enabled_ = false;
+}
+
+std::string Progress::amount(double value) const {
+  return unit_.empty() ? format_bytes(value) : format_count(std::llround(value)) + " " + unit_;
+}
+
+void Progress::draw(bool final) {
   const auto now = Clock::now();
-  const double since_last = std::chrono::duration<double>(now - last_).count();
-  // A terminal redraws ten times a second; a log gets a line every five seconds.
-  if (since_last < (tty_ ? 0.1 : 5.0) && done < total) return;
-  if (!tty_ && done >= total && !drawn_) return;  // short jobs leave no trace in logs
   last_ = now;
   const double elapsed = std::chrono::duration<double>(now - start_).count();
-  const double rate = elapsed > 0 ? static_cast<double>(done) / elapsed : 0;
-  const double fraction = total > 0 ? std::min(1.0, static_cast<double>(done) / static_cast<double>(total)) : 1.0;
-  const double eta = rate > 0 ? static_cast<double>(total - done) / rate : 0;
-  char tail[160];
-  std::snprintf(tail, sizeof(tail), "%3.0f%%  %s / %s  %s/s  ETA %.0fs", fraction * 100,
-                format_bytes(static_cast<double>(done)).c_str(), format_bytes(static_cast<double>(total)).c_str(),
-                format_bytes(rate).c_str(), eta);
+  const double rate = elapsed > 0 ? static_cast<double>(done_) / elapsed : 0;
+  const double fraction =
+      total_ > 0 ? std::clamp(static_cast<double>(done_) / static_cast<double>(total_), 0.0, 1.0) : 1.0;
+  // "1.23 MB / 4.00 GB", "1,024 / 4,096 tokens".
+  const std::string counts = (unit_.empty() ? format_bytes(static_cast<double>(done_)) : format_count(done_)) + " / " +
+                             amount(static_cast<double>(total_));
+  char timing[64];
+  if (final) {
+    std::snprintf(timing, sizeof(timing), "in %.1fs", elapsed);
+  } else if (rate > 0) {
+    std::snprintf(timing, sizeof(timing), "ETA %.0fs",
+                  static_cast<double>(std::max<int64_t>(total_ - done_, 0)) / rate);
+  } else {
+    std::snprintf(timing, sizeof(timing), "ETA ?");
+  }
+  char tail[256];
+  std::snprintf(tail, sizeof(tail), "%3.0f%%  %s  %s/s  %s", fraction * 100, counts.c_str(), amount(rate).c_str(),
+                timing);
   if (tty_) {
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(fraction * kWidth);
+    // \r returns to the line's start, \033[K clears what a longer previous draw left after it.
     std::fprintf(stderr, "\r%s [%s%s] %s\033[K", label_.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
                  std::string(static_cast<size_t>(kWidth - filled), '.').c_str(), tail);
   } else {
@@ -126,12 +182,6 @@ void Progress::update(int64_t done, int64_t total) {
   }
   std::fflush(stderr);
   drawn_ = true;
-}
-
-void Progress::finish() {
-  if (enabled_ && tty_ && drawn_) std::fprintf(stderr, "\n");
-  drawn_ = false;
-  enabled_ = false;
 }
 
 }  // namespace shardkit::cli

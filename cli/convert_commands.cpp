@@ -23,11 +23,14 @@ struct Common {
 };
 
 void add_common(CLI::App* app, Common& c) {
-  app->add_option("--max-memory", c.max_memory, "Bound on the buffers in flight, all threads together (default 2GiB)");
-  app->add_option("--threads", c.threads, "I/O threads (default: from the hardware, at most 8)")
+  app->add_option("--max-memory", c.max_memory,
+                  "Bound on the buffers in flight, all threads together, e.g. 512MiB or 8GB (default 2GiB, "
+                  "at least 128MiB)");
+  app->add_option("--threads", c.threads,
+                  "I/O threads (default 0: from the hardware, at most 8; 1 when HDF5 is not thread-safe)")
       ->check(CLI::Range(0, 256));
-  app->add_flag("--force", c.force, "Replace the output if it exists");
-  app->add_flag("-q,--quiet", c.quiet, "No progress output");
+  app->add_flag("--force", c.force, "Replace the output if it exists (default: refuse to)");
+  app->add_flag("-q,--quiet", c.quiet, "No progress output on stderr (the result is still printed)");
 }
 
 convert::ConvertOptions options_from(const Common& c, Progress& progress) {
@@ -111,7 +114,8 @@ int run_import(const ImportCli& c) {
 }  // namespace
 
 void add_convert_commands(CLI::App& app, Action& action) {
-  CLI::App* convert = app.add_subcommand("convert", "Reshard checkpoints, export consolidated weights, import weights");
+  CLI::App* convert =
+      app.add_subcommand("convert", "Reshard checkpoints, export consolidated weights, import Hugging Face weights");
   convert->require_subcommand(1);
 
   auto r = std::make_shared<ReshardCli>();
@@ -119,36 +123,47 @@ void add_convert_commands(CLI::App& app, Action& action) {
       "reshard",
       "Rewrite a checkpoint for another world size and/or ZeRO stage (weights, Adam moments, trainer state)");
   reshard->add_option("CKPT", r->source, "Step directory, or run directory (follows 'latest')")->required();
-  reshard->add_option("-o,--output", r->output, "New run directory (receives step-NNNNNNNN/ and 'latest')")->required();
-  reshard->add_option("--world-size", r->world_size, "Ranks of the new layout")->required()->check(CLI::PositiveNumber);
+  reshard
+      ->add_option("-o,--output", r->output,
+                   "New run directory (receives step-NNNNNNNN/ and 'latest'); must not exist unless --force")
+      ->required();
+  reshard->add_option("--world-size", r->world_size, "Ranks (data-parallel world size) of the new layout")
+      ->required()
+      ->check(CLI::PositiveNumber);
   reshard->add_option("--stage", r->stage, "ZeRO stage of the new layout (default: the source's)")
       ->check(CLI::Range(0, 3));
-  reshard->add_option("--compress", r->compress, "zstd level 1-19 or 0 for none (default: the source's)")
+  reshard
+      ->add_option("--compress", r->compress,
+                   "zstd level 1-19 of the new shards, or 0 for none (default: the source's)")
       ->check(CLI::Range(0, 19));
   add_common(reshard, r->common);
-  reshard->footer("Example: shardkit convert reshard runs/gpt2 -o runs/gpt2-8x --world-size 8 --stage 3");
+  reshard->footer("Example: shardkit convert reshard runs/tiny -o runs/tiny-3x --world-size 3 --stage 3");
   reshard->callback([&action, r] { action = [r] { return run_reshard(*r); }; });
 
   auto c = std::make_shared<ConsolidateCli>();
   CLI::App* consolidate = convert->add_subcommand(
       "consolidate", "Export full weights: safetensors for Hugging Face transformers, HDF5, or an HDF5 virtual view");
   consolidate->add_option("CKPT", c->source, "Step directory, or run directory (follows 'latest')")->required();
-  consolidate->add_option("-o,--output", c->output, "New directory for the export")->required();
+  consolidate->add_option("-o,--output", c->output, "New directory for the export; must not exist unless --force")
+      ->required();
   consolidate
       ->add_option("--format", c->format,
-                   "safetensors (model.safetensors + config.json, GPT2LMHeadModel.from_pretrained loads it), "
+                   "safetensors (default: model.safetensors + config.json, GPT2LMHeadModel.from_pretrained loads it), "
                    "hdf5 (model.h5, one dataset per tensor), or hdf5-virtual (view.h5: virtual datasets over "
                    "the shard files, no copy)")
       ->check(CLI::IsMember({"safetensors", "hdf5", "hdf5-virtual"}));
-  consolidate->add_option("--dtype", c->dtype, "fp32 (default), bf16 or fp16 (round to nearest even; safetensors)")
+  consolidate
+      ->add_option("--dtype", c->dtype,
+                   "fp32 (default); bf16 or fp16, rounded to nearest even, with --format safetensors only")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   consolidate->add_flag("--with-optimizer", c->with_optimizer,
-                        "Also export the Adam moments, as optimizer.exp_avg.<name> and optimizer.exp_avg_sq.<name>");
+                        "Also export the Adam moments (fp32): tensors optimizer.exp_avg.<name> and "
+                        "optimizer.exp_avg_sq.<name>; in the virtual view, groups /exp_avg and /exp_avg_sq");
   consolidate->add_option("--max-shard-size", c->max_shard_size,
-                          "Split safetensors output into model-0000i-of-0000n files with an index above this size "
-                          "(default 5GB)");
+                          "Split safetensors output above this size into model-0000i-of-0000n files with an index "
+                          "(default 5GB, as Hugging Face)");
   add_common(consolidate, c->common);
-  consolidate->footer("Example: shardkit convert consolidate runs/gpt2 -o export/gpt2 --dtype bf16");
+  consolidate->footer("Example: shardkit convert consolidate runs/tiny -o export/tiny --dtype bf16");
   consolidate->callback([&action, c] { action = [c] { return run_consolidate(*c); }; });
 
   auto i = std::make_shared<ImportCli>();
@@ -159,13 +174,17 @@ void add_convert_commands(CLI::App& app, Action& action) {
                    "A .safetensors file (config.json beside it) or a folder with model.safetensors or "
                    "model.safetensors.index.json")
       ->required();
-  import->add_option("-o,--output", i->output, "New run directory (receives step-00000000/ and 'latest')")->required();
+  import
+      ->add_option("-o,--output", i->output,
+                   "New run directory (receives step-00000000/ and 'latest'); must not exist unless --force")
+      ->required();
   import->add_option("--world-size", i->world_size, "Ranks of the layout (default 1)")->check(CLI::PositiveNumber);
   import->add_option("--stage", i->stage, "ZeRO stage of the layout (default 0)")->check(CLI::Range(0, 3));
   add_common(import, i->common);
   import->footer(
       "Example: shardkit convert import hf/gpt2 -o runs/ft --world-size 2 --stage 2\n"
-      "         mpirun -n 2 shardkit train --config ds.json --model gpt2 --data d.bin --steps 100 --resume runs/ft");
+      "Then fine-tune: mpirun -n 2 shardkit train --config ds.json --model gpt2 --data d.bin --steps 100 "
+      "--save-dir runs/ft");
   import->callback([&action, i] { action = [i] { return run_import(*i);
 };
 }  // namespace shardkit::cli

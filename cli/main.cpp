@@ -47,6 +47,18 @@ int main(int argc, char** argv) {
   shardkit::cli::add_ckpt_commands(app, action);
   shardkit::cli::add_convert_commands(app, action);
   shardkit::cli::add_bench_commands(app, action, &argc, &argv);
+  shardkit::cli::add_report_commands(app, action);
+  // Footers are set last: a subcommand copies its parent's footer when it is added.
+  const auto all = [](CLI::App*) { return true; };
+  for (CLI::App* sub : app.get_subcommands(all)) {
+    if (sub->get_subcommands(all).empty()) continue;
+    sub->footer("Run 'shardkit " + sub->get_name() + " COMMAND --help' for a command's options and an example.");
+  }
+  app.footer(
+      "Run 'shardkit COMMAND --help' for a command's options and an example; samples/quickstart.sh runs a whole job.\n"
+      "Start with: shardkit data encode samples/data/checkpoints.txt -o runs/text.bin\n"
+      "Then:       mpirun -n 2 shardkit train --config samples/configs/tiny_zero2.json --model gpt2-tiny \\\n"
+      "              --data runs/text.bin --steps 100 --save-dir runs/tiny --save-interval 50");
   if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
     std::fprintf(stderr, "shardkit: error: %s\n", unknown.c_str());
     return 2;

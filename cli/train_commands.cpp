@@ -41,25 +41,31 @@ int run_train(TrainCli& o, int* argc, char*** argv) {
 
 void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) {
   auto o = std::make_shared<TrainCli>();
-  CLI::App* train = app.add_subcommand("train", "Train GPT-2 with ZeRO (stages 0-3) on MPI ranks");
+  CLI::App* train =
+      app.add_subcommand("train", "Train GPT-2 with ZeRO (stages 0-3) on MPI ranks, saving sharded checkpoints");
   train
       ->add_option("--config", o->config,
-                   "DeepSpeed JSON config (batch sizes, ZeRO stage, optimizer, scheduler, fp16/bf16)")
+                   "DeepSpeed JSON config: batch sizes, ZeRO stage, optimizer, scheduler, fp16/bf16 (examples in "
+                   "samples/configs/)")
       ->required();
   train
       ->add_option("--model", o->options.model,
                    "Preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a JSON file with n_layer, n_head, "
                    "n_embd, vocab_size, n_positions")
       ->required();
-  train->add_option("--data", o->data, "Token file: little-endian uint16 ids (nanoGPT train.bin) or llm.c format")
+  train
+      ->add_option("--data", o->data,
+                   "Token file: little-endian uint16 ids (nanoGPT's train.bin, or llm.c's format with its header); "
+                   "'shardkit data encode' makes one from a text")
       ->required();
   train->add_option("--steps", o->options.steps, "Total optimizer steps; a resumed run continues to this number")
       ->required()
       ->check(CLI::PositiveNumber);
-  train->add_option("--save-dir", o->save_dir, "Run directory for checkpoints (step-NNNNNNNN folders and 'latest')");
+  train->add_option("--save-dir", o->save_dir,
+                    "Run directory for checkpoints (step-NNNNNNNN folders and 'latest'); without it nothing is saved");
   train
       ->add_option("--save-interval", o->options.save_interval,
-                   "Save every K steps (and at the end); 0: only at the end (default 0)")
+                   "Save every K steps (and at the end) into --save-dir; 0: only at the end (default 0)")
       ->check(CLI::NonNegativeNumber);
   train
       ->add_option("--save-mode", o->options.save_mode,
@@ -81,7 +87,8 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
       "and what killed saves left there is removed at start");
   train
       ->add_option("--device", o->device,
-                   "cpu (default): fp32 on MPI ranks; cuda: one GPU per rank (local rank -> device), NCCL")
+                   "cpu (default): fp32 on MPI ranks; cuda: one GPU per rank (local rank -> device), NCCL (builds "
+                   "with CUDA only)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   train->add_option("--metrics", o->metrics,
                     "Append one JSON object per step and per checkpoint to this file (rank 0)");
@@ -91,10 +98,11 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
                     "of a random initialisation; ignored when a checkpoint is resumed");
   train->add_option("--threads", o->options.threads, "Compute threads per rank (default: cores / ranks per node)")
       ->check(CLI::NonNegativeNumber);
-  train->add_flag("-q,--quiet", o->options.quiet, "No console output but errors");
+  train->add_flag("-q,--quiet", o->options.quiet,
+                  "No console output but errors (no step lines or warnings; --metrics is still written)");
   train->footer(
-      "Example: mpirun -n 2 shardkit train --config samples/configs/seed_zero2_auto.json --model gpt2-tiny \\\n"
-      "           --data runs/text.bin --steps 100 --save-dir runs/tiny --save-interval 25 --metrics runs/tiny.jsonl");
+      "Example: mpirun -n 2 shardkit train --config samples/configs/tiny_zero2.json --model gpt2-tiny \\\n"
+      "           --data runs/text.bin --steps 100 --save-dir runs/tiny --save-interval 50 --metrics runs/tiny.jsonl");
   train->callback([&action, o, argc, argv] { action = [o, argc, argv] { return run_train(*o, argc, argv); }; });
 
   struct EvalCli {
@@ -102,20 +110,28 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
     int64_t windows = 0;
     int threads = 0;
     bool json = false;
+    bool quiet = false;
   };
   auto e = std::make_shared<EvalCli>();
-  CLI::App* eval = app.add_subcommand("eval", "Mean next-token cross-entropy of a checkpoint's weights");
+  CLI::App* eval =
+      app.add_subcommand("eval", "Mean next-token cross-entropy of a checkpoint's weights over a token file");
   eval->add_option("CKPT", e->checkpoint, "Step directory, or run directory (follows 'latest')")->required();
-  eval->add_option("--data", e->data, "Token file")->required();
+  eval->add_option("--data", e->data, "Token file (uint16 ids, as for train), every id within the model's vocabulary")
+      ->required();
   eval->add_option("--windows", e->windows,
-                   "Windows of n_positions tokens to score, from the start (default: every full window, at most 64)")
+                   "Windows of n_positions tokens to score, from the start of the file (default 0: every full "
+                   "window, at most 64)")
       ->check(CLI::NonNegativeNumber);
   eval->add_option("--threads", e->threads, "Compute threads (default: all cores)")->check(CLI::NonNegativeNumber);
-  eval->add_flag("--json", e->json, "Print {\"loss\", \"tokens\"}");
+  eval->add_flag("--json", e->json, "Print {\"loss\", \"tokens\"} on one line instead of a sentence");
+  eval->add_flag("-q,--quiet", e->quiet, "No progress output on stderr (the result is still printed)");
   eval->footer("Example: shardkit eval runs/tiny --data runs/text.bin --windows 16 --json");
   eval->callback([&action, e] {
     action = [e] {
-      const trainer::EvalResult r = trainer::evaluate(e->checkpoint, e->data, e->windows, e->threads);
+      Progress progress("eval", e->quiet, "tokens");
+      const trainer::EvalResult r = trainer::evaluate(e->checkpoint, e->data, e->windows, e->threads,
+                                                      [&](int64_t d, int64_t t) { progress.update(d, t); });
+      progress.finish();
       if (e->json) {
         std::cout << nlohmann::json{{"loss", r.loss}, {"tokens", r.tokens}}.dump() << "\n";
       } else {
@@ -126,17 +142,29 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
     };
   });
 
-  auto paths = std::make_shared<std::pair<std::string, std::string>>();
-  CLI::App* data = app.add_subcommand("data", "Prepare token files");
+  struct EncodeCli {
+    std::string text, output;
+    bool quiet = false;
+  };
+  auto d = std::make_shared<EncodeCli>();
+  CLI::App* data = app.add_subcommand("data", "Prepare token files for train and eval");
   data->require_subcommand(1);
-  CLI::App* encode = data->add_subcommand("encode", "Byte-level tokenisation of a text file (vocabulary of 256)");
-  encode->add_option("TEXT", paths->first, "Input text file")->required();
-  encode->add_option("-o,--output", paths->second, "Token file to write (uint16 little-endian)")->required();
-  encode->footer("Example: shardkit data encode samples/text/shardkit.txt -o runs/text.bin");
-  encode->callback([&action, paths] {
-    action = [paths] {
-      const int64_t n = trainer::encode_bytes(paths->first, paths->second);
-      std::printf("%s: %lld tokens (byte-level, vocabulary 256)\n", paths->second.c_str(), static_cast<long long>(n));
+  CLI::App* encode =
+      data->add_subcommand("encode", "Byte-level tokenisation of a text file: one token per byte (vocabulary 256)");
+  encode->add_option("TEXT", d->text, "Input text file (any bytes: UTF-8 is encoded byte by byte)")->required();
+  encode
+      ->add_option("-o,--output", d->output,
+                   "Token file to write (uint16 little-endian), replaced if it exists; its folder must exist")
+      ->required();
+  encode->add_flag("-q,--quiet", d->quiet, "No progress output on stderr (the summary line is still printed)");
+  encode->footer("Example: shardkit data encode samples/data/checkpoints.txt -o runs/text.bin");
+  encode->callback([&action, d] {
+    action = [d] {
+      Progress progress("encode", d->quiet);
+      const int64_t n =
+          trainer::encode_bytes(d->text, d->output, [&](int64_t done, int64_t total) { progress.update(done, total); });
+      progress.finish();
+      std::printf("%s: %lld tokens (byte-level, vocabulary 256)\n", d->output.c_str(), static_cast<long long>(n));
       return 0;
     };
   });

@@ -1,55 +1,68 @@
 #!/usr/bin/env bash
-# The main job, end to end on CPU ranks, printing what each step does: build; tokenize a text that
-# ships with the repository; train gpt2-tiny on 2 MPI ranks (ZeRO stage 2) with periodic sharded
-# checkpoints; resume the run on 3 ranks at ZeRO stage 3 (the checkpoint is resharded as it loads);
-# list, inspect and verify the checkpoints; compare layouts; evaluate the final weights.
+# The main job, end to end on CPU ranks, saying what each step does: install and build; tokenize the
+# sample text that ships with the repository; train gpt2-tiny on 2 MPI ranks (ZeRO stage 2) with
+# periodic sharded checkpoints; reshard the newest checkpoint to 3 ranks at ZeRO stage 3 and resume
+# from it on 3 ranks; verify; consolidate to safetensors for Hugging Face transformers; evaluate; and
+# write an HTML report of the run. About two minutes on 2 cores. RUN_DIR (default runs/quickstart)
+# receives everything. The GPU variant is samples/quickstart-gpu.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1   # mpirun as root (containers)
 run=${RUN_DIR:-runs/quickstart}
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+say() { printf '   %s\n' "$*"; }
 
 step "1. System packages (Debian 12 / Ubuntu 24.04)"
 ./scripts/setup-debian.sh
 
 step "2. Build (CMake, build/)"
-./scripts/build.sh >/dev/null
+./scripts/build.sh > /dev/null
 sk=build/shardkit
-echo "built $($sk --version)"
+say "built $($sk --version)"
 
 rm -rf "$run"
 mkdir -p "$run"
-step "3. Tokenize the repository's documentation, byte-level (vocabulary 256)"
-cat README.md docs/*.md > "$run/text.txt"
-$sk data encode "$run/text.txt" -o "$run/text.bin"
+step "3. Tokenize samples/data/checkpoints.txt, byte-level (one uint16 token per byte, vocabulary 256)"
+$sk data encode samples/data/checkpoints.txt -o "$run/text.bin"
 
-step "4. Train gpt2-tiny on 2 ranks, ZeRO stage 2, 60 steps, a checkpoint every 20 (each rank writes its shard)"
+step "4. Train gpt2-tiny on 2 ranks at ZeRO stage 2: 60 steps, a checkpoint every 20"
+say "each rank writes its own shard in parallel; rank 0 commits the manifest last"
 mpirun -n 2 --oversubscribe $sk train --config samples/configs/tiny_zero2.json --model gpt2-tiny \
-  --data "$run/text.bin" --steps 60 --save-interval 20 --save-dir "$run/ckpt" --metrics "$run/metrics.jsonl"
+  --data "$run/text.bin" --steps 60 --save-interval 20 --save-dir "$run/ckpt-2x" --metrics "$run/metrics.jsonl"
 
-step "5. The checkpoints of the run (* = latest)"
-$sk ckpt ls "$run/ckpt"
+step "5. The run's checkpoints (* = latest), and a check of every chunk's checksum"
+$sk ckpt ls "$run/ckpt-2x"
+$sk ckpt verify "$run/ckpt-2x"
 
-step "6. Resume on 3 ranks at ZeRO stage 3 to step 100: each rank reads only its new partition's ranges"
+step "6. Reshard the newest checkpoint for 3 ranks at ZeRO stage 3 (weights, Adam moments, trainer state)"
+$sk convert reshard "$run/ckpt-2x" -o "$run/ckpt-3x" --world-size 3 --stage 3
+say "the same numbers in another layout -- every tensor and state compared:"
+$sk ckpt diff "$run/ckpt-2x" "$run/ckpt-3x" | tail -n 1
+
+step "7. Resume on 3 ranks at stage 3 and train to step 120 (the metrics file continues)"
 mpirun -n 3 --oversubscribe $sk train --config samples/configs/tiny_zero3.json --model gpt2-tiny \
-  --data "$run/text.bin" --steps 100 --save-interval 20 --save-dir "$run/ckpt" --metrics "$run/metrics.jsonl"
-$sk ckpt ls "$run/ckpt"
+  --data "$run/text.bin" --steps 120 --save-interval 20 --save-dir "$run/ckpt-3x" --metrics "$run/metrics.jsonl"
+$sk ckpt ls "$run/ckpt-3x"
 
-step "7. Inspect and verify the newest checkpoint (written by 3 ranks, stage 3)"
-$sk ckpt inspect "$run/ckpt" | head -n 10
-$sk ckpt verify "$run/ckpt"
+step "8. Inspect the newest checkpoint: layout, shards, trainer state"
+$sk ckpt inspect "$run/ckpt-3x" | head -n 8
+say "each shard is a standard HDF5 file:"
+h5ls "$run/ckpt-3x/step-00000120/shard-00000-of-00003.h5"
 
-step "8. Evaluate: mean next-token cross-entropy before (step 20) and after (step 100) training"
-$sk eval "$run/ckpt/step-00000020" --data "$run/text.bin" --windows 32
-$sk eval "$run/ckpt" --data "$run/text.bin" --windows 32
+step "9. Consolidate to safetensors (model.safetensors + config.json: GPT2LMHeadModel.from_pretrained loads it)"
+$sk convert consolidate "$run/ckpt-3x" -o "$run/export"
+ls -l "$run/export"
 
-step "9. Layout independence: a synthetic state written by 2 ranks (stage 1) and 3 ranks (stage 3, zstd)"
-mpirun -n 2 --oversubscribe $sk bench ckpt --size 64MiB --dir "$run/synthetic1" --stage 1 >/dev/null
-mpirun -n 3 --oversubscribe $sk bench ckpt --size 64MiB --dir "$run/synthetic3" --stage 3 --compress 3 >/dev/null
-$sk ckpt diff "$run/synthetic1" "$run/synthetic3"
+step "10. Evaluate: mean next-token cross-entropy after 20 steps and after 120"
+$sk eval "$run/ckpt-2x/step-00000020" --data "$run/text.bin"
+$sk eval "$run/ckpt-3x" --data "$run/text.bin"
 
-step "10. Standard HDF5 tools read a compressed shard through shardkit's zstd plugin"
-HDF5_PLUGIN_PATH="$PWD/build" h5dump -d /state/fp32 -s 16 -c 4 "$run/synthetic3/step-00000001/shard-00002-of-00003.h5" |
-  sed -n '/DATA {/,/}/p'
+step "11. Report: loss, learning rate, gradient norm, loss scale, tokens/s, checkpoint times"
+$sk report "$run/metrics.jsonl" -o "$run/report.html" --title "shardkit quick start"
 
-step "Done: everything is in $run (metrics: $run/metrics.jsonl)"
+step "Done"
+say "tokens       $run/text.bin"
+say "checkpoints  $run/ckpt-2x (2 ranks, stage 2), $run/ckpt-3x (3 ranks, stage 3)"
+say "weights      $run/export (safetensors)"
+say "metrics      $run/metrics.jsonl"
+say "report       $run/report.html (open it in a browser)"

@@ -16,6 +16,9 @@ packages=(
   clang-format
   clang libclang-rt-dev            # libFuzzer targets of the parsers (scripts/fuzz.sh)
 )
+# The headless rendering test of `shardkit report` (tests/report). Ubuntu ships Chromium only as a snap,
+# which apt cannot install here: there the test skips with a message.
+if grep -qx 'ID=debian' /etc/os-release 2>/dev/null; then packages+=(chromium); fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -4,11 +4,14 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 
 namespace shardkit::trainer {
 
-// Encodes `text` into the token file `out` (written to a temporary name, then renamed). Returns the
-// number of tokens. Error(kInvalidInput) for a missing or empty input.
-int64_t encode_bytes(const std::filesystem::path& text, const std::filesystem::path& out);
+// Encodes `text` into the token file `out` (written to a temporary name, then renamed), streaming in
+// blocks of 16 MiB; `progress`, if set, is called after each block with (bytes encoded, bytes in all).
+// Returns the number of tokens. Error(kInvalidInput) for a missing or empty input.
+int64_t encode_bytes(const std::filesystem::path& text, const std::filesystem::path& out,
+                     const std::function<void(int64_t done, int64_t total)>& progress = {});
 
 }  // namespace shardkit::trainer

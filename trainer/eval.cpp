@@ -15,7 +15,7 @@
 namespace shardkit::trainer {
 
 EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesystem::path& data, int64_t windows,
-                    int threads) {
+                    int threads, const std::function<void(int64_t done, int64_t total)>& progress) {
   set_compute_threads(threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   ckpt::CheckpointReader reader(checkpoint);
   const std::string where = reader.step_dir().string();
@@ -61,6 +61,7 @@ EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesyst
       }
     }
     total += model.forward(params, in.data(), out.data(), rows, T) * rows * T;
+    if (progress) progress((k0 + rows) * T, windows * T);
   }
   EvalResult r;
   r.windows = windows;

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 
 namespace shardkit::trainer {
 
@@ -13,8 +14,9 @@ struct EvalResult {
 };
 
 // Windows k = 0 .. windows-1 of T = n_positions tokens: inputs tokens[kT, kT+T), targets
-// tokens[kT+1, kT+T+1). windows = 0 means every full window, at most 64. One process.
+// tokens[kT+1, kT+T+1). windows = 0 means every full window, at most 64. One process. `progress`, if
+// set, is called after each batch of windows with (tokens scored, tokens to score).
 EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesystem::path& data, int64_t windows,
-                    int threads);
+                    int threads, const std::function<void(int64_t done, int64_t total)>& progress = {});
 
 }  // namespace shardkit::trainer
