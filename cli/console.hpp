@@ -8,14 +8,14 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/text_format.hpp"
+
 namespace shardkit::cli {
 
 // "1GiB", "512MiB", "5GB", "1.5G", "4096" -> bytes. Error(kInvalidInput) naming `option` otherwise.
 int64_t parse_size(std::string_view text, std::string_view option);
-// 1234567 -> "1.23 MB".
-std::string format_bytes(double bytes);
-// 1234567 -> "1,234,567".
-std::string format_count(int64_t value);
+using ckpt::format_bytes;
+using ckpt::format_count;
 
 // Prints rows as columns separated by two spaces; the first row is the header.
 void print_table(const std::vector<std::vector<std::string>>& rows, int indent = 0);

@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "ckpt/text_format.hpp"
+
 namespace shardkit::report {
 namespace {
 
@@ -64,20 +66,6 @@ std::string tick_label(double v, Scale scale) {
   if (std::abs(v) >= 1e6) return shortest(v / 1e6) + "M";
   if (std::abs(v) >= 1e4) return shortest(v / 1e3) + "k";
   return shortest(v);
-}
-
-// 9136.2 -> "9,136".
-std::string with_separators(double v) {
-  char buffer[40];
-  std::snprintf(buffer, sizeof(buffer), "%.0f", v);
-  const std::string digits = buffer;
-  const size_t sign = digits[0] == '-' ? 1 : 0;
-  std::string out = digits.substr(0, sign);
-  for (size_t i = sign; i < digits.size(); ++i) {
-    if (i > sign && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return out;
 }
 
 std::string fixed(double v, int decimals) {
@@ -341,7 +329,7 @@ std::string legend(const ChartSpec& chart, size_t max_points) {
     if (s.points.size() > max_points) {
       out += "<span class=\"note\">" + html_escape(s.label) + ": min and max of " +
              std::to_string(std::max<size_t>(max_points / 2, 1)) + " buckets of " +
-             with_separators(static_cast<double>(s.points.size())) + " points</span>";
+             ckpt::format_count(static_cast<int64_t>(s.points.size())) + " points</span>";
     }
   }
   return out + "</div>\n";
@@ -511,13 +499,12 @@ std::vector<Stat> summary_of(const Metrics& m, const std::string& source) {
   const auto finite_loss = step_series(m, [](const StepPoint& p) { return p.loss; });
   const auto ms = [](double v) { return std::isnan(v) ? std::string("-") : fixed(v, 1) + " ms"; };
 
-  std::string step_detail =
-      with_separators(static_cast<double>(first.step)) + " \u2013 " + with_separators(static_cast<double>(last.step));
+  std::string step_detail = ckpt::format_count(first.step) + " \u2013 " + ckpt::format_count(last.step);
   if (skipped > 0) step_detail += ", " + std::to_string(skipped) + " skipped";
   if (m.replaced_records > 0) step_detail += ", " + std::to_string(m.replaced_records) + " rerun";
   std::vector<Stat> stats;
   stats.push_back({"Metrics file", source, "", false});
-  stats.push_back({"Steps", with_separators(static_cast<double>(m.steps.size())), step_detail, false});
+  stats.push_back({"Steps", ckpt::format_count(static_cast<int64_t>(m.steps.size())), step_detail, false});
   if (finite_loss.empty()) {
     stats.push_back({"Loss", "-", "", false});
   } else {
@@ -525,7 +512,7 @@ std::vector<Stat> summary_of(const Metrics& m, const std::string& source) {
                      "first \u2192 last", false});
   }
   const double rate = median(rates);
-  stats.push_back({"Tokens/s", std::isnan(rate) ? "-" : with_separators(rate), "median", false});
+  stats.push_back({"Tokens/s", std::isnan(rate) ? "-" : ckpt::format_count(std::llround(rate)), "median", false});
   stats.push_back({"Checkpoints", std::to_string(saved), "committed", false});
   stats.push_back({"Checkpoint errors", std::to_string(failed), "failed saves", failed > 0});
   stats.push_back({"Checkpoint stall", ms(median(stalls)), "median", false});
@@ -625,7 +612,7 @@ std::string render_html(const Metrics& metrics, const ReportOptions& options) {
   for (const ChartSpec& chart : charts_of(metrics)) out += render_chart(chart, steps, options.max_points);
   out += "</div>\n<footer>Made by <code>shardkit report</code> from " + html_escape(options.source_name) +
          ". Where a resumed run repeated steps, the last record of each step is shown. Series longer than " +
-         with_separators(static_cast<double>(options.max_points)) +
+         ckpt::format_count(static_cast<int64_t>(options.max_points)) +
          " points are drawn as the minimum and maximum of each bucket of steps, so spikes stay visible. "
          "Points drawn as dots show their value on hover.</footer>\n</main>\n</body>\n</html>\n";
   return out;
