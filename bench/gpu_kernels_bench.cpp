@@ -171,9 +171,8 @@ int run(int argc, char** argv) {
   add("head gemm dinp", head_blocks, [&] {
     gemm<T, T>(cublas, false, false, head_rows, C, ldv, 1.0f, logits.data(), ldv, wte.data(), C, 0.0f, y.data(), C);
   });
-  add("head gemm dwte", head_blocks, [&] {
-    gemm<T, float>(cublas, true, false, V, C, head_rows, 1.0f, logits.data(), ldv, x.data(), C, 1.0f, gwte.data(), C);
-  });
+  add("head gemm dwte", head_blocks,
+      [&] { head_weight_grad(cublas, gwte.data(), logits.data(), ldv, x.data(), V, C, head_rows); });
   const AdamWCoefficients args = AdamWCoefficients::of({6e-4, 0.9, 0.95, 1e-8, 0.1, true, true, 1, 1.0});
   add("adamw (all parameters)", 1,
       [&] { adamw(master.data(), m.data(), v.data(), g.data(), params.data(), P, args, st); });

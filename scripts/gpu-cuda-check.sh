@@ -4,7 +4,8 @@
 # (PYTORCH=1: with PyTorch side by side; STEPS=n timed steps), and gpt2-xl (1.5 B parameters) at
 # stage 3 on 2 GPUs and at stage 2 with the optimizer offloaded to the CPU on 1 GPU (XL=0 skips it),
 # and, with 2 GPUs, checkpoint speed against the disk (CKPT=0 skips it). TESTS=0 and SPEED=0 skip the
-# tests and the kernel and training-speed benchmarks.
+# tests and the kernel and training-speed benchmarks. PROFILE=1 adds Nsight Compute's view (occupancy,
+# pipe use, stall reasons) of the attention and LayerNorm kernels at the step's shapes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
@@ -25,6 +26,20 @@ fi
 if [ "${SPEED:-1}" != 0 ]; then
   log "kernel time per step (GPT-2 124M, bf16, B16 x 1024)"
   build-gpu/bench/shardkit_gpu_kernels_bench | tee "$out/kernels.txt"
+
+  if [ "${PROFILE:-0}" != 0 ]; then
+    log "Nsight Compute: attention and LayerNorm backward kernels"
+    stalls=$(printf 'smsp__average_warps_issue_stalled_%s_per_issue_active.ratio,' barrier long_scoreboard \
+      short_scoreboard mio_throttle math_pipe_throttle wait not_selected lg_throttle no_instruction)
+    stalls+=sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum
+    for k in flash_forward flash_dq flash_dkv layernorm_backward_kernel; do
+      ncu --clock-control none --kernel-name "regex:$k" --launch-skip 2 --launch-count 1 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --metrics "$stalls" \
+        build-gpu/bench/shardkit_gpu_kernels_bench > "$out/ncu-$k.txt" 2>&1
+      grep -E "^  [a-z_ ]+kernel|Duration|Throughput|Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A|smsp__|sm__pipe|l1tex__" "$out/ncu-$k.txt" | head -45
+    done
+  fi
 
   log "training speed (bench/gpu_vs_pytorch.py${PYTORCH:+, with PyTorch})"
   python3 bench/gpu_vs_pytorch.py --shardkit build-gpu/shardkit --steps "${STEPS:-15}" \

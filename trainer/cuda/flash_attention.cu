@@ -1,4 +1,5 @@
 #include <cstdint>
+#include <type_traits>
 
 #include "trainer/cuda/cuda_common.hpp"
 #include "trainer/cuda/flash_attention.cuh"
@@ -53,6 +54,18 @@ __device__ __forceinline__ uint32_t pack<__half>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// The two 16-bit values of a register as floats (the low half first).
+template <typename T>
+__device__ __forceinline__ float2 unpack(uint32_t v);
+template <>
+__device__ __forceinline__ float2 unpack<__nv_bfloat16>(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+}
+template <>
+__device__ __forceinline__ float2 unpack<__half>(uint32_t v) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&v));
+}
+
 template <typename T>
 __device__ __forceinline__ uint32_t ld32(const T* p) {
   return *reinterpret_cast<const uint32_t*>(p);
@@ -65,6 +78,17 @@ __device__ __forceinline__ float quad_max(float v) {
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// f(std::true_type) for a tile that crosses the causal diagonal (some of its scores are masked), else
+// f(std::false_type): the mask's compares and selects are compiled only into the diagonal tiles' code.
+template <typename F>
+__device__ __forceinline__ void with_causal_mask(bool diagonal, F&& f) {
+  if (diagonal) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
 }
 
 // Rows [r0, r0 + R) of a row-major matrix with leading dimension ld, HS columns, into shared memory
@@ -216,8 +240,8 @@ __device__ void store_rows(T* dst, const float (&acc)[HS / 8][4], int row0, int 
 
 // Forward: a block owns kBq query rows of one (batch, head), a warp 16 of them; key/value tiles of kBk
 // rows pass through shared memory.
-template <typename T, int HS, int kBq, int kBk>
-__global__ void __launch_bounds__(kBq * 2)
+template <typename T, int HS, int kBq, int kBk, int kMinBlocks>
+__global__ void __launch_bounds__(kBq * 2, kMinBlocks)
     flash_forward_kernel(T* out, float* lse, const T* qkv, int S, int C, int NH, float scale_log2) {
   constexpr int kTile = kBk * (HS + kPad);
   __shared__ __align__(16) T k_tiles[2 * kTile];  // double-buffered: the next tile loads during this one
@@ -237,28 +261,30 @@ __global__ void __launch_bounds__(kBq * 2)
     if (k0 > warp_last) return;  // every key of the tile follows every query of this warp
     float s[kBk / 8][4];
     mma_abt<T, HS, kBk / 8>(s, qa, ks);
-    // Scores in the log2 domain; keys after the query are masked. The first tile (k0 = 0)
-    // always holds key 0, so every row's running maximum is finite from then on.
-    const bool diagonal = k0 + kBk - 1 > q0 + warp * 16;
+    // The running maximum is kept in raw score units (the scale is positive, so it commutes with the
+    // maximum) and the scale folds into the exponent's FFMA. Keys after the query are masked. The
+    // first tile (k0 = 0) always holds key 0, so every row's running maximum is finite from then on.
     float mx0 = -INFINITY, mx1 = -INFINITY;
+    with_causal_mask(k0 + kBk - 1 > q0 + warp * 16, [&](auto masked) {
 #pragma unroll
-    for (int n = 0; n < kBk / 8; ++n) {
+      for (int n = 0; n < kBk / 8; ++n) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int key = k0 + n * 8 + 2 * t + i;
-        float a = s[n][i] * scale_log2, c = s[n][2 + i] * scale_log2;
-        if (diagonal && key > row0) a = -INFINITY;
-        if (diagonal && key > row1) c = -INFINITY;
-        s[n][i] = a;
-        s[n][2 + i] = c;
-        mx0 = fmaxf(mx0, a);
-        mx1 = fmaxf(mx1, c);
+        for (int i = 0; i < 2; ++i) {
+          if constexpr (masked()) {
+            const int key = k0 + n * 8 + 2 * t + i;
+            if (key > row0) s[n][i] = -INFINITY;
+            if (key > row1) s[n][2 + i] = -INFINITY;
+          }
+          mx0 = fmaxf(mx0, s[n][i]);
+          mx1 = fmaxf(mx1, s[n][2 + i]);
+        }
       }
-    }
+    });
     const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
-    const float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1);
+    const float c0 = exp2f((m0 - mn0) * scale_log2), c1 = exp2f((m1 - mn1) * scale_log2);
     m0 = mn0;
     m1 = mn1;
+    const float ms0 = m0 * scale_log2, ms1 = m1 * scale_log2;
     l0 *= c0;
     l1 *= c1;
 #pragma unroll
@@ -272,8 +298,8 @@ __global__ void __launch_bounds__(kBq * 2)
     for (int n = 0; n < kBk / 8; ++n) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        s[n][i] = exp2f(s[n][i] - m0);
-        s[n][2 + i] = exp2f(s[n][2 + i] - m1);
+        s[n][i] = exp2f(fmaf(s[n][i], scale_log2, -ms0));
+        s[n][2 + i] = exp2f(fmaf(s[n][2 + i], scale_log2, -ms1));
         l0 += s[n][i];
         l1 += s[n][2 + i];
       }
@@ -286,16 +312,18 @@ __global__ void __launch_bounds__(kBq * 2)
   store_rows<T, HS>(out + int64_t{b} * S * C + h * HS, o, row0, S, C, 1.0f / l0, 1.0f / l1);
   if (t == 0) {
     float* row_lse = lse + (int64_t{b} * NH + h) * S;
-    if (row0 < S) row_lse[row0] = (m0 + log2f(l0)) * kLn2;
-    if (row1 < S) row_lse[row1] = (m1 + log2f(l1)) * kLn2;
+    if (row0 < S) row_lse[row0] = (m0 * scale_log2 + log2f(l0)) * kLn2;
+    if (row1 < S) row_lse[row1] = (m1 * scale_log2 + log2f(l1)) * kLn2;
   }
 }
 
 // dq = scale * dS K with dS = P o (dO V^T - delta): a block owns kBq query rows, like the forward.
-template <typename T, int HS, int kBq, int kBk>
-__global__ void __launch_bounds__(kBq * 2)
-    flash_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int S, int C, int NH,
-                    float scale, float scale_log2) {
+// delta = rowsum(dO o O) is computed here from the dO fragments the warp holds anyway, and written
+// out for the dk/dv kernel.
+template <typename T, int HS, int kBq, int kBk, int kMinBlocks>
+__global__ void __launch_bounds__(kBq * 2, kMinBlocks)
+    flash_dq_kernel(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int S, int C,
+                    int NH, float scale, float scale_log2) {
   constexpr int kTile = kBk * (HS + kPad);
   __shared__ __align__(16) T k_tiles[2 * kTile];
   __shared__ __align__(16) T v_tiles[2 * kTile];
@@ -312,36 +340,56 @@ __global__ void __launch_bounds__(kBq * 2)
   const int64_t stats = (int64_t{b} * NH + h) * S;
   const float lse0 = row0 < S ? lse[stats + row0] * kLog2e : 0.0f;
   const float lse1 = row1 < S ? lse[stats + row1] * kLog2e : 0.0f;
-  const float delta0 = row0 < S ? delta[stats + row0] : 0.0f;
-  const float delta1 = row1 < S ? delta[stats + row1] : 0.0f;
+  float delta0 = 0.0f, delta1 = 0.0f;
+  {
+    uint32_t oa[HS / 16][4];
+    load_a_fragments<T, HS>(oa, out + int64_t{b} * S * C + h * HS, row0, S, C);
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {  // registers 0 and 2 hold row0, 1 and 3 row1
+        const float2 d = unpack<T>(da[kk][r]), o = unpack<T>(oa[kk][r]);
+        (r % 2 == 0 ? delta0 : delta1) += d.x * o.x + d.y * o.y;
+      }
+    }
+    delta0 = quad_sum(delta0);
+    delta1 = quad_sum(delta1);
+    if (t == 0 && row0 < S) delta[stats + row0] = delta0;
+    if (t == 0 && row1 < S) delta[stats + row1] = delta1;
+  }
   float dq[HS / 8][4] = {};
-  for_each_kv_tile<T, HS, kBk>(
-      k_tiles, v_tiles, q_base, C, S, ld, min(S, q0 + kBq), [&](int k0, const T* ks, const T* vs) {
-        if (k0 > warp_last) return;
-        float s[kBk / 8][4], dp[kBk / 8][4];
-        mma_abt<T, HS, kBk / 8>(s, qa, ks);
-        mma_abt<T, HS, kBk / 8>(dp, da, vs);
-        const bool diagonal = k0 + kBk - 1 > q0 + warp * 16;
+  for_each_kv_tile<T, HS, kBk>(k_tiles, v_tiles, q_base, C, S, ld, min(S, q0 + kBq),
+                               [&](int k0, const T* ks, const T* vs) {
+                                 if (k0 > warp_last) return;
+                                 float s[kBk / 8][4], dp[kBk / 8][4];
+                                 mma_abt<T, HS, kBk / 8>(s, qa, ks);
+                                 mma_abt<T, HS, kBk / 8>(dp, da, vs);
+                                 with_causal_mask(k0 + kBk - 1 > q0 + warp * 16, [&](auto masked) {
 #pragma unroll
-        for (int n = 0; n < kBk / 8; ++n) {
+                                   for (int n = 0; n < kBk / 8; ++n) {
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int key = k0 + n * 8 + 2 * t + i;
-            const float p0 = diagonal && key > row0 ? 0.0f : exp2f(s[n][i] * scale_log2 - lse0);
-            const float p1 = diagonal && key > row1 ? 0.0f : exp2f(s[n][2 + i] * scale_log2 - lse1);
-            s[n][i] = p0 * (dp[n][i] - delta0);
-            s[n][2 + i] = p1 * (dp[n][2 + i] - delta1);
-          }
-        }
-        mma_pb<T, HS, kBk>(dq, s, ks);
-      });
+                                     for (int i = 0; i < 2; ++i) {
+                                       float p0 = exp2f(fmaf(s[n][i], scale_log2, -lse0));
+                                       float p1 = exp2f(fmaf(s[n][2 + i], scale_log2, -lse1));
+                                       if constexpr (masked()) {
+                                         const int key = k0 + n * 8 + 2 * t + i;
+                                         if (key > row0) p0 = 0.0f;
+                                         if (key > row1) p1 = 0.0f;
+                                       }
+                                       s[n][i] = p0 * (dp[n][i] - delta0);
+                                       s[n][2 + i] = p1 * (dp[n][2 + i] - delta1);
+                                     }
+                                   }
+                                 });
+                                 mma_pb<T, HS, kBk>(dq, s, ks);
+                               });
   store_rows<T, HS>(dqkv + int64_t{b} * S * ld + h * HS, dq, row0, S, ld, scale, scale);
 }
 
 // dv = P^T dO and dk = scale * dS^T Q: a block owns kBk key rows (a warp 16 of them) and walks the
 // query tiles at or after them through shared memory.
-template <typename T, int HS, int kBq, int kBk>
-__global__ void __launch_bounds__(kBk * 2)
+template <typename T, int HS, int kBq, int kBk, int kMinBlocks>
+__global__ void __launch_bounds__(kBk * 2, kMinBlocks)
     flash_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int S, int C, int NH,
                      float scale, float scale_log2) {
   constexpr int kTile = kBq * (HS + kPad);
@@ -383,20 +431,25 @@ __global__ void __launch_bounds__(kBk * 2)
     float pt[kBq / 8][4], dpt[kBq / 8][4];
     mma_abt<T, HS, kBq / 8>(pt, ka, qs);
     mma_abt<T, HS, kBq / 8>(dpt, va, dos);
-    const bool diagonal = q0 < warp_first + 15;
+    with_causal_mask(q0 < warp_first + 15, [&](auto masked) {
 #pragma unroll
-    for (int n = 0; n < kBq / 8; ++n) {
+      for (int n = 0; n < kBq / 8; ++n) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int col = n * 8 + 2 * t + i, query = q0 + col;
-        const float p0 = diagonal && query < key0 ? 0.0f : exp2f(pt[n][i] * scale_log2 - lse_s[col]);
-        const float p1 = diagonal && query < key1 ? 0.0f : exp2f(pt[n][2 + i] * scale_log2 - lse_s[col]);
-        pt[n][i] = p0;
-        pt[n][2 + i] = p1;
-        dpt[n][i] = p0 * (dpt[n][i] - delta_s[col]);
-        dpt[n][2 + i] = p1 * (dpt[n][2 + i] - delta_s[col]);
+        for (int i = 0; i < 2; ++i) {
+          const int col = n * 8 + 2 * t + i;
+          float p0 = exp2f(fmaf(pt[n][i], scale_log2, -lse_s[col]));
+          float p1 = exp2f(fmaf(pt[n][2 + i], scale_log2, -lse_s[col]));
+          if constexpr (masked()) {
+            if (q0 + col < key0) p0 = 0.0f;
+            if (q0 + col < key1) p1 = 0.0f;
+          }
+          pt[n][i] = p0;
+          pt[n][2 + i] = p1;
+          dpt[n][i] = p0 * (dpt[n][i] - delta_s[col]);
+          dpt[n][2 + i] = p1 * (dpt[n][2 + i] - delta_s[col]);
+        }
       }
-    }
+    });
     mma_pb<T, HS, kBq>(dv, pt, dos);
     mma_pb<T, HS, kBq>(dk, dpt, qs);
   });
@@ -405,33 +458,40 @@ __global__ void __launch_bounds__(kBk * 2)
   store_rows<T, HS>(dkv + 2 * C, dv, key0, S, ld, 1.0f, 1.0f);
 }
 
-// Tile sizes per head size: 64 x 64 tiles up to HS = 64; for HS = 128 the streamed tiles halve so
-// that the static shared memory stays within 48 KiB and the accumulators within the register file.
+// Tile sizes: every kernel owns 64 rows (a warp 16) and streams tiles of 32 rows past them. The
+// kernels are latency-bound, so the streamed tile is kept small: its score fragments are the registers
+// that decide how many blocks fit on a multiprocessor, and the k*Blocks below (the launch bounds'
+// minimum, found on an H200 at GPT-2's shapes) are what fits without spilling. Halving the backward's
+// streamed tile from 64 to 32 took it from 0.76 to 0.65 ms per layer, 2 -> 3 and 3 -> 4 blocks.
 template <int HS>
 struct Tiles {
-  static constexpr int kForwardKeys = HS > 64 ? 32 : 64;
-  static constexpr int kBackwardRows = HS > 64 ? 32 : 64;
+  static constexpr int kRows = 64;
+  static constexpr int kStream = 32;
+  static constexpr int kForwardBlocks = HS > 64 ? 2 : 5;
+  static constexpr int kDqBlocks = HS > 64 ? 2 : 4;
+  static constexpr int kDkvBlocks = HS > 64 ? 1 : 3;
 };
 
 template <typename T, int HS>
 void forward_hs(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
-  constexpr int kBq = 64, kBk = Tiles<HS>::kForwardKeys;
+  constexpr int kBq = Tiles<HS>::kRows, kBk = Tiles<HS>::kStream;
   const dim3 grid((S + kBq - 1) / kBq, B * NH);
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(HS));
-  flash_forward_kernel<T, HS, kBq, kBk><<<grid, kBq * 2, 0, st>>>(out, lse, qkv, S, C, NH, scale_log2);
+  flash_forward_kernel<T, HS, kBq, kBk, Tiles<HS>::kForwardBlocks>
+      <<<grid, kBq * 2, 0, st>>>(out, lse, qkv, S, C, NH, scale_log2);
   CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T, int HS>
-void backward_hs(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int B, int S, int C,
-                 int NH, cudaStream_t st) {
-  constexpr int kRows = 64, kStream = Tiles<HS>::kBackwardRows;
+void backward_hs(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B, int S,
+                 int C, int NH, cudaStream_t st) {
+  constexpr int kRows = Tiles<HS>::kRows, kStream = Tiles<HS>::kStream;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS)), scale_log2 = scale * kLog2e;
   const dim3 grid((S + kRows - 1) / kRows, B * NH);
-  flash_dq_kernel<T, HS, kRows, kStream>
-      <<<grid, kRows * 2, 0, st>>>(dqkv, dout, qkv, lse, delta, S, C, NH, scale, scale_log2);
+  flash_dq_kernel<T, HS, kRows, kStream, Tiles<HS>::kDqBlocks>
+      <<<grid, kRows * 2, 0, st>>>(dqkv, delta, dout, out, qkv, lse, S, C, NH, scale, scale_log2);
   CUDA_CHECK(cudaGetLastError());
-  flash_dkv_kernel<T, HS, kStream, kRows>
+  flash_dkv_kernel<T, HS, kStream, kRows, Tiles<HS>::kDkvBlocks>
       <<<grid, kRows * 2, 0, st>>>(dqkv, dout, qkv, lse, delta, S, C, NH, scale, scale_log2);
   CUDA_CHECK(cudaGetLastError());
 }
@@ -444,17 +504,18 @@ void flash_attention_forward(T* out, float* lse, const T* qkv, int B, int S, int
 }
 
 template <typename T>
-void flash_attention_backward(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int B, int S,
-                              int C, int NH, cudaStream_t st) {
-  with_head_size(C / NH, [&](auto hs) { backward_hs<T, hs()>(dqkv, dout, qkv, lse, delta, B, S, C, NH, st); });
+void flash_attention_backward(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B,
+                              int S, int C, int NH, cudaStream_t st) {
+  with_head_size(C / NH, [&](auto hs) { backward_hs<T, hs()>(dqkv, delta, dout, out, qkv, lse, B, S, C, NH, st); });
 }
 
 template void flash_attention_forward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*, int, int, int, int,
                                                      cudaStream_t);
 template void flash_attention_forward<__half>(__half*, float*, const __half*, int, int, int, int, cudaStream_t);
-template void flash_attention_backward<__nv_bfloat16>(__nv_bfloat16*, const __nv_bfloat16*, const __nv_bfloat16*,
-                                                      const float*, const float*, int, int, int, int, cudaStream_t);
-template void flash_attention_backward<__half>(__half*, const __half*, const __half*, const float*, const float*, int,
-                                               int, int, int, cudaStream_t);
+template void flash_attention_backward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*,
+                                                      const __nv_bfloat16*, const __nv_bfloat16*, const float*, int,
+                                                      int, int, int, cudaStream_t);
+template void flash_attention_backward<__half>(__half*, float*, const __half*, const __half*, const __half*,
+                                               const float*, int, int, int, int, cudaStream_t);
 
 }  // namespace shardkit::trainer::cuda

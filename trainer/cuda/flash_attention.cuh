@@ -15,9 +15,10 @@ namespace shardkit::trainer::cuda {
 template <typename T>
 void flash_attention_forward(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st);
 
-// dqkv (B, S, 3C) overwritten; delta (B, NH, S) = rowsum(dout * out), computed by the caller.
+// dqkv (B, S, 3C) overwritten; delta (B, NH, S) is scratch: rowsum(dout * out) of each query, computed
+// by the dq kernel as it loads dout and read back by the dk/dv kernel.
 template <typename T>
-void flash_attention_backward(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int B, int S,
-                              int C, int NH, cudaStream_t st);
+void flash_attention_backward(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B,
+                              int S, int C, int NH, cudaStream_t st);
 
 }  // namespace shardkit::trainer::cuda

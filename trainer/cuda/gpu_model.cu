@@ -45,6 +45,16 @@ void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m, int n, int k
 }
 
 template <typename T>
+void head_weight_grad(cublasHandle_t handle, float* dwte, const T* logits, int ld, const T* x, int V, int C, int rows) {
+  const int aligned = V / 64 * 64;
+  if (aligned > 0) gemm<T, float>(handle, true, false, aligned, C, rows, 1.0f, logits, ld, x, C, 1.0f, dwte, C);
+  if (aligned < V) {
+    gemm<T, float>(handle, true, false, V - aligned, C, rows, 1.0f, logits + aligned, ld, x, C, 1.0f,
+                   dwte + static_cast<size_t>(aligned) * C, C);
+  }
+}
+
+template <typename T>
 GpuGpt2<T>::GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cublasHandle_t cublas, cudaStream_t stream)
     : config_(config), B_(batch), S_(seq_len), cublas_(cublas), stream_(stream), matmul_(stream) {
   const int L = config.n_layer;
@@ -157,7 +167,7 @@ double GpuGpt2<T>::forward_backward(GpuParamStore<T>& p, const int32_t* inputs, 
     softmax_cross_entropy(logits_.data(), Vp, losses_.data() + r0, targets + r0, rows, V, dscale, true, stream_);
     gemm<T, T>(cublas_, false, false, rows, C, Vp, 1.0f, logits_.data(), Vp, wte, C, 0.0f,
                dbuf_c_.data() + static_cast<size_t>(r0) * C, C);
-    gemm<T, float>(cublas_, true, false, V, C, rows, 1.0f, logits_.data(), logits_ld_, x, C, 1.0f, p.grad(kWte), C);
+    head_weight_grad(cublas_, p.grad(kWte), logits_.data(), logits_ld_, x, V, C, rows);
   }
   p.release(0);
   CUDA_CHECK(cudaMemsetAsync(loss_sum_.data(), 0, sizeof(double), stream_));
@@ -225,6 +235,11 @@ SHARDKIT_INSTANTIATE_GEMM(__nv_bfloat16, __nv_bfloat16)
 SHARDKIT_INSTANTIATE_GEMM(__nv_bfloat16, float)
 SHARDKIT_INSTANTIATE_GEMM(__half, __half)
 SHARDKIT_INSTANTIATE_GEMM(__half, float)
+
+template void head_weight_grad<float>(cublasHandle_t, float*, const float*, int, const float*, int, int, int);
+template void head_weight_grad<__nv_bfloat16>(cublasHandle_t, float*, const __nv_bfloat16*, int, const __nv_bfloat16*,
+                                              int, int, int);
+template void head_weight_grad<__half>(cublasHandle_t, float*, const __half*, int, const __half*, int, int, int);
 
 template class GpuGpt2<float>;
 template class GpuGpt2<__nv_bfloat16>;

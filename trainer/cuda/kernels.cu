@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 
@@ -12,7 +13,8 @@ namespace shardkit::trainer::cuda {
 namespace {
 
 constexpr float kLayerNormEps = 1e-5f;
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr size_t kLayerNormMaxSharedBytes = size_t{200} << 10;  // within the 227 KiB an H100/H200 block may use
+constexpr float kGeluScale = 0.7978845608028654f;               // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 
 __device__ __forceinline__ float to_float(float x) {
@@ -86,6 +88,34 @@ __global__ void encoder_backward_kernel(float* dwte, float* dwpe, const T* dout,
 }
 
 // ------------------------------------------------------------------------------------------------
+// Deterministic column sums
+
+// The second step of the deterministic column sums (LayerNorm and bias gradients): out[c] += the sum
+// of partial[0..rows)[c], the rows added in one fixed order. Block (32, 8) takes 32 columns; thread y
+// adds rows y, y + 8, ... (a warp reads 32 adjacent floats of a row), then its 8 sums are added in y
+// order. Columns [0, split) go to lo, the rest to hi[c - split] (LayerNorm's weight and bias partials
+// share one row).
+constexpr dim3 kColumnSumBlock(32, 8);
+__global__ void column_sums_kernel(float* lo, float* hi, int split, const float* partial, int rows, int cols) {
+  __shared__ float sums[8][32];
+  const int col = blockIdx.x * 32 + threadIdx.x;
+  float acc = 0.0f;
+  if (col < cols) {
+    for (int r = threadIdx.y; r < rows; r += 8) acc += partial[int64_t{r} * cols + col];
+  }
+  sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || col >= cols) return;
+  float total = 0.0f;
+  for (int y = 0; y < 8; ++y) total += sums[y][threadIdx.x];
+  if (col < split) {
+    lo[col] += total;
+  } else {
+    hi[col - split] += total;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
 // LayerNorm: one warp per row.
 
 // Sixteen bytes of T (8 bf16/fp16 values or 4 floats) at a time.
@@ -145,15 +175,24 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
   }
 }
 
-// LayerNorm backward, deterministic: block b takes rows [b R, (b + 1) R). Its warps add each row's
-// input gradient into dinp (a warp per row, 16-byte accesses; C must be a multiple of 8), then its
-// threads sum the rows' weight and bias gradients column by column, in row order, into partial[b]
-// (2C floats). layernorm_reduce_kernel adds the blocks' partials, in block order.
+// LayerNorm backward: a warp per row (16-byte accesses; the second pass over the row finds it in
+// cache), dinp += the row's gradient. The dweight and dbias terms of the warp's rows add up in the
+// warp's own slice of shared memory, where each lane owns the columns it reads, so no float is shared;
+// the block then adds its warps' slices, in warp order, into partial[block] (2C floats) and
+// column_sums_kernel adds the blocks' partials in a fixed order. Every input is read from memory
+// once and the sums are deterministic.
 template <typename T>
 __global__ void layernorm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* weight,
                                           const float* mean, const float* rstd, int N, int C, int R) {
+  extern __shared__ float4 sums4[];  // [warps][2C]: the dweight terms, then the dbias terms
   constexpr int kVec = Vec<T>::kSize;
   const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  float* sums = reinterpret_cast<float*>(sums4);
+  float* dw_sum = sums + threadIdx.x / 32 * 2 * C;
+  float* db_sum = dw_sum + C;
+  for (int c = lane * kVec; c < C; c += 32 * kVec) {
+    for (int i = 0; i < kVec; ++i) dw_sum[c + i] = db_sum[c + i] = 0.0f;
+  }
   const int begin = blockIdx.x * R, end = min(N, begin + R);
   for (int row = begin + threadIdx.x / 32; row < end; row += warps) {
     const T* x = inp + int64_t{row} * C;
@@ -173,37 +212,30 @@ __global__ void layernorm_backward_kernel(T* dinp, float* partial, const T* dout
     for (int c = lane * kVec; c < C; c += 32 * kVec) {
       const Vec<T> xv = load_vec(x + c), dv = load_vec(d + c), wv = load_vec(weight + c);
       Vec<T> out = load_vec(di + c);
+      float dw[kVec], db[kVec];
       for (int i = 0; i < kVec; ++i) {
-        const float norm = (to_float(xv.v[i]) - m) * s;
-        const float g = (to_float(wv.v[i]) * to_float(dv.v[i]) - mean_dnorm - norm * mean_dnorm_norm) * s;
+        const float norm = (to_float(xv.v[i]) - m) * s, dy = to_float(dv.v[i]);
+        const float g = (to_float(wv.v[i]) * dy - mean_dnorm - norm * mean_dnorm_norm) * s;
         out.v[i] = from_float<T>(to_float(out.v[i]) + g);
+        dw[i] = norm * dy;
+        db[i] = dy;
       }
       store_vec(di + c, out);
+      // 16-byte shared-memory accesses: a lane's 4-float groups fall in distinct banks of a phase.
+      for (int i = 0; i < kVec; i += 4) {
+        float4& w4 = *reinterpret_cast<float4*>(dw_sum + c + i);
+        float4& b4 = *reinterpret_cast<float4*>(db_sum + c + i);
+        w4 = make_float4(w4.x + dw[i], w4.y + dw[i + 1], w4.z + dw[i + 2], w4.w + dw[i + 3]);
+        b4 = make_float4(b4.x + db[i], b4.y + db[i + 1], b4.z + db[i + 2], b4.w + db[i + 3]);
+      }
     }
   }
-  // The rows were just read: the column pass finds them in cache.
+  __syncthreads();
   float* part = partial + int64_t{blockIdx.x} * 2 * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    float dw = 0.0f, db = 0.0f;
-    for (int row = begin; row < end; ++row) {
-      const float d = to_float(dout[int64_t{row} * C + c]);
-      dw += (to_float(inp[int64_t{row} * C + c]) - mean[row]) * rstd[row] * d;
-      db += d;
-    }
-    part[c] = dw;
-    part[C + c] = db;
-  }
-}
-
-__global__ void layernorm_reduce_kernel(float* dweight, float* dbias, const float* partial, int blocks, int C) {
-  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < C; c += gridDim.x * blockDim.x) {
-    float dw = 0.0f, db = 0.0f;
-    for (int b = 0; b < blocks; ++b) {
-      dw += partial[int64_t{b} * 2 * C + c];
-      db += partial[int64_t{b} * 2 * C + C + c];
-    }
-    dweight[c] += dw;
-    dbias[c] += db;
+  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) total += sums[w * 2 * C + c];
+    part[c] = total;
   }
 }
 
@@ -221,7 +253,7 @@ __global__ void bias_forward_kernel(T* out, const T* bias, int N, int OC) {
 // Column sums, deterministic: block (x, g) sums columns [x 32 V, (x + 1) 32 V) of rows
 // [g R, (g + 1) R) into partial[g] -- a thread V adjacent columns with 16-byte loads (V values of T),
 // so a warp reads 512 contiguous bytes of a row; its 8 row groups are added in shared memory in a
-// fixed order. bias_reduce_kernel then adds the partials in block order.
+// fixed order. column_sums_kernel then adds the partials, again in a fixed order.
 template <typename T>
 __global__ void bias_partial_kernel(float* partial, const T* dout, int N, int OC, int R, bool vectorized) {
   constexpr int kVec = Vec<T>::kSize;
@@ -246,14 +278,6 @@ __global__ void bias_partial_kernel(float* partial, const T* dout, int N, int OC
     float total = 0.0f;
     for (int y = 0; y < 8; ++y) total += sums[y][j];
     partial[int64_t{blockIdx.y} * OC + col] = total;
-  }
-}
-
-__global__ void bias_reduce_kernel(float* dbias, const float* partial, int blocks, int OC) {
-  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < OC; c += gridDim.x * blockDim.x) {
-    float sum = 0.0f;
-    for (int b = 0; b < blocks; ++b) sum += partial[int64_t{b} * OC + c];
-    dbias[c] += sum;
   }
 }
 
@@ -637,9 +661,24 @@ void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, co
   if (N == 0) return;
   const int rows = (N + kLayerNormBlocks - 1) / kLayerNormBlocks;
   const int blocks = (N + rows - 1) / rows;
-  layernorm_backward_kernel<<<blocks, 256, 0, st>>>(dinp, scratch, dout, inp, weight, mean, rstd, N, C, rows);
+  // Up to 8 warps, as many as 48 KiB of shared memory hold sums for; past 6144 channels one warp,
+  // with the shared memory limit raised for it.
+  const size_t warp_bytes = sizeof(float) * 2 * static_cast<size_t>(C);
+  const int warps = static_cast<int>(std::clamp<size_t>((size_t{48} << 10) / warp_bytes, 1, 8));
+  const size_t bytes = warps * warp_bytes;
+  if (bytes > (size_t{48} << 10)) {
+    if (bytes > kLayerNormMaxSharedBytes) {
+      fail(ErrorKind::kInvalidInput, "CUDA LayerNorm backward supports at most " +
+                                         std::to_string(kLayerNormMaxSharedBytes / 8) + " channels, not " +
+                                         std::to_string(C));
+    }
+    CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(bytes)));
+  }
+  layernorm_backward_kernel<<<blocks, warps * 32, bytes, st>>>(dinp, scratch, dout, inp, weight, mean, rstd, N, C,
+                                                               rows);
   check_launch();
-  layernorm_reduce_kernel<<<(C + 255) / 256, 256, 0, st>>>(dweight, dbias, scratch, blocks, C);
+  column_sums_kernel<<<(2 * C + 31) / 32, kColumnSumBlock, 0, st>>>(dweight, dbias, C, scratch, blocks, 2 * C);
   check_launch();
 }
 
@@ -659,7 +698,7 @@ void bias_backward(float* dbias, const T* dout, int N, int OC, float* scratch, c
   const dim3 grid((OC + 32 * kVec - 1) / (32 * kVec), blocks);
   bias_partial_kernel<<<grid, dim3(32, 8), 0, st>>>(scratch, dout, N, OC, rows, vectorized);
   check_launch();
-  bias_reduce_kernel<<<(OC + 255) / 256, 256, 0, st>>>(dbias, scratch, blocks, OC);
+  column_sums_kernel<<<(OC + 31) / 32, kColumnSumBlock, 0, st>>>(dbias, nullptr, OC, scratch, blocks, OC);
   check_launch();
 }
 
@@ -693,12 +732,12 @@ void attention_forward(T* out, float* lse, const T* qkv, int B, int S, int C, in
 template <typename T>
 void attention_backward(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B,
                         int S, int C, int NH, cudaStream_t st) {
-  attention_delta(delta, dout, out, B, S, C, NH, st);
   if constexpr (std::is_same_v<T, float>) {
+    attention_delta(delta, dout, out, B, S, C, NH, st);
     with_head_size(C / NH,
                    [&](auto hs) { attention_backward_hs<T, hs()>(dqkv, delta, dout, qkv, lse, B, S, C, NH, st); });
   } else {
-    flash_attention_backward(dqkv, dout, qkv, lse, delta, B, S, C, NH, st);
+    flash_attention_backward(dqkv, delta, dout, out, qkv, lse, B, S, C, NH, st);
   }
 }
 
