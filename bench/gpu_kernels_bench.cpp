@@ -15,6 +15,7 @@
 
 #include "model/gpt2_config.hpp"
 #include "trainer/cuda/cuda_common.hpp"
+#include "trainer/cuda/encoder_backward.cuh"
 #include "trainer/cuda/gpu_model.cuh"
 #include "trainer/cuda/kernels.cuh"
 #include "trainer/cuda/matmul.cuh"
@@ -134,6 +135,16 @@ int run(int argc, char** argv) {
   auto add = [&](const std::string& name, int calls, const std::function<void()>& fn) {
     rows.push_back({name, calls, time_ms(st, fn)});
   };
+  {
+    // Tokens spread over the vocabulary as a multiplicative hash spreads them (runs of equal tokens short).
+    std::vector<int32_t> tokens(static_cast<size_t>(N));
+    for (int i = 0; i < N; ++i) tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 2654435761u) % V);
+    CUDA_CHECK(cudaMemcpy(targets.data(), tokens.data(), targets.bytes(), cudaMemcpyHostToDevice));
+  }
+  EncoderBackward encoder(N, V);
+  auto gwpe = filled<float>(size_t{1} * S * C, st);
+  add("encoder_backward (sort, sums)", 1,
+      [&] { encoder.run(gwte.data(), gwpe.data(), x.data(), targets.data(), B, S, C, st); });
   add("layernorm_forward", 2 * L + 1,
       [&] { layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), bias.data(), bias.data(), N, C, st); });
   add("layernorm_backward", 2 * L + 1, [&] {

@@ -203,10 +203,12 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
 
   // Every rank reports what it holds, so that ZeRO's 1/N savings are visible.
   const MemoryReport m = s.backend->memory();
-  const std::string optimizer = m.host_optimizer_states > 0 ? human_bytes(m.host_optimizer_states) + " (in host memory)"
-                                                            : human_bytes(m.optimizer_states);
-  const std::string mine = "rank " + std::to_string(comm.rank()) + ": parameters " + human_bytes(m.parameters) +
-                           ", gradients " + human_bytes(m.gradients) + ", optimizer states " + optimizer +
+  const auto held = [](int64_t device, int64_t host) {  // offloaded states are named by where they are
+    return host > 0 ? human_bytes(host) + " (in host memory)" : human_bytes(device);
+  };
+  const std::string mine = "rank " + std::to_string(comm.rank()) + ": parameters " +
+                           held(m.parameters, m.host_parameters) + ", gradients " + human_bytes(m.gradients) +
+                           ", optimizer states " + held(m.optimizer_states, m.host_optimizer_states) +
                            ", activations " + human_bytes(s.backend->activation_bytes());
   const std::vector<std::string> all = comm.gather(mine);
   s.log("model " + s.model_config.name + ": " + std::to_string(s.table.total_elements()) + " parameters; " +

@@ -30,6 +30,7 @@ namespace shardkit::trainer {
 // Bytes the rank holds persistently, for the start-up report.
 struct MemoryReport {
   int64_t parameters = 0;
+  int64_t host_parameters = 0;  // the same, where offloaded to host memory (GPU ranks, stage 3)
   int64_t gradients = 0;
   int64_t optimizer_states = 0;       // fp32 master weights + exp_avg + exp_avg_sq
   int64_t host_optimizer_states = 0;  // the same, where offloaded to host memory (GPU ranks)

@@ -1,6 +1,7 @@
 // The CUDA backend against the CPU reference: the fp32 GPU path follows the CPU losses to 1e-4, bf16
-// tracks the fp32 curve within 2 %, every ZeRO stage agrees at this world size, and checkpoints move
-// between GPU and CPU runs and between world sizes. Skipped (with a message) without enough GPUs.
+// tracks the fp32 curve within 2 %, every ZeRO stage agrees at this world size, offload_param changes
+// nothing but where stage 3 keeps the parameters, and checkpoints move between GPU and CPU runs and
+// between world sizes. Skipped (with a message) without enough GPUs, except the config refusals.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -8,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "ckpt/error.hpp"
 #include "comm/mpi.hpp"
 #include "tests/support/mpi_support.hpp"
 #include "trainer/trainer.hpp"
@@ -144,6 +146,86 @@ TEST(CudaTrain, CpuOptimizerOffloadMatchesTheGpuOptimizer) {
   TrainOptions resumed = options(ws.config(2, "bf16", "bf16on"), ws / "tokens.bin", 20, "cuda");
   resumed.resume = (off.save_dir / "step-00000010").string();
   expect_close(train(world, resumed), bf16, 10, 1e-3, "offloaded checkpoint resumed on the GPU optimizer");
+}
+
+// offload_param at stage 3 changes where the rank's partition of the parameters is stored, not the
+// arithmetic: the losses are those of the partition in device memory bit for bit, with the GPU
+// optimizer and with offload_optimizer, in fp32 and bf16 (gathers prefetched, several buckets per
+// group). The start-up report says where the partition is.
+TEST(CudaTrain, ParameterOffloadMatchesStage3BitForBit) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  REQUIRE_GPUS(world);
+  Workspace ws(world);
+  // Bit for bit needs a reference that reproduces itself (no reduction order left to chance).
+  const auto reference = train(world, options(ws.config(3, "fp32", "again"), ws / "tokens.bin", 6, "cuda"));
+  expect_close(train(world, options(ws.config(3, "fp32", "again"), ws / "tokens.bin", 6, "cuda")), reference, 0, 0.0,
+               "stage 3 run twice");
+  const nlohmann::json to_host = {{"offload_param", {{"device", "cpu"}, {"pin_memory", true}}}};
+  for (const std::string precision : {"fp32", "bf16"}) {
+    for (const bool cpu_optimizer : {false, true}) {
+      const std::string name = precision + (cpu_optimizer ? "-cpu-optimizer" : "-gpu-optimizer");
+      const auto on_device =
+          train(world, options(ws.config(3, precision, name, cpu_optimizer), ws / "tokens.bin", 6, "cuda"));
+      TrainOptions offloaded = options(ws.config(3, precision, name + "-offload-param", cpu_optimizer, to_host),
+                                       ws / "tokens.bin", 6, "cuda");
+      offloaded.quiet = false;
+      ::testing::internal::CaptureStdout();
+      const auto on_host = train(world, offloaded);
+      const std::string console = ::testing::internal::GetCapturedStdout();
+      expect_close(on_host, on_device, 0, 0.0, name + " with offload_param");
+      if (world.rank() == 0) {
+        EXPECT_NE(console.find("(in host memory), gradients"), std::string::npos) << name << ":\n" << console;
+      }
+    }
+  }
+}
+
+// A checkpoint does not record where the parameters were: saved with offload_param it resumes without,
+// and the reverse, continuing the uninterrupted run's losses bit for bit -- with the GPU optimizer
+// and with offload_optimizer (bf16, so that loading narrows the weights into the host partition).
+TEST(CudaTrain, ParameterOffloadCheckpointsResumeWithoutIt) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  REQUIRE_GPUS(world);
+  Workspace ws(world);
+  const nlohmann::json to_host = {{"offload_param", {{"device", "cpu"}, {"pin_memory", true}}}};
+  for (const bool cpu_optimizer : {false, true}) {
+    const std::string s = cpu_optimizer ? "-cpu-optimizer" : "-gpu-optimizer";
+    // Uninterrupted with offload_param, saving at step 3.
+    TrainOptions full = options(ws.config(3, "bf16", "host" + s, cpu_optimizer, to_host), ws / "tokens.bin", 8, "cuda");
+    full.save_dir = ws / ("host" + s);
+    full.save_interval = 3;
+    const auto uninterrupted = train(world, full);
+    // Its step 3 without offload_param, saving at step 5.
+    TrainOptions device = options(ws.config(3, "bf16", "device" + s, cpu_optimizer), ws / "tokens.bin", 8, "cuda");
+    device.resume = (full.save_dir / "step-00000003").string();
+    device.save_dir = ws / ("device" + s);
+    device.save_interval = 5;
+    expect_close(train(world, device), uninterrupted, 3, 0.0, "offload_param -> device" + s);
+    // That step 5 with offload_param again.
+    TrainOptions back = options(ws.config(3, "bf16", "back" + s, cpu_optimizer, to_host), ws / "tokens.bin", 8, "cuda");
+    back.resume = (device.save_dir / "step-00000005").string();
+    expect_close(train(world, back), uninterrupted, 5, 0.0, "device -> offload_param" + s);
+  }
+}
+
+// offload_param is for stage 3 only (the lower stages keep every parameter on each GPU), and the
+// CUDA backend offloads to the CPU, not to NVMe: both refused before any GPU is used.
+TEST(CudaTrain, ParameterOffloadIsRefusedBelowStage3AndToNvme) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  Workspace ws(world);
+  const auto error_of = [&](int stage, const std::string& device) -> std::string {
+    const nlohmann::json zero = {{"offload_param", {{"device", device}}}};
+    try {
+      train(world, options(ws.config(stage, "fp32", "refused" + std::to_string(stage) + device, false, zero),
+                           ws / "tokens.bin", 2, "cuda"));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_EQ(error_of(2, "cpu"),
+            "zero_optimization.offload_param needs ZeRO stage 3 (stage 2 keeps every parameter on each GPU)");
+  EXPECT_NE(error_of(3, "nvme").find("NVMe is not supported"), std::string::npos);
 }
 
 TEST(CudaTrain, CheckpointsMoveBetweenGpuAndCpu) {

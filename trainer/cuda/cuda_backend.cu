@@ -126,14 +126,18 @@ class CudaBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   const ZeroConfig& z = options.config->zero;
-  if (z.offload_optimizer.device == "nvme" || z.offload_param.device != "none") {
+  if (z.offload_optimizer.device == "nvme" || z.offload_param.device == "nvme") {
     fail(ErrorKind::kInvalidInput,
-         "zero_optimization: the CUDA backend offloads the optimizer to the CPU only "
-         "(offload_optimizer.device \"cpu\"; NVMe and offload_param are not supported)");
+         "zero_optimization: the CUDA backend offloads to the CPU only "
+         "(offload_optimizer / offload_param device \"cpu\"; NVMe is not supported)");
   }
   if (z.offload_optimizer.device == "cpu" && z.stage == 0) {
     fail(ErrorKind::kInvalidInput,
          "zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3 (stage 0 keeps no optimizer partition)");
+  }
+  if (z.offload_param.device == "cpu" && z.stage != 3) {
+    fail(ErrorKind::kInvalidInput, "zero_optimization.offload_param needs ZeRO stage 3 (stage " +
+                                       std::to_string(z.stage) + " keeps every parameter on each GPU)");
   }
   if (options.config->bf16) return std::make_unique<cuda::CudaBackend<__nv_bfloat16>>(options);
   if (options.config->fp16.enabled) return std::make_unique<cuda::CudaBackend<__half>>(options);

@@ -84,6 +84,13 @@ class DeviceBuffer {
   size_t count_ = 0;
 };
 
+// Grows `buffer` to at least `count` elements. Scratch buffers only ever grow: reallocating (cudaFree)
+// would synchronise the device.
+template <typename T>
+void grow(DeviceBuffer<T>& buffer, size_t count) {
+  if (buffer.size() < count) buffer.resize(count);
+}
+
 // Page-locked host memory (cudaMallocHost): device copies run at full speed and asynchronously.
 template <typename T>
 class PinnedBuffer {

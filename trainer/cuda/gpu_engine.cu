@@ -10,15 +10,6 @@
 #include "trainer/cuda/kernels.cuh"
 
 namespace shardkit::trainer::cuda {
-namespace {
-
-// Scratch buffers only ever grow: reallocating (cudaFree) would synchronise the device.
-template <typename U>
-void grow(DeviceBuffer<U>& buffer, size_t count) {
-  if (buffer.size() < count) buffer.resize(count);
-}
-
-}  // namespace
 
 template <typename T>
 GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<TensorGroup> groups,
@@ -32,7 +23,12 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<Tens
       stream_(stream),
       layout_(table, {mpi.size(), config.stage, ckpt::kDefaultAlignment}),
       rank_(mpi.rank()),
-      world_(mpi.size()) {
+      world_(mpi.size()),
+      // offload_param: page-locked whatever its pin_memory says. Copies from and to pageable memory
+      // make the host wait (for the stream, for the copy), which would stall every gather and defeat
+      // the prefetch. DeepSpeed takes pin_memory as a speed hint; pinned memory is only faster.
+      param_part_(layout_.stage() == 3 ? static_cast<size_t>(layout_.flat_size()) : 0,
+                  config.offload_param.device == "cpu") {
   for (const auto& t : table) numel_.push_back(t.numel());
   const size_t flat = static_cast<size_t>(layout_.flat_size());
   const size_t full = static_cast<size_t>(world_) * flat;
@@ -41,29 +37,27 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<Tens
   if (stage <= 1) grads_full_.resize(full);
   const size_t view = stage == 0 ? full : flat;
   if (config.offload_optimizer.device == "cpu") {
-    host_ = std::make_unique<HostOptimizer<T>>(view);
+    host_ = std::make_unique<HostOptimizer<T>>(view, param_part_.on_host());
   } else {
     master_.resize(view);
     exp_avg_.resize(view);
     exp_avg_sq_.resize(view);
   }
   if (stage >= 1) grad_part_.resize(flat);
-  if (stage == 3) {
-    param_part_.resize(flat);
-    gathered_.resize(table.size());
-  }
+  if (stage == 3) gathered_.resize(table.size());
   if (stage >= 2) grad_buffers_.resize(table.size());
   acquired_count_.assign(groups_.size(), 0);
   prefetched_.assign(groups_.size(), 0);
   for (size_t g = 0; g < groups_.size(); ++g) gathered_at_.push_back(std::make_unique<Event>());
-  scalar_.resize(1);
+  scalar_.resize(kSumScratch);
   scalar_host_.resize(1);
 }
 
 template <typename T>
 MemoryReport GpuZeroEngine<T>::memory() const noexcept {
   MemoryReport r;
-  r.parameters = static_cast<int64_t>(params_full_.bytes() + param_part_.bytes());
+  r.parameters = static_cast<int64_t>(params_full_.bytes()) + param_part_.device_bytes();
+  r.host_parameters = param_part_.host_bytes();
   r.gradients = static_cast<int64_t>(grads_full_.bytes() + grad_part_.bytes());
   r.optimizer_states = static_cast<int64_t>(master_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes());
   if (host_) r.host_optimizer_states = host_->state_bytes();
@@ -190,13 +184,22 @@ T* GpuZeroEngine<T>::owned_params() {
 }
 
 template <typename T>
+void GpuZeroEngine<T>::write_params(const typename ParamPartition<T>::Producer& produce) {
+  if (layout_.stage() == 3) {
+    param_part_.store(stream_, produce);
+  } else {
+    produce(0, static_cast<int64_t>(master_.size()), owned_params());
+  }
+}
+
+template <typename T>
 void GpuZeroEngine<T>::publish_params() {
   const int stage = layout_.stage();
   T* mine = owned_params();
   if (host_) {
     host_->upload(mine, stream_);
   } else {
-    cast_from_float(mine, master_.data(), static_cast<int64_t>(master_.size()), stream_);
+    write_params([&](int64_t lo, int64_t n, T* out) { cast_from_float(out, master_.data() + lo, n, stream_); });
   }
   if (stage == 1 || stage == 2) {
     const int64_t P = layout_.partition_size();
@@ -239,7 +242,9 @@ template <typename T>
 void GpuZeroEngine<T>::gather(int group) {
   const TensorGroup& g = groups_[static_cast<size_t>(group)];
   cudaStream_t st = comm();
-  wait(st, stream_);  // the partition is current (the optimizer step wrote it on the compute stream)
+  // The partition is current: the optimizer step wrote it on the compute stream (the host optimizer
+  // into host memory: before this call).
+  wait(st, stream_);
   int a = g.first;
   while (a < g.last) {
     // A bucket: consecutive tensors whose slots together fit allgather_bucket_size (at least one).
@@ -248,8 +253,10 @@ void GpuZeroEngine<T>::gather(int group) {
     const int64_t base = layout_.slot_offset(a);
     const int64_t span = slot_end(b) - base;
     grow(gather_recv_, static_cast<size_t>(span * world_));
-    NCCL_CHECK(ncclAllGather(param_part_.data() + base, gather_recv_.data(), static_cast<size_t>(span),
-                             DeviceType<T>::kNccl, nccl_, st));
+    // A partition in host memory is copied up into this rank's own block of the receive buffer, from
+    // where NCCL gathers in place.
+    const T* mine = param_part_.on_device(base, span, gather_recv_.data() + rank_ * span, st);
+    NCCL_CHECK(ncclAllGather(mine, gather_recv_.data(), static_cast<size_t>(span), DeviceType<T>::kNccl, nccl_, st));
     for (int t = a; t < b; ++t) {
       const int64_t n = numel(t), piece = layout_.piece_size(t);
       DeviceBuffer<T>& full = gathered_[static_cast<size_t>(t)];
@@ -426,7 +433,6 @@ void GpuZeroEngine<T>::reduce_grads() {
 template <typename T>
 double GpuZeroEngine<T>::global_grad_sq() {
   const float* g = (layout_.stage() == 0 ? grads_full_.data() : grad_part_.data()) + owned_offset();
-  CUDA_CHECK(cudaMemsetAsync(scalar_.data(), 0, sizeof(double), stream_));
   sum_squares(scalar_.data(), g, owned_size(), stream_);
   CUDA_CHECK(cudaMemcpyAsync(scalar_host_.data(), scalar_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
   synchronize(stream_);  // the host decides on overflow and clipping from it
@@ -438,18 +444,22 @@ void GpuZeroEngine<T>::step(const AdamWStep& s) {
   const int stage = layout_.stage();
   const float* grads = stage == 0 ? grads_full_.data() : grad_part_.data();
   // The update writes the compute-precision copy directly where the model reads it (stage 0: the
-  // replicated buffer; 1-2: this rank's partition of it, then all-gathered; 3: the partition).
+  // replicated buffer; 1-2: this rank's partition of it, then all-gathered; 3: the partition, which
+  // in host memory the host optimizer writes directly and the GPU one through device staging).
   T* params = owned_params();
   // Gathers issued ahead hold the old weights and may still read the partition: drop them, and let
   // the update wait for the communication stream.
   if (stage == 3) drop_prefetched();
   wait(stream_, comm());
   CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_done_.get(), 0));  // a snapshot still reads the states
+  const AdamWCoefficients c = AdamWCoefficients::of(s);
   if (host_) {
-    host_->step(grads, params, AdamWCoefficients::of(s), stream_);
+    host_->step(grads, params, c, stream_);
   } else {
-    adamw(master_.data(), exp_avg_.data(), exp_avg_sq_.data(), grads, params, static_cast<int64_t>(master_.size()),
-          AdamWCoefficients::of(s), stream_);
+    // Elementwise, so the chunks of a partition in host memory give the same results.
+    write_params([&](int64_t lo, int64_t n, T* out) {
+      adamw(master_.data() + lo, exp_avg_.data() + lo, exp_avg_sq_.data() + lo, grads + lo, out, n, c, stream_);
+    });
   }
   if (stage == 1 || stage == 2) {
     const int64_t P = layout_.partition_size();

@@ -1,7 +1,9 @@
 // ZeRO on GPUs: the rank's share of parameters (in T), fp32 gradients, fp32 master weights and AdamW
 // moments in device memory -- or, with offload_optimizer {device: cpu}, the master weights and moments
 // in host memory and the update on the CPU (host_optimizer.cuh) -- partitioned by ckpt's layout
-// function exactly as the CPU engine does (zero_engine.hpp describes the stages). NCCL collectives of
+// function exactly as the CPU engine does (zero_engine.hpp describes the stages). At stage 3,
+// offload_param {device: cpu} keeps the rank's partition of the parameters in host memory
+// (param_partition.cuh): each gather copies the rank's slice up first. NCCL collectives of
 // stages 2 and 3 run on a communication stream when overlap_comm is set (ordered against the compute
 // stream by events): gradient buckets are reduced while the backward pass goes on, and stage 3
 // prefetches the next block's parameters while the current block computes.
@@ -17,6 +19,7 @@
 #include "trainer/cuda/buffer_pool.cuh"
 #include "trainer/cuda/gpu_model.cuh"
 #include "trainer/cuda/host_optimizer.cuh"
+#include "trainer/cuda/param_partition.cuh"
 
 namespace shardkit::trainer::cuda {
 
@@ -55,7 +58,10 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   int64_t owned_offset() const noexcept;  // first element of the owned slice within the optimizer view
   int64_t owned_size() const noexcept;
   void publish_params();
-  T* owned_params();  // where this rank's share of the parameters lives in T
+  T* owned_params();  // where this rank's share of the parameters lives in T (stage 3: maybe host memory)
+  // Makes what `produce` queues on the compute stream -- device work writing the rank's share of the
+  // parameters in T, [lo, lo + n) of the optimizer view, to `out` -- land where that share lives.
+  void write_params(const typename ParamPartition<T>::Producer& produce);
   void flush_pending_grads();
   void reduce_stage2(int first, int last);
   void reduce_stage3(int first, int last);
@@ -78,7 +84,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
 
   DeviceBuffer<T> params_full_;     // stages 0-2: W * P, tensors at global offsets
   DeviceBuffer<float> grads_full_;  // stages 0-1: W * P
-  DeviceBuffer<T> param_part_;      // stage 3: the partition in T, gathered from
+  ParamPartition<T> param_part_;    // stage 3: the partition in T, gathered from
   // Optimizer view: stage 0 the full W * P, stages 1-2 the partition P, stage 3 the slots F.
   DeviceBuffer<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
   std::unique_ptr<HostOptimizer<T>> host_;  // offloaded: master weights and moments (then not on the device)

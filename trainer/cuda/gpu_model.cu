@@ -56,7 +56,13 @@ void head_weight_grad(cublasHandle_t handle, float* dwte, const T* logits, int l
 
 template <typename T>
 GpuGpt2<T>::GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cublasHandle_t cublas, cudaStream_t stream)
-    : config_(config), B_(batch), S_(seq_len), cublas_(cublas), stream_(stream), matmul_(stream) {
+    : config_(config),
+      B_(batch),
+      S_(seq_len),
+      cublas_(cublas),
+      stream_(stream),
+      matmul_(stream),
+      encoder_backward_(batch * seq_len, config.vocab_size) {
   const int L = config.n_layer;
   groups_.push_back({kWte, kWpe + 1});
   for (int l = 0; l < L; ++l) {
@@ -105,7 +111,8 @@ GpuGpt2<T>::GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cubl
   // The reductions' partial sums (LayerNorm and bias gradients, one kernel at a time on the stream).
   F_(scratch_,
      static_cast<size_t>(std::max(layernorm_scratch_floats(config.n_embd), bias_scratch_floats(4 * config.n_embd))));
-  loss_sum_.resize(1);
+  activation_bytes_ += encoder_backward_.bytes();
+  loss_sum_.resize(kSumScratch);
   loss_host_.resize(1);
 }
 
@@ -170,7 +177,6 @@ double GpuGpt2<T>::forward_backward(GpuParamStore<T>& p, const int32_t* inputs, 
     head_weight_grad(cublas_, p.grad(kWte), logits_.data(), logits_ld_, x, V, C, rows);
   }
   p.release(0);
-  CUDA_CHECK(cudaMemsetAsync(loss_sum_.data(), 0, sizeof(double), stream_));
   sum_floats(loss_sum_.data(), losses_.data(), N, stream_);
   if (times) times->forward_ms = ms_since(start);
   const auto backward_start = Clock::now();
@@ -223,7 +229,7 @@ void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
     p.close_grads(1 + l);
     p.release(1 + l);
   }
-  encoder_backward(p.grad(kWte), p.grad(kWpe), dres_.data(), inputs, B_, S_, C, stream_);
+  encoder_backward_.run(p.grad(kWte), p.grad(kWpe), dres_.data(), inputs, B_, S_, C, stream_);
   p.close_grads(0);
 }
 

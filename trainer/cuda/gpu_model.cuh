@@ -13,6 +13,7 @@
 
 #include "model/gpt2_config.hpp"
 #include "trainer/cuda/cuda_common.hpp"
+#include "trainer/cuda/encoder_backward.cuh"
 #include "trainer/cuda/matmul.cuh"
 #include "trainer/gpt2.hpp"
 #include "trainer/param_store.hpp"
@@ -83,6 +84,7 @@ class GpuGpt2 {
   cublasHandle_t cublas_;
   cudaStream_t stream_;
   Matmul matmul_;
+  EncoderBackward encoder_backward_;
   std::vector<TensorGroup> groups_;
   int head_rows_;  // rows of logits computed at once
   int logits_ld_;  // row stride of the logits (the vocabulary size rounded up)

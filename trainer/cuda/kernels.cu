@@ -74,19 +74,6 @@ __global__ void encoder_forward_kernel(T* out, const int32_t* inputs, const T* w
   }
 }
 
-template <typename T>
-__global__ void encoder_backward_kernel(float* dwte, float* dwpe, const T* dout, const int32_t* inputs, int N, int S,
-                                        int C) {
-  const int64_t total = int64_t{N} * C;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t n = i / C;
-    const int c = static_cast<int>(i % C);
-    const float d = to_float(dout[i]);
-    atomicAdd(dwte + int64_t{inputs[n]} * C + c, d);
-    atomicAdd(dwpe + (n % S) * C + c, d);
-  }
-}
-
 // ------------------------------------------------------------------------------------------------
 // Deterministic column sums
 
@@ -582,28 +569,48 @@ __global__ void adamw_kernel(float* w, float* m, float* v, const float* grad, T*
   }
 }
 
-__global__ void sum_squares_kernel(double* accum, const float* x, int64_t n) {
-  __shared__ double shared[32];
-  double sum = 0.0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    sum += double{x[i]} * double{x[i]};
-  }
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = sum;
+// Sums in double, deterministic: block b of the first kernel adds elements b*256 + i (grid-stride)
+// into partials[b]; one block then adds the partials in a fixed tree. No atomics: every run gives the
+// same bits (the gradient norm decides the clipping factor, so it must not wobble).
+// The sum of v over a block of 256 threads in a fixed order (shuffles, then the warps in order); the
+// result is valid in thread 0.
+__device__ double block_sum_256(double v) {
+  __shared__ double warp_sums[8];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
   __syncthreads();
+  double total = 0.0;
   if (threadIdx.x == 0) {
-    double total = 0.0;
-    for (int w = 0; w < blockDim.x / 32; ++w) total += shared[w];
-    atomicAdd(accum, total);
+    for (int w = 0; w < 8; ++w) total += warp_sums[w];
   }
+  return total;
 }
 
-__global__ void sum_floats_kernel(double* accum, const float* x, int64_t n) {
+template <bool kSquares>
+__global__ void sum_partials_kernel(double* partials, const float* x, int64_t n) {
   double sum = 0.0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    sum += x[i];
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (threadIdx.x % 32 == 0) atomicAdd(accum, sum);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const double v = x[i];
+    sum += kSquares ? v * v : v;
+  }
+  const double total = block_sum_256(sum);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+__global__ void sum_final_kernel(double* out, const double* partials, int count) {
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
+  const double total = block_sum_256(sum);
+  if (threadIdx.x == 0) *out = total;
+}
+
+template <bool kSquares>
+void deterministic_sum(double* out, const float* x, int64_t n, cudaStream_t st) {
+  const int blocks = std::max(1, std::min(blocks_for(n, 256), kSumBlocks));
+  sum_partials_kernel<kSquares><<<blocks, 256, 0, st>>>(out + 1, x, n);
+  check_launch();
+  sum_final_kernel<<<1, 256, 0, st>>>(out, out + 1, blocks);
+  check_launch();
 }
 
 template <typename T, int HS>
@@ -636,13 +643,6 @@ void attention_backward_hs(T* dqkv, const float* delta, const T* dout, const T* 
 template <typename T>
 void encoder_forward(T* out, const int32_t* inputs, const T* wte, const T* wpe, int B, int S, int C, cudaStream_t st) {
   encoder_forward_kernel<<<blocks_for(int64_t{B} * S * C, 256), 256, 0, st>>>(out, inputs, wte, wpe, B * S, S, C);
-  check_launch();
-}
-
-template <typename T>
-void encoder_backward(float* dwte, float* dwpe, const T* dout, const int32_t* inputs, int B, int S, int C,
-                      cudaStream_t st) {
-  encoder_backward_kernel<<<blocks_for(int64_t{B} * S * C, 256), 256, 0, st>>>(dwte, dwpe, dout, inputs, B * S, S, C);
   check_launch();
 }
 
@@ -766,21 +766,16 @@ void adamw(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, 
   check_launch();
 }
 
-void sum_squares(double* accum, const float* x, int64_t n, cudaStream_t st) {
-  if (n == 0) return;
-  sum_squares_kernel<<<std::min(blocks_for(n, 256), 1024), 256, 0, st>>>(accum, x, n);
-  check_launch();
+void sum_squares(double* out, const float* x, int64_t n, cudaStream_t st) {
+  deterministic_sum<true>(out, x, n, st);
 }
 
-void sum_floats(double* accum, const float* x, int64_t n, cudaStream_t st) {
-  if (n == 0) return;
-  sum_floats_kernel<<<std::min(blocks_for(n, 256), 1024), 256, 0, st>>>(accum, x, n);
-  check_launch();
+void sum_floats(double* out, const float* x, int64_t n, cudaStream_t st) {
+  deterministic_sum<false>(out, x, n, st);
 }
 
 #define SHARDKIT_INSTANTIATE(T)                                                                                     \
   template void encoder_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int, cudaStream_t);            \
-  template void encoder_backward<T>(float*, float*, const T*, const int32_t*, int, int, int, cudaStream_t);         \
   template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, cudaStream_t);     \
   template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, const float*, \
                                       int, int, float*, cudaStream_t);                                              \

@@ -17,11 +17,6 @@ namespace shardkit::trainer::cuda {
 // out (N, C) = wte[inputs] + wpe[s]
 template <typename T>
 void encoder_forward(T* out, const int32_t* inputs, const T* wte, const T* wpe, int B, int S, int C, cudaStream_t st);
-// dwte[inputs[n]] += dout[n]; dwpe[s] += dout[b, s]   (fp32 atomics)
-template <typename T>
-void encoder_backward(float* dwte, float* dwpe, const T* dout, const int32_t* inputs, int B, int S, int C,
-                      cudaStream_t st);
-
 // LayerNorm over C (eps 1e-5); mean, rstd (N) saved for the backward pass.
 template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
@@ -83,9 +78,11 @@ template <typename T>
 void adamw(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, T* params, int64_t n,
            const AdamWCoefficients& c, cudaStream_t st);
 
-// accum[0] += sum(x^2) (double)
-void sum_squares(double* accum, const float* x, int64_t n, cudaStream_t st);
-// Sum of losses (device) into accum[0] (double)
-void sum_floats(double* accum, const float* x, int64_t n, cudaStream_t st);
+// out[0] = sum(x^2), or sum(x), in double, the same bits on every run; out has kSumScratch doubles
+// (out[1..] holds the blocks' partial sums).
+constexpr int kSumBlocks = 1024;
+constexpr int kSumScratch = 1 + kSumBlocks;
+void sum_squares(double* out, const float* x, int64_t n, cudaStream_t st);
+void sum_floats(double* out, const float* x, int64_t n, cudaStream_t st);
 
 }  // namespace shardkit::trainer::cuda

@@ -1,0 +1,88 @@
+// ZeRO stage 3's parameter partition in host memory (offload_param) against the same in device memory:
+// store() lands every chunk of a partition of more than two chunks where it belongs, and on_device()
+// brings up the slice asked for, across a chunk boundary. Skipped (with a message) without a GPU.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "trainer/cuda/cuda_common.hpp"
+#include "trainer/cuda/param_partition.cuh"
+
+namespace shardkit::trainer::cuda {
+namespace {
+
+using Bf16 = __nv_bfloat16;
+using Partition = ParamPartition<Bf16>;
+using Calls = std::vector<std::pair<int64_t, int64_t>>;  // (lo, n) of each producer call
+
+bool have_gpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+// Two chunks and a bit of a pattern whose period (251 * 7) does not divide the chunk size: a chunk in
+// the wrong place shows.
+std::vector<Bf16> pattern() {
+  std::vector<Bf16> values(static_cast<size_t>(2 * Partition::kChunk + 3));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = __float2bfloat16_rn(static_cast<float>(i % 251 + i % 7));
+  return values;
+}
+
+bool same(const Bf16* a, const Bf16* b, size_t n) {
+  return std::memcmp(a, b, n * sizeof(Bf16)) == 0;
+}
+
+// Stores `values` into `partition` through a producer that copies them from device memory.
+Calls store(Partition& partition, const std::vector<Bf16>& values, const Stream& stream) {
+  const DeviceBuffer<Bf16> source(values.size());
+  CUDA_CHECK(cudaMemcpy(source.data(), values.data(), values.size() * sizeof(Bf16), cudaMemcpyHostToDevice));
+  Calls calls;
+  partition.store(stream.get(), [&](int64_t lo, int64_t n, Bf16* out) {
+    calls.emplace_back(lo, n);
+    CUDA_CHECK(cudaMemcpyAsync(out, source.data() + lo, static_cast<size_t>(n) * sizeof(Bf16), cudaMemcpyDeviceToDevice,
+                               stream.get()));
+  });
+  stream.synchronize();
+  return calls;
+}
+
+TEST(ParamPartition, InHostMemoryStoresAndServesWhatDeviceMemoryDoes) {
+  if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device, none visible";
+  const std::vector<Bf16> values = pattern();
+  const size_t count = values.size();
+  const int64_t K = Partition::kChunk;
+  const Stream stream;
+
+  Partition host(count, true);
+  ASSERT_TRUE(host.on_host());
+  EXPECT_EQ(host.device_bytes(), 0);
+  EXPECT_EQ(host.host_bytes(), static_cast<int64_t>(count * sizeof(Bf16)));
+  EXPECT_EQ(store(host, values, stream), (Calls{{0, K}, {K, K}, {2 * K, 3}}));
+  EXPECT_TRUE(same(host.data(), values.data(), count)) << "a chunk landed in the wrong place";
+  // A slice across the first chunk boundary comes up into the staging buffer.
+  const int64_t offset = K - 5, n = 10;
+  DeviceBuffer<Bf16> staging(static_cast<size_t>(n));
+  const Bf16* up = host.on_device(offset, n, staging.data(), stream.get());
+  EXPECT_EQ(up, staging.data());
+  std::vector<Bf16> back(static_cast<size_t>(n));
+  CUDA_CHECK(cudaMemcpyAsync(back.data(), up, back.size() * sizeof(Bf16), cudaMemcpyDeviceToHost, stream.get()));
+  stream.synchronize();
+  EXPECT_TRUE(same(back.data(), values.data() + offset, back.size()));
+
+  // In device memory: one producer call straight into the partition, slices served in place.
+  Partition device(count, false);
+  ASSERT_FALSE(device.on_host());
+  EXPECT_EQ(device.host_bytes(), 0);
+  EXPECT_EQ(store(device, values, stream), (Calls{{0, static_cast<int64_t>(count)}}));
+  EXPECT_EQ(device.on_device(offset, n, staging.data(), stream.get()), device.data() + offset);
+  std::vector<Bf16> stored(count);
+  CUDA_CHECK(cudaMemcpy(stored.data(), device.data(), count * sizeof(Bf16), cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(same(stored.data(), values.data(), count));
+}
+
+}  // namespace
+}  // namespace shardkit::trainer::cuda
