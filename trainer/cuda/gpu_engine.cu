@@ -43,7 +43,10 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<Tens
     exp_avg_.resize(view);
     exp_avg_sq_.resize(view);
   }
-  if (stage >= 1) grad_part_.resize(flat);
+  if (stage >= 1) {
+    grad_part_.resize(flat);
+    CUDA_CHECK(cudaMemsetAsync(grad_part_.data(), 0, grad_part_.bytes(), stream_));
+  }
   if (stage == 3) gathered_.resize(table.size());
   if (stage >= 2) grad_buffers_.resize(table.size());
   acquired_count_.assign(groups_.size(), 0);
@@ -330,6 +333,7 @@ void GpuZeroEngine<T>::close_grads(int group) {
   const TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) pending_elems_ += numel(t);
   if (pending_elems_ >= config_.reduce_bucket_size || open_groups_ == 0) flush_pending_grads();
+  if (open_groups_ == 0) grads_reduced_ = true;  // this micro-batch is reduced: later ones add to it
 }
 
 template <typename T>
@@ -360,29 +364,40 @@ void GpuZeroEngine<T>::flush_pending_grads() {
 
 template <typename T>
 void GpuZeroEngine<T>::reduce_stage2(int first, int last) {
-  // Global positions [lo, hi) split across partitions in rank order: one reduce per owning rank,
-  // grouped into one NCCL call.
+  // Each tensor's gradient goes from its own buffer to the rank(s) whose partition holds it: one
+  // ncclReduce per (tensor, owner) piece, all in one NCCL group (one launch), no copy into a send
+  // buffer. Tensors are contiguous at stages 1-2, so this rank's pieces tile [my_lo, my_hi).
   const int64_t lo = layout_.global_offset(first);
   const int64_t hi = layout_.global_offset(last - 1) + numel(last - 1);
   const int64_t P = layout_.partition_size();
-  cudaStream_t st = comm();
-  grow(send_, static_cast<size_t>(hi - lo));
-  for (int t = first; t < last; ++t) {
-    const DeviceBuffer<float>& g = grad_buffers_[static_cast<size_t>(t)];
-    CUDA_CHECK(cudaMemcpyAsync(send_.data() + (layout_.global_offset(t) - lo), g.data(), g.bytes(),
-                               cudaMemcpyDeviceToDevice, st));
-  }
   const int64_t my_lo = std::max(lo, rank_ * P), my_hi = std::min(hi, (rank_ + 1) * P);
-  grow(recv_, static_cast<size_t>(std::max<int64_t>(1, my_hi - my_lo)));
+  cudaStream_t st = comm();
+  float* into = receive_into(my_lo - rank_ * P, my_hi - my_lo);
   NCCL_CHECK(ncclGroupStart());
-  for (int r = 0; r < world_; ++r) {
-    const int64_t a = std::max(lo, r * P), b = std::min(hi, (r + 1) * P);
-    if (b <= a) continue;
-    NCCL_CHECK(ncclReduce(send_.data() + (a - lo), recv_.data(), static_cast<size_t>(b - a), ncclFloat, ncclSum, r,
-                          nccl_, st));
+  for (int t = first; t < last; ++t) {
+    const int64_t begin = layout_.global_offset(t), end = begin + numel(t);
+    const float* g = grad_buffers_[static_cast<size_t>(t)].data();
+    for (int r = static_cast<int>(begin / P); r < world_ && r * P < end; ++r) {
+      const int64_t a = std::max(begin, r * P), b = std::min(end, (r + 1) * P);
+      if (b <= a) continue;
+      float* recv = r == rank_ ? into + (a - my_lo) : nullptr;  // read by the root only
+      NCCL_CHECK(ncclReduce(g + (a - begin), recv, static_cast<size_t>(b - a), ncclFloat, ncclSum, r, nccl_, st));
+    }
   }
   NCCL_CHECK(ncclGroupEnd());
-  if (my_hi > my_lo) add_inplace(grad_part_.data() + (my_lo - rank_ * P), recv_.data(), my_hi - my_lo, st);
+  add_received(my_lo - rank_ * P, my_hi - my_lo);
+}
+
+template <typename T>
+float* GpuZeroEngine<T>::receive_into(int64_t offset, int64_t count) {
+  if (!grads_reduced_) return grad_part_.data() + offset;
+  grow(recv_, static_cast<size_t>(std::max<int64_t>(1, count)));
+  return recv_.data();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::add_received(int64_t offset, int64_t count) {
+  if (grads_reduced_ && count > 0) add_inplace(grad_part_.data() + offset, recv_.data(), count, comm());
 }
 
 template <typename T>
@@ -403,15 +418,17 @@ void GpuZeroEngine<T>::reduce_stage3(int first, int last) {
                                  static_cast<size_t>(count) * sizeof(float), cudaMemcpyDeviceToDevice, st));
     }
   }
-  grow(recv_, static_cast<size_t>(span));
-  NCCL_CHECK(ncclReduceScatter(send_.data(), recv_.data(), static_cast<size_t>(span), ncclFloat, ncclSum, nccl_, st));
-  add_inplace(grad_part_.data() + base, recv_.data(), span, st);
+  NCCL_CHECK(ncclReduceScatter(send_.data(), receive_into(base, span), static_cast<size_t>(span), ncclFloat, ncclSum,
+                               nccl_, st));
+  add_received(base, span);
 }
 
 template <typename T>
 void GpuZeroEngine<T>::zero_grads() {
   if (grads_full_.size()) CUDA_CHECK(cudaMemsetAsync(grads_full_.data(), 0, grads_full_.bytes(), stream_));
-  if (grad_part_.size()) CUDA_CHECK(cudaMemsetAsync(grad_part_.data(), 0, grad_part_.bytes(), stream_));
+  // Stages 2-3: the first micro-batch's reductions overwrite every gradient of the partition (the
+  // padding, never written, stays zero from the start); stage 1's reduce-scatter overwrites it all.
+  grads_reduced_ = false;
 }
 
 template <typename T>
@@ -453,19 +470,45 @@ void GpuZeroEngine<T>::step(const AdamWStep& s) {
   wait(stream_, comm());
   CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_done_.get(), 0));  // a snapshot still reads the states
   const AdamWCoefficients c = AdamWCoefficients::of(s);
+  // AdamW is elementwise: updating in chunks (for the pipelined gather below, or a partition in host
+  // memory) gives the same results.
+  const typename ParamPartition<T>::Producer update = [&](int64_t lo, int64_t n, T* out) {
+    adamw(master_.data() + lo, exp_avg_.data() + lo, exp_avg_sq_.data() + lo, grads + lo, out, n, c, stream_);
+  };
   if (host_) {
     host_->step(grads, params, c, stream_);
+    if (stage == 1 || stage == 2) {
+      const auto P = static_cast<size_t>(layout_.partition_size());
+      NCCL_CHECK(ncclAllGather(params, params_full_.data(), P, DeviceType<T>::kNccl, nccl_, stream_));
+    }
+  } else if (stage == 1 || stage == 2) {
+    update_and_gather(update);
   } else {
-    // Elementwise, so the chunks of a partition in host memory give the same results.
-    write_params([&](int64_t lo, int64_t n, T* out) {
-      adamw(master_.data() + lo, exp_avg_.data() + lo, exp_avg_sq_.data() + lo, grads + lo, out, n, c, stream_);
-    });
+    write_params(update);
   }
-  if (stage == 1 || stage == 2) {
-    const int64_t P = layout_.partition_size();
-    NCCL_CHECK(
-        ncclAllGather(params, params_full_.data(), static_cast<size_t>(P), DeviceType<T>::kNccl, nccl_, stream_));
+}
+
+template <typename T>
+void GpuZeroEngine<T>::update_and_gather(const typename ParamPartition<T>::Producer& update) {
+  // Chunk k's gather runs on the communication stream while the compute stream updates chunk k + 1.
+  // Every rank's chunk k sits at its own partition's offset in params_full_, so the gather is one
+  // in-place broadcast per rank, in one NCCL group.
+  const int64_t P = layout_.partition_size();
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(config_.allgather_bucket_size, (P + 7) / 8));
+  T* mine = owned_params();
+  cudaStream_t st = comm();
+  for (int64_t lo = 0; lo < P; lo += chunk) {
+    const int64_t n = std::min(chunk, P - lo);
+    update(lo, n, mine + lo);
+    wait(st, stream_);
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < world_; ++r) {
+      T* at = params_full_.data() + r * P + lo;
+      NCCL_CHECK(ncclBroadcast(at, at, static_cast<size_t>(n), DeviceType<T>::kNccl, r, nccl_, st));
+    }
+    NCCL_CHECK(ncclGroupEnd());
   }
+  wait(stream_, st);  // the next forward pass reads the gathered weights
 }
 
 template class GpuZeroEngine<float>;

@@ -62,9 +62,16 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   // Makes what `produce` queues on the compute stream -- device work writing the rank's share of the
   // parameters in T, [lo, lo + n) of the optimizer view, to `out` -- land where that share lives.
   void write_params(const typename ParamPartition<T>::Producer& produce);
+  // Stages 1-2 with the GPU optimizer: `update` (AdamW over [lo, lo + n) of the partition) and the
+  // all-gather of the updated weights, pipelined in chunks.
+  void update_and_gather(const typename ParamPartition<T>::Producer& update);
   void flush_pending_grads();
   void reduce_stage2(int first, int last);
   void reduce_stage3(int first, int last);
+  // Where a reduction of count elements for the partition at offset lands: the partition itself in the
+  // step's first micro-batch, else recv_, which add_received then adds in (on the comm stream).
+  float* receive_into(int64_t offset, int64_t count);
+  void add_received(int64_t offset, int64_t count);
   int64_t slot_end(int last_tensor) const;
   int64_t numel(int t) const noexcept { return numel_[static_cast<size_t>(t)]; }
   void gather(int group);  // stage 3: all-gathers the group's tensors on the comm stream
@@ -104,6 +111,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   std::vector<int> pending_groups_;
   int64_t pending_elems_ = 0;
   int open_groups_ = 0;
+  bool grads_reduced_ = false;  // a micro-batch of this step has reduced into grad_part_ already
   DeviceBuffer<float> send_, recv_;
   DeviceBuffer<T> gather_recv_;
   DeviceBuffer<double> scalar_;
