@@ -2,7 +2,6 @@
 // tracks the fp32 curve within 2 %, every ZeRO stage agrees at this world size, offload_param changes
 // nothing but where stage 3 keeps the parameters, and checkpoints move between GPU and CPU runs and
 // between world sizes. Skipped (with a message) without enough GPUs, except the config refusals.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +10,7 @@
 
 #include "ckpt/error.hpp"
 #include "comm/mpi.hpp"
+#include "tests/cuda/require_gpus.hpp"
 #include "tests/support/mpi_support.hpp"
 #include "trainer/trainer.hpp"
 
@@ -19,19 +19,6 @@ namespace {
 
 using trainer::StepRecord;
 using trainer::TrainOptions;
-
-int visible_gpus() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
-}
-
-// Skips unless every rank of `world` gets a GPU of its own.
-#define REQUIRE_GPUS(world)                                                                              \
-  do {                                                                                                   \
-    if (visible_gpus() < (world).size()) {                                                               \
-      GTEST_SKIP() << "needs " << (world).size() << " CUDA device(s), " << visible_gpus() << " visible"; \
-    }                                                                                                    \
-  } while (0)
 
 // A shared directory with a token file and fp32/bf16 configs.
 class Workspace : public testing::SharedDir {
@@ -81,7 +68,7 @@ void expect_close(const std::vector<StepRecord>& got, const std::vector<StepReco
 
 TEST(CudaTrain, Fp32FollowsTheCpuReference) {
   comm::MpiCollective world(MPI_COMM_WORLD);
-  REQUIRE_GPUS(world);
+  REQUIRE_GPUS(world.size());  // a GPU of its own for every rank
   Workspace ws(world);
   const auto config = ws.config(0, "fp32", "fp32");
   const auto cpu = train(world, options(config, ws / "tokens.bin", 8, "cpu"));
@@ -91,7 +78,7 @@ TEST(CudaTrain, Fp32FollowsTheCpuReference) {
 
 TEST(CudaTrain, Bf16TracksTheFp32CurveWithinTwoPercent) {
   comm::MpiCollective world(MPI_COMM_WORLD);
-  REQUIRE_GPUS(world);
+  REQUIRE_GPUS(world.size());  // a GPU of its own for every rank
   Workspace ws(world);
   const auto cpu = train(world, options(ws.config(1, "fp32", "fp32"), ws / "tokens.bin", 200, "cpu"));
   const auto gpu = train(world, options(ws.config(1, "bf16", "bf16"), ws / "tokens.bin", 200, "cuda"));
@@ -104,7 +91,7 @@ TEST(CudaTrain, Bf16TracksTheFp32CurveWithinTwoPercent) {
 
 TEST(CudaTrain, EveryStageAgrees) {
   comm::MpiCollective world(MPI_COMM_WORLD);
-  REQUIRE_GPUS(world);
+  REQUIRE_GPUS(world.size());  // a GPU of its own for every rank
   Workspace ws(world);
   const auto reference = train(world, options(ws.config(0, "fp32", "s0"), ws / "tokens.bin", 6, "cuda"));
   for (int stage = 1; stage <= 3; ++stage) {
@@ -129,7 +116,7 @@ TEST(CudaTrain, EveryStageAgrees) {
 // offloaded run's checkpoint resumes without offload (it is the same checkpoint).
 TEST(CudaTrain, CpuOptimizerOffloadMatchesTheGpuOptimizer) {
   comm::MpiCollective world(MPI_COMM_WORLD);
-  REQUIRE_GPUS(world);
+  REQUIRE_GPUS(world.size());  // a GPU of its own for every rank
   Workspace ws(world);
   for (int stage = 1; stage <= 3; ++stage) {
     const std::string s = std::to_string(stage);
@@ -154,7 +141,7 @@ TEST(CudaTrain, CpuOptimizerOffloadMatchesTheGpuOptimizer) {
 // group). The start-up report says where the partition is.
 TEST(CudaTrain, ParameterOffloadMatchesStage3BitForBit) {
   comm::MpiCollective world(MPI_COMM_WORLD);
-  REQUIRE_GPUS(world);
+  REQUIRE_GPUS(world.size());  // a GPU of its own for every rank
   Workspace ws(world);
   // Bit for bit needs a reference that reproduces itself (no reduction order left to chance).
   const auto reference = train(world, options(ws.config(3, "fp32", "again"), ws / "tokens.bin", 6, "cuda"));
@@ -185,7 +172,7 @@ TEST(CudaTrain, ParameterOffloadMatchesStage3BitForBit) {
 // and with offload_optimizer (bf16, so that loading narrows the weights into the host partition).
 TEST(CudaTrain, ParameterOffloadCheckpointsResumeWithoutIt) {
   comm::MpiCollective world(MPI_COMM_WORLD);
-  REQUIRE_GPUS(world);
+  REQUIRE_GPUS(world.size());  // a GPU of its own for every rank
   Workspace ws(world);
   const nlohmann::json to_host = {{"offload_param", {{"device", "cpu"}, {"pin_memory", true}}}};
   for (const bool cpu_optimizer : {false, true}) {
@@ -230,7 +217,7 @@ TEST(CudaTrain, ParameterOffloadIsRefusedBelowStage3AndToNvme) {
 
 TEST(CudaTrain, CheckpointsMoveBetweenGpuAndCpu) {
   comm::MpiCollective world(MPI_COMM_WORLD);
-  REQUIRE_GPUS(world);
+  REQUIRE_GPUS(world.size());  // a GPU of its own for every rank
   Workspace ws(world);
   // Uninterrupted GPU run, saving at step 3.
   TrainOptions full = options(ws.config(2, "fp32", "g2"), ws / "tokens.bin", 8, "cuda");
@@ -251,7 +238,7 @@ TEST(CudaTrain, CheckpointsMoveBetweenGpuAndCpu) {
 
 TEST(CudaTrain, ResumesAcrossGpuCounts) {
   comm::MpiCollective world(MPI_COMM_WORLD);
-  REQUIRE_GPUS(world);
+  REQUIRE_GPUS(world.size());  // a GPU of its own for every rank
   Workspace ws(world);
   // W GPUs (stage 3) -> 1 GPU (stage 0).
   TrainOptions full = options(ws.config(3, "fp32", "w3"), ws / "tokens.bin", 8, "cuda");

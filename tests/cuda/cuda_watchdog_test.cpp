@@ -2,26 +2,21 @@
 // stops taking part in the step's collectives (SHARDKIT_FAULT=stall: alive, sleeping), so the other's
 // reduce-scatter never completes. The waiting rank must notice within SHARDKIT_NCCL_TIMEOUT, abort its
 // communicator and end the whole job with a message, instead of hanging it. Skipped without 2 GPUs.
-#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
 
 #include "ckpt/run_dir.hpp"
 #include "tests/cli/cli_support.hpp"
+#include "tests/cuda/require_gpus.hpp"
 
 namespace shardkit {
 namespace {
 
 using namespace testing::cli;
 
-int visible_gpus() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
-}
-
 TEST(CudaWatchdog, ARankStalledOutsideTheCollectivesEndsTheJobWithinTheTimeout) {
-  if (visible_gpus() < 2) GTEST_SKIP() << "needs 2 CUDA devices, " << visible_gpus() << " visible";
+  REQUIRE_GPUS(2);
   testing::TempDir dir;
   const auto data = write_text_tokens(dir);
   const std::string args = "train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --device cuda --data " +

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/cuda/require_gpus.hpp"
 #include "trainer/cuda/cuda_common.hpp"
 #include "trainer/cuda/gpu_model.cuh"
 #include "trainer/cuda/kernels.cuh"
@@ -20,14 +21,6 @@
 
 namespace shardkit::trainer::cuda {
 namespace {
-
-bool have_gpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-#define REQUIRE_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device, none visible"
 
 template <typename T>
 T to(float x);
@@ -152,17 +145,17 @@ const AttentionCase kCases[] = {
 };
 
 TEST(CudaKernels, Bf16AttentionMatchesFp32) {
-  REQUIRE_GPU();
+  REQUIRE_GPUS(1);
   for (const auto& c : kCases) check_attention<__nv_bfloat16>(c);
 }
 
 TEST(CudaKernels, Fp16AttentionMatchesFp32) {
-  REQUIRE_GPU();
+  REQUIRE_GPUS(1);
   for (const auto& c : kCases) check_attention<__half>(c);
 }
 
 TEST(CudaKernels, CausalMaskHoldsInTheTensorCorePath) {
-  REQUIRE_GPU();
+  REQUIRE_GPUS(1);
   // Changing the last key/value row must leave every output row but the last untouched.
   const AttentionCase c{1, 130, 2, 64};
   const int C = c.NH * c.HS, N = c.S;
@@ -215,7 +208,7 @@ void layernorm_backward_reference(const std::vector<float>& x, const std::vector
 }
 
 TEST(CudaKernels, LayerNormBackwardMatchesDoubleAndBf16MatchesFp32) {
-  REQUIRE_GPU();
+  REQUIRE_GPUS(1);
   for (const auto& [N, C] : {std::pair{1000, 768}, std::pair{37, 128}, std::pair{4096, 1600}}) {
     std::vector<__nv_bfloat16> x_t, w_t, b_t, d_t;
     std::vector<float> x_f, w_f, b_f, d_f;
@@ -255,7 +248,7 @@ TEST(CudaKernels, LayerNormBackwardMatchesDoubleAndBf16MatchesFp32) {
 // Bias gradients (column sums) against double on the host, added to what dbias held, for widths that
 // take the 16-byte path and odd ones that do not; two runs give the same bits (no atomics).
 TEST(CudaKernels, BiasBackwardMatchesDoubleAndIsDeterministic) {
-  REQUIRE_GPU();
+  REQUIRE_GPUS(1);
   for (const auto& [N, OC] : {std::pair{16384, 3072}, std::pair{1000, 768}, std::pair{333, 77}, std::pair{5, 9}}) {
     std::vector<__nv_bfloat16> d_t;
     std::vector<float> d_f;
@@ -335,12 +328,12 @@ void check_epilogues(double tolerance) {
 }
 
 TEST(CudaKernels, FusedEpiloguesMatchSeparateKernelsFp32) {
-  REQUIRE_GPU();
+  REQUIRE_GPUS(1);
   check_epilogues<float>(2e-5);
 }
 
 TEST(CudaKernels, FusedEpiloguesMatchSeparateKernelsBf16) {
-  REQUIRE_GPU();
+  REQUIRE_GPUS(1);
   check_epilogues<__nv_bfloat16>(1e-2);
 }
 

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/cuda/require_gpus.hpp"
 #include "trainer/cuda/cuda_common.hpp"
 #include "trainer/cuda/param_partition.cuh"
 
@@ -18,11 +19,6 @@ namespace {
 using Bf16 = __nv_bfloat16;
 using Partition = ParamPartition<Bf16>;
 using Calls = std::vector<std::pair<int64_t, int64_t>>;  // (lo, n) of each producer call
-
-bool have_gpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
 
 // Two chunks and a bit of a pattern whose period (251 * 7) does not divide the chunk size: a chunk in
 // the wrong place shows.
@@ -51,7 +47,7 @@ Calls store(Partition& partition, const std::vector<Bf16>& values, const Stream&
 }
 
 TEST(ParamPartition, InHostMemoryStoresAndServesWhatDeviceMemoryDoes) {
-  if (!have_gpu()) GTEST_SKIP() << "needs a CUDA device, none visible";
+  REQUIRE_GPUS(1);
   const std::vector<Bf16> values = pattern();
   const size_t count = values.size();
   const int64_t K = Partition::kChunk;

@@ -358,31 +358,31 @@ __global__ void __launch_bounds__(kBq * 2, kMinBlocks)
     if (t == 0 && row1 < S) delta[stats + row1] = delta1;
   }
   float dq[HS / 8][4] = {};
-  for_each_kv_tile<T, HS, kBk>(k_tiles, v_tiles, q_base, C, S, ld, min(S, q0 + kBq),
-                               [&](int k0, const T* ks, const T* vs) {
-                                 if (k0 > warp_last) return;
-                                 float s[kBk / 8][4], dp[kBk / 8][4];
-                                 mma_abt<T, HS, kBk / 8>(s, qa, ks);
-                                 mma_abt<T, HS, kBk / 8>(dp, da, vs);
-                                 with_causal_mask(k0 + kBk - 1 > q0 + warp * 16, [&](auto masked) {
+  auto tile = [&](int k0, const T* ks, const T* vs) {
+    if (k0 > warp_last) return;
+    float s[kBk / 8][4], dp[kBk / 8][4];
+    mma_abt<T, HS, kBk / 8>(s, qa, ks);
+    mma_abt<T, HS, kBk / 8>(dp, da, vs);
+    with_causal_mask(k0 + kBk - 1 > q0 + warp * 16, [&](auto masked) {
 #pragma unroll
-                                   for (int n = 0; n < kBk / 8; ++n) {
+      for (int n = 0; n < kBk / 8; ++n) {
 #pragma unroll
-                                     for (int i = 0; i < 2; ++i) {
-                                       float p0 = exp2f(fmaf(s[n][i], scale_log2, -lse0));
-                                       float p1 = exp2f(fmaf(s[n][2 + i], scale_log2, -lse1));
-                                       if constexpr (masked()) {
-                                         const int key = k0 + n * 8 + 2 * t + i;
-                                         if (key > row0) p0 = 0.0f;
-                                         if (key > row1) p1 = 0.0f;
-                                       }
-                                       s[n][i] = p0 * (dp[n][i] - delta0);
-                                       s[n][2 + i] = p1 * (dp[n][2 + i] - delta1);
-                                     }
-                                   }
-                                 });
-                                 mma_pb<T, HS, kBk>(dq, s, ks);
-                               });
+        for (int i = 0; i < 2; ++i) {
+          float p0 = exp2f(fmaf(s[n][i], scale_log2, -lse0));
+          float p1 = exp2f(fmaf(s[n][2 + i], scale_log2, -lse1));
+          if constexpr (masked()) {
+            const int key = k0 + n * 8 + 2 * t + i;
+            if (key > row0) p0 = 0.0f;
+            if (key > row1) p1 = 0.0f;
+          }
+          s[n][i] = p0 * (dp[n][i] - delta0);
+          s[n][2 + i] = p1 * (dp[n][2 + i] - delta1);
+        }
+      }
+    });
+    mma_pb<T, HS, kBk>(dq, s, ks);
+  };
+  for_each_kv_tile<T, HS, kBk>(k_tiles, v_tiles, q_base, C, S, ld, min(S, q0 + kBq), tile);
   store_rows<T, HS>(dqkv + int64_t{b} * S * ld + h * HS, dq, row0, S, ld, scale, scale);
 }
 

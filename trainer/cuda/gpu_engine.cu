@@ -49,6 +49,9 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<Tens
   }
   if (stage == 3) gathered_.resize(table.size());
   if (stage >= 2) grad_buffers_.resize(table.size());
+  if (stage == 2) {
+    for (int t = 0; t < static_cast<int>(table.size()); ++t) placements_.push_back(layout_.locate(t, 0, numel(t)));
+  }
   acquired_count_.assign(groups_.size(), 0);
   prefetched_.assign(groups_.size(), 0);
   for (size_t g = 0; g < groups_.size(); ++g) gathered_at_.push_back(std::make_unique<Event>());
@@ -204,10 +207,13 @@ void GpuZeroEngine<T>::publish_params() {
   } else {
     write_params([&](int64_t lo, int64_t n, T* out) { cast_from_float(out, master_.data() + lo, n, stream_); });
   }
-  if (stage == 1 || stage == 2) {
-    const int64_t P = layout_.partition_size();
-    NCCL_CHECK(ncclAllGather(mine, params_full_.data(), static_cast<size_t>(P), DeviceType<T>::kNccl, nccl_, stream_));
-  }
+  if (stage == 1 || stage == 2) all_gather_params();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::all_gather_params() {
+  NCCL_CHECK(ncclAllGather(owned_params(), params_full_.data(), static_cast<size_t>(layout_.partition_size()),
+                           DeviceType<T>::kNccl, nccl_, stream_));
 }
 
 template <typename T>
@@ -364,28 +370,29 @@ void GpuZeroEngine<T>::flush_pending_grads() {
 
 template <typename T>
 void GpuZeroEngine<T>::reduce_stage2(int first, int last) {
-  // Each tensor's gradient goes from its own buffer to the rank(s) whose partition holds it: one
-  // ncclReduce per (tensor, owner) piece, all in one NCCL group (one launch), no copy into a send
-  // buffer. Tensors are contiguous at stages 1-2, so this rank's pieces tile [my_lo, my_hi).
-  const int64_t lo = layout_.global_offset(first);
-  const int64_t hi = layout_.global_offset(last - 1) + numel(last - 1);
-  const int64_t P = layout_.partition_size();
-  const int64_t my_lo = std::max(lo, rank_ * P), my_hi = std::min(hi, (rank_ + 1) * P);
-  cudaStream_t st = comm();
-  float* into = receive_into(my_lo - rank_ * P, my_hi - my_lo);
+  // Each tensor's gradient goes from its own buffer to the rank(s) whose partition holds it, piece by
+  // piece as the layout places it: one ncclReduce per piece, all in one NCCL group (one launch), no
+  // copy into a send buffer. Stages 1-2 concatenate the tensors, so this rank's pieces lie back to
+  // back in its partition: one range, received in one place.
+  int64_t mine_lo = -1, mine_hi = -1;
+  for (int t = first; t < last; ++t) {
+    for (const ckpt::Placement& p : placements_[static_cast<size_t>(t)]) {
+      if (p.rank != rank_) continue;
+      if (mine_lo < 0) mine_lo = p.flat_offset;
+      mine_hi = p.flat_offset + p.length;
+    }
+  }
+  float* into = mine_lo < 0 ? nullptr : receive_into(mine_lo, mine_hi - mine_lo);
   NCCL_CHECK(ncclGroupStart());
   for (int t = first; t < last; ++t) {
-    const int64_t begin = layout_.global_offset(t), end = begin + numel(t);
-    const float* g = grad_buffers_[static_cast<size_t>(t)].data();
-    for (int r = static_cast<int>(begin / P); r < world_ && r * P < end; ++r) {
-      const int64_t a = std::max(begin, r * P), b = std::min(end, (r + 1) * P);
-      if (b <= a) continue;
-      float* recv = r == rank_ ? into + (a - my_lo) : nullptr;  // read by the root only
-      NCCL_CHECK(ncclReduce(g + (a - begin), recv, static_cast<size_t>(b - a), ncclFloat, ncclSum, r, nccl_, st));
+    for (const ckpt::Placement& p : placements_[static_cast<size_t>(t)]) {
+      const float* g = grad_buffers_[static_cast<size_t>(t)].data() + p.tensor_offset;
+      float* recv = p.rank == rank_ ? into + (p.flat_offset - mine_lo) : nullptr;  // read by the root only
+      NCCL_CHECK(ncclReduce(g, recv, static_cast<size_t>(p.length), ncclFloat, ncclSum, p.rank, nccl_, comm()));
     }
   }
   NCCL_CHECK(ncclGroupEnd());
-  add_received(my_lo - rank_ * P, my_hi - my_lo);
+  if (mine_lo >= 0) add_received(mine_lo, mine_hi - mine_lo);
 }
 
 template <typename T>
@@ -477,10 +484,7 @@ void GpuZeroEngine<T>::step(const AdamWStep& s) {
   };
   if (host_) {
     host_->step(grads, params, c, stream_);
-    if (stage == 1 || stage == 2) {
-      const auto P = static_cast<size_t>(layout_.partition_size());
-      NCCL_CHECK(ncclAllGather(params, params_full_.data(), P, DeviceType<T>::kNccl, nccl_, stream_));
-    }
+    if (stage == 1 || stage == 2) all_gather_params();
   } else if (stage == 1 || stage == 2) {
     update_and_gather(update);
   } else {

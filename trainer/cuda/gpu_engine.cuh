@@ -58,7 +58,8 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   int64_t owned_offset() const noexcept;  // first element of the owned slice within the optimizer view
   int64_t owned_size() const noexcept;
   void publish_params();
-  T* owned_params();  // where this rank's share of the parameters lives in T (stage 3: maybe host memory)
+  void all_gather_params();  // stages 1-2: every rank's partition into params_full_, on the compute stream
+  T* owned_params();         // where this rank's share of the parameters lives in T (stage 3: maybe host memory)
   // Makes what `produce` queues on the compute stream -- device work writing the rank's share of the
   // parameters in T, [lo, lo + n) of the optimizer view, to `out` -- land where that share lives.
   void write_params(const typename ParamPartition<T>::Producer& produce);
@@ -106,7 +107,8 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   std::vector<char> prefetched_;                     // stage 3: gathered ahead of its acquire
   std::vector<std::unique_ptr<Event>> gathered_at_;  // stage 3: the point of the comm stream a gather ends
   int last_acquired_ = -1;
-  std::vector<DeviceBuffer<float>> grad_buffers_;  // stages 2-3: gradients of open / pending groups
+  std::vector<std::vector<ckpt::Placement>> placements_;  // stage 2: where each tensor's gradient is reduced to
+  std::vector<DeviceBuffer<float>> grad_buffers_;         // stages 2-3: gradients of open / pending groups
   BufferPool<float> grad_pool_;
   std::vector<int> pending_groups_;
   int64_t pending_elems_ = 0;

@@ -569,9 +569,6 @@ __global__ void adamw_kernel(float* w, float* m, float* v, const float* grad, T*
   }
 }
 
-// Sums in double, deterministic: block b of the first kernel adds elements b*256 + i (grid-stride)
-// into partials[b]; one block then adds the partials in a fixed tree. No atomics: every run gives the
-// same bits (the gradient norm decides the clipping factor, so it must not wobble).
 // The sum of v over a block of 256 threads in a fixed order (shuffles, then the warps in order); the
 // result is valid in thread 0.
 __device__ double block_sum_256(double v) {
@@ -586,6 +583,9 @@ __device__ double block_sum_256(double v) {
   return total;
 }
 
+// Sums in double, deterministic: block b of the first kernel adds elements b*256 + i (grid-stride)
+// into partials[b]; one block then adds the partials in a fixed tree. No atomics: every run gives the
+// same bits (the gradient norm decides the clipping factor, so it must not wobble).
 template <bool kSquares>
 __global__ void sum_partials_kernel(double* partials, const float* x, int64_t n) {
   double sum = 0.0;

@@ -17,6 +17,8 @@ namespace shardkit::trainer::cuda {
 // out (N, C) = wte[inputs] + wpe[s]
 template <typename T>
 void encoder_forward(T* out, const int32_t* inputs, const T* wte, const T* wpe, int B, int S, int C, cudaStream_t st);
+// Its backward pass: encoder_backward.cuh.
+
 // LayerNorm over C (eps 1e-5); mean, rstd (N) saved for the backward pass.
 template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
