@@ -98,14 +98,16 @@ def pytorch_tokens_per_s(compiled, tokens):
     return statistics.median(rates)
 
 
-def shardkit_tokens_per_s(tmp, data, ranks, stage, offload=False):
+def shardkit_tokens_per_s(tmp, data, ranks, stage, offload=False, wire=None):
     config = {"train_batch_size": args.batch * ranks, "gradient_clipping": 1.0, "bf16": {"enabled": True},
               "zero_optimization": {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
                                     "reduce_bucket_size": 25_000_000, "allgather_bucket_size": 25_000_000},
               "optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "weight_decay": 0.1}}}
     if offload:
         config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    name = f"np{ranks}-stage{stage}{'-offload' if offload else ''}"
+    if wire:
+        config["communication_data_type"] = wire
+    name = f"np{ranks}-stage{stage}{'-offload' if offload else ''}{'-' + wire if wire else ''}"
     config_file = os.path.join(tmp, name + ".json")
     with open(config_file, "w") as f:
         json.dump(config, f)
@@ -140,6 +142,10 @@ with tempfile.TemporaryDirectory() as tmp:
     if gpus >= 2:
         report("shardkit 2 GPUs, stage 2", shardkit_tokens_per_s(tmp, data, 2, 2), 2)
         report("shardkit 2 GPUs, stage 3", shardkit_tokens_per_s(tmp, data, 2, 3), 2)
+        report("shardkit 2 GPUs, stage 2, gradients reduced in bf16", shardkit_tokens_per_s(tmp, data, 2, 2, wire="bf16"),
+               2)
+        report("shardkit 2 GPUs, stage 3, gradients reduced in bf16", shardkit_tokens_per_s(tmp, data, 2, 3, wire="bf16"),
+               2)
     if not args.skip_pytorch:
         report("PyTorch eager, SDPA", pytorch_tokens_per_s(False, tokens), 1)
         report("PyTorch torch.compile, SDPA", pytorch_tokens_per_s(True, tokens), 1)

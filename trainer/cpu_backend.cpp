@@ -13,7 +13,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const BackendOptions& o)
       : options_(o),
         model_(*o.model, o.micro_batch, o.seq_len),
-        engine_(*o.table, model_.groups(), o.config->zero, *o.comm) {}
+        engine_(*o.table, model_.groups(), o.config->zero, comm_dtype(*o.config), *o.comm) {}
 
   const ckpt::Layout& layout() const override { return engine_.layout(); }
   std::string describe() const override { return std::string("CPU, fp32, matrix products: ") + gemm_backend(); }

@@ -4,6 +4,7 @@
 // silently; unknown keys become warnings; anything the trainer cannot run with is an error.
 #include "trainer/ds_config.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
@@ -35,7 +36,6 @@ constexpr const char* kUnusedTopLevelKeys[] = {"zero_allow_untested_optimizer",
                                                "zero_force_ds_cpu_optimizer",
                                                "prescale_gradients",
                                                "gradient_predivide_factor",
-                                               "communication_data_type",
                                                "dump_state",
                                                "memory_breakdown",
                                                "sparse_gradients",
@@ -508,6 +508,22 @@ json scheduler_json(const SchedulerConfig& s) {
   return {{"type", scheduler_name(s.type)}, {"params", params}};
 }
 
+// DeepSpeed's spellings, case-insensitive as DeepSpeed lower-cases them.
+std::optional<ckpt::DType> parse_comm_dtype(Section& top) {
+  const std::optional<std::string> given = top.text("communication_data_type");
+  if (!given) return std::nullopt;
+  std::string name = *given;
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  if (name == "fp32") return ckpt::DType::kF32;
+  if (name == "fp16") return ckpt::DType::kF16;
+  if (name == "bf16") return ckpt::DType::kBF16;
+  top.bad("communication_data_type", "is " + json(*given).dump() + ", must be \"fp32\", \"fp16\" or \"bf16\"");
+}
+
+const char* comm_dtype_name(ckpt::DType type) {
+  return type == ckpt::DType::kF16 ? "fp16" : type == ckpt::DType::kBF16 ? "bf16" : "fp32";
+}
+
 }  // namespace
 
 DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const AutoContext& context,
@@ -526,6 +542,7 @@ DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const Aut
   set_if(top.number("gradient_clipping", 0, kNoLimit), c.gradient_clipping);
   set_if(top.integer("steps_per_print", 1, kMaxInteger), c.steps_per_print);
   set_if(top.flag("wall_clock_breakdown"), c.wall_clock_breakdown);
+  c.communication_data_type = parse_comm_dtype(top);
   top.accept(kUnusedTopLevelKeys);
   top.warn_unknown();
   return c;
@@ -563,6 +580,7 @@ nlohmann::json to_json(const DsConfig& c) {
   // Both sections are left out when the config had none, so that the output reads back the same.
   if (c.optimizer.given) j["optimizer"] = optimizer_json(c.optimizer);
   if (c.scheduler.type != SchedulerType::kNone) j["scheduler"] = scheduler_json(c.scheduler);
+  if (c.communication_data_type) j["communication_data_type"] = comm_dtype_name(*c.communication_data_type);
   return j;
 }
 

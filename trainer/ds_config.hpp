@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/tensor_table.hpp"
+
 namespace shardkit::trainer {
 
 struct Fp16Config {
@@ -83,11 +85,19 @@ struct DsConfig {
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   double gradient_clipping = 1.0;  // 0 disables
+  // communication_data_type: the type gradients travel in between ranks (fp32, or bf16/fp16 for half
+  // the bytes, rounded before and after each reduction). Unset means fp32 here, where DeepSpeed takes
+  // the compute type (README's compatibility table says why); comm_dtype() resolves it.
+  std::optional<ckpt::DType> communication_data_type;
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
   // One line per unknown or ignored key, e.g. "unknown key 'foo' ignored" (rank 0 prints them).
   std::vector<std::string> warnings;
 };
+
+inline ckpt::DType comm_dtype(const DsConfig& c) noexcept {
+  return c.communication_data_type.value_or(ckpt::DType::kF32);
+}
 
 // What "auto" values resolve from, as Hugging Face's Trainer integration does.
 struct AutoContext {

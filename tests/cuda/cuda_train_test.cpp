@@ -25,9 +25,10 @@ class Workspace : public testing::SharedDir {
  public:
   explicit Workspace(comm::MpiCollective& world) : SharedDir(world) { write_tokens("tokens.bin", 60000); }
 
-  // `zero` is merged into the zero_optimization section.
+  // `zero` is merged into the zero_optimization section, `top` into the top level.
   std::filesystem::path config(int stage, const std::string& precision, const std::string& name, bool offload = false,
-                               const nlohmann::json& zero = nlohmann::json::object()) {
+                               const nlohmann::json& zero = nlohmann::json::object(),
+                               const nlohmann::json& top = nlohmann::json::object()) {
     nlohmann::json j = {
         {"train_batch_size", 8},
         {"gradient_accumulation_steps", 2},
@@ -37,6 +38,7 @@ class Workspace : public testing::SharedDir {
     if (precision == "bf16") j["bf16"] = {{"enabled", true}};
     if (offload) j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
     j["zero_optimization"].update(zero);
+    j.update(top);
     return write_json(name + ".json", j);
   }
 };
@@ -109,6 +111,23 @@ TEST(CudaTrain, EveryStageAgrees) {
                                             ws / "tokens.bin", 6, "cuda"));
       expect_close(got, reference, 0, 1e-5, name);
     }
+  }
+}
+
+// communication_data_type bf16 (gradients reduced in bf16: grad_wire_cuda_test.cpp checks the
+// reductions themselves) trains like fp32 reductions at every stage that reduces, with overlapped
+// communication and two micro-batches a step.
+TEST(CudaTrain, Bf16CommunicationTrainsLikeFp32Communication) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  REQUIRE_GPUS(world.size());  // a GPU of its own for every rank
+  Workspace ws(world);
+  const auto reference = train(world, options(ws.config(2, "bf16", "wire32"), ws / "tokens.bin", 20, "cuda"));
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string name = "wire16s" + std::to_string(stage);
+    const auto got = train(world, options(ws.config(stage, "bf16", name, false, {{"overlap_comm", true}},
+                                                    {{"communication_data_type", "bf16"}}),
+                                          ws / "tokens.bin", 20, "cuda"));
+    expect_close(got, reference, 0, 1e-2, name);
   }
 }
 

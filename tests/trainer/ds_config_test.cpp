@@ -107,7 +107,7 @@ auto fields(const SchedulerConfig& s) {
 }
 auto fields(const DsConfig& c) {
   return std::tie(c.train_batch_size, c.micro_batch_per_gpu, c.gradient_accumulation_steps, c.bf16, c.gradient_clipping,
-                  c.steps_per_print, c.wall_clock_breakdown);
+                  c.steps_per_print, c.wall_clock_breakdown, c.communication_data_type);
 }
 
 void expect_same(const DsConfig& a, const DsConfig& b) {
@@ -353,6 +353,24 @@ TEST(DsConfigPrecision, BfloatIsAnAliasOfBf16) {
   EXPECT_EQ(both.warnings, std::vector<std::string>{"bfloat16 ignored: bf16 is given"});
 }
 
+TEST(DsConfigPrecision, CommunicationDataTypeIsReadAsDeepSpeedSpellsIt) {
+  EXPECT_EQ(parse(with()).communication_data_type, std::nullopt);
+  EXPECT_EQ(comm_dtype(parse(with({{"bf16", {{"enabled", true}}}}))), ckpt::DType::kF32);  // fp32 unless given
+  const std::vector<std::pair<const char*, ckpt::DType>> spellings = {{"fp32", ckpt::DType::kF32},
+                                                                      {"fp16", ckpt::DType::kF16},
+                                                                      {"bf16", ckpt::DType::kBF16},
+                                                                      {"BF16", ckpt::DType::kBF16}};
+  for (const auto& [name, type] : spellings) {
+    const DsConfig c = parse(with({{"communication_data_type", name}}));
+    EXPECT_EQ(c.communication_data_type, type) << name;
+    EXPECT_TRUE(c.warnings.empty());
+  }
+  EXPECT_EQ(error_of(with({{"communication_data_type", "int8"}})),
+            "config.json: communication_data_type is \"int8\", must be \"fp32\", \"fp16\" or \"bf16\"");
+  EXPECT_TRUE(Contains(error_of(with({{"communication_data_type", 16}})),
+                       "config.json: communication_data_type must be a string, got 16"));
+}
+
 TEST(DsConfigZero, OverlapCommDefaultsToTrueOnlyAtStage3) {
   for (const int stage : {0, 1, 2, 3}) {
     EXPECT_EQ(parse(with({{"zero_optimization", {{"stage", stage}}}})).zero.overlap_comm, stage == 3)
@@ -570,9 +588,9 @@ TEST(DsConfigKeys, KnownButUnusedKeysAreSilent) {
                       {"optimizer", {{"type", "Adam"}, {"params", {{"torch_adam", false}}}}},
                       {"scheduler", {{"type", "WarmupLR"}, {"params", {{"last_batch_iteration", -1}}}}}});
   for (const char* key :
-       {"zero_allow_untested_optimizer", "prescale_gradients", "gradient_predivide_factor", "communication_data_type",
-        "dump_state", "memory_breakdown", "sparse_gradients", "checkpoint", "data_types", "flops_profiler",
-        "tensorboard", "wandb", "csv_monitor", "activation_checkpointing", "aio", "comms_logger"}) {
+       {"zero_allow_untested_optimizer", "prescale_gradients", "gradient_predivide_factor", "dump_state",
+        "memory_breakdown", "sparse_gradients", "checkpoint", "data_types", "flops_profiler", "tensorboard", "wandb",
+        "csv_monitor", "activation_checkpointing", "aio", "comms_logger"}) {
     config[key] = json::object();
   }
   EXPECT_EQ(parse(config).warnings, std::vector<std::string>{});
@@ -611,9 +629,11 @@ TEST(DsConfigRoundTrip, ParseOfToJsonGivesTheSameConfig) {
             {{"type", "adam"}, {"params", {{"lr", 6e-4}, {"adam_w_mode", false}, {"betas", {0.9, 0.95}}}}}},
            {"scheduler", {{"type", "WarmupDecayLR"}, {"params", {{"total_num_steps", 5000}, {"warmup_max_lr", 6e-4}}}}},
            {"gradient_clipping", 0.3},
+           {"communication_data_type", "fp16"},
            {"steps_per_print", 7},
            {"wall_clock_breakdown", true}}),
       with({{"bf16", {{"enabled", true}}},
+            {"communication_data_type", "bf16"},
             {"optimizer", {{"type", "AdamW"}}},
             {"scheduler",
              {{"type", "WarmupCosineLR"}, {"params", {{"total_num_steps", 100}, {"cos_min_ratio", 0.1}}}}}}),

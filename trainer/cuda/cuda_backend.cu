@@ -70,7 +70,8 @@ class CudaBackend final : public Backend {
       : options_(o),
         context_(*o.comm),
         model_(*o.model, o.micro_batch, o.seq_len, context_.cublas(), context_.stream()),
-        engine_(*o.table, model_.groups(), o.config->zero, *o.comm, context_.nccl(), context_.stream()),
+        engine_(*o.table, model_.groups(), o.config->zero, comm_dtype(*o.config), *o.comm, context_.nccl(),
+                context_.stream()),
         inputs_(static_cast<size_t>(o.micro_batch) * o.seq_len),
         targets_(static_cast<size_t>(o.micro_batch) * o.seq_len) {}
 

@@ -7,17 +7,19 @@
 #include "ckpt/huge_pages.hpp"
 #include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
+#include "trainer/cuda/grad_wire.cuh"
 #include "trainer/cuda/kernels.cuh"
 
 namespace shardkit::trainer::cuda {
 
 template <typename T>
 GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<TensorGroup> groups,
-                                const ZeroConfig& config, comm::MpiCollective& mpi, ncclComm_t nccl,
+                                const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& mpi, ncclComm_t nccl,
                                 cudaStream_t stream)
     : table_(table),
       groups_(std::move(groups)),
       config_(config),
+      wire_(wire),
       mpi_(mpi),
       nccl_(nccl),
       stream_(stream),
@@ -372,8 +374,9 @@ template <typename T>
 void GpuZeroEngine<T>::reduce_stage2(int first, int last) {
   // Each tensor's gradient goes from its own buffer to the rank(s) whose partition holds it, piece by
   // piece as the layout places it: one ncclReduce per piece, all in one NCCL group (one launch), no
-  // copy into a send buffer. Stages 1-2 concatenate the tensors, so this rank's pieces lie back to
-  // back in its partition: one range, received in one place.
+  // copy into a send buffer -- unless it travels narrowed, then from its narrowed copy. Stages 1-2
+  // concatenate the tensors, so this rank's pieces lie back to back in its partition: one range,
+  // received in one place.
   int64_t mine_lo = -1, mine_hi = -1;
   for (int t = first; t < last; ++t) {
     for (const ckpt::Placement& p : placements_[static_cast<size_t>(t)]) {
@@ -382,52 +385,93 @@ void GpuZeroEngine<T>::reduce_stage2(int first, int last) {
       mine_hi = p.flat_offset + p.length;
     }
   }
-  float* into = mine_lo < 0 ? nullptr : receive_into(mine_lo, mine_hi - mine_lo);
+  const int64_t lo = layout_.global_offset(first);
+  if (narrow_wire()) {
+    grow(wire_send_, static_cast<size_t>(layout_.global_offset(last - 1) + numel(last - 1) - lo));
+    for (int t = first; t < last; ++t) {
+      narrow_to_wire(wire_send_.data() + (layout_.global_offset(t) - lo), wire_,
+                     grad_buffers_[static_cast<size_t>(t)].data(), numel(t), comm());
+    }
+  }
+  auto source = [&](int t, int64_t offset) -> const void* {
+    if (!narrow_wire()) return grad_buffers_[static_cast<size_t>(t)].data() + offset;
+    return wire_send_.data() + (layout_.global_offset(t) - lo) + offset;
+  };
+  void* into = mine_lo < 0 ? nullptr : receive_into(mine_lo, mine_hi - mine_lo);
   NCCL_CHECK(ncclGroupStart());
   for (int t = first; t < last; ++t) {
     for (const ckpt::Placement& p : placements_[static_cast<size_t>(t)]) {
-      const float* g = grad_buffers_[static_cast<size_t>(t)].data() + p.tensor_offset;
-      float* recv = p.rank == rank_ ? into + (p.flat_offset - mine_lo) : nullptr;  // read by the root only
-      NCCL_CHECK(ncclReduce(g, recv, static_cast<size_t>(p.length), ncclFloat, ncclSum, p.rank, nccl_, comm()));
+      void* recv = p.rank == rank_ ? wire_advance(into, p.flat_offset - mine_lo) : nullptr;  // read by the root only
+      NCCL_CHECK(ncclReduce(source(t, p.tensor_offset), recv, static_cast<size_t>(p.length), nccl_type(wire_), ncclSum,
+                            p.rank, nccl_, comm()));
     }
   }
   NCCL_CHECK(ncclGroupEnd());
-  if (mine_lo >= 0) add_received(mine_lo, mine_hi - mine_lo);
+  if (mine_lo >= 0) land(mine_lo, mine_hi - mine_lo);
 }
 
 template <typename T>
-float* GpuZeroEngine<T>::receive_into(int64_t offset, int64_t count) {
+void* GpuZeroEngine<T>::wire_advance(void* p, int64_t elements) const noexcept {
+  return static_cast<std::byte*>(p) + elements * static_cast<int64_t>(wire_bytes());
+}
+
+template <typename T>
+void* GpuZeroEngine<T>::receive_into(int64_t offset, int64_t count) {
+  const size_t n = static_cast<size_t>(std::max<int64_t>(1, count));
+  if (narrow_wire()) {
+    grow(wire_recv_, n);
+    return wire_recv_.data();
+  }
   if (!grads_reduced_) return grad_part_.data() + offset;
-  grow(recv_, static_cast<size_t>(std::max<int64_t>(1, count)));
+  grow(recv_, n);
   return recv_.data();
 }
 
 template <typename T>
-void GpuZeroEngine<T>::add_received(int64_t offset, int64_t count) {
-  if (grads_reduced_ && count > 0) add_inplace(grad_part_.data() + offset, recv_.data(), count, comm());
+void GpuZeroEngine<T>::land(int64_t offset, int64_t count) {
+  if (count == 0) return;
+  if (narrow_wire()) {
+    widen_from_wire(grad_part_.data() + offset, wire_, wire_recv_.data(), count, grads_reduced_, comm());
+  } else if (grads_reduced_) {
+    add_inplace(grad_part_.data() + offset, recv_.data(), count, comm());
+  }
 }
 
 template <typename T>
 void GpuZeroEngine<T>::reduce_stage3(int first, int last) {
-  // Block r of the send buffer holds rank r's pieces at their slot positions, zeros in the padding.
+  // Block r of the send buffer holds rank r's pieces at their slot positions, zeros in the padding
+  // (narrowed when the gradients travel so).
   const int64_t base = layout_.slot_offset(first);
   const int64_t span = slot_end(last) - base;
+  const size_t total = static_cast<size_t>(span * world_);
   cudaStream_t st = comm();
-  grow(send_, static_cast<size_t>(span * world_));
-  CUDA_CHECK(cudaMemsetAsync(send_.data(), 0, static_cast<size_t>(span * world_) * sizeof(float), st));
+  void* send = nullptr;
+  if (narrow_wire()) {
+    grow(wire_send_, total);
+    send = wire_send_.data();
+  } else {
+    grow(send_, total);
+    send = send_.data();
+  }
+  CUDA_CHECK(cudaMemsetAsync(send, 0, total * wire_bytes(), st));
   for (int t = first; t < last; ++t) {
     const int64_t n = numel(t), piece = layout_.piece_size(t);
     const DeviceBuffer<float>& g = grad_buffers_[static_cast<size_t>(t)];
     for (int r = 0; r < world_; ++r) {
       const int64_t count = layout_.piece_length(t, r);
       if (count == 0) continue;
-      CUDA_CHECK(cudaMemcpyAsync(send_.data() + r * span + (layout_.slot_offset(t) - base), g.data() + r * piece,
-                                 static_cast<size_t>(count) * sizeof(float), cudaMemcpyDeviceToDevice, st));
+      const int64_t at = r * span + (layout_.slot_offset(t) - base);
+      if (narrow_wire()) {
+        narrow_to_wire(wire_send_.data() + at, wire_, g.data() + r * piece, count, st);
+      } else {
+        CUDA_CHECK(cudaMemcpyAsync(send_.data() + at, g.data() + r * piece, static_cast<size_t>(count) * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, st));
+      }
     }
   }
-  NCCL_CHECK(ncclReduceScatter(send_.data(), receive_into(base, span), static_cast<size_t>(span), ncclFloat, ncclSum,
+  NCCL_CHECK(ncclReduceScatter(send, receive_into(base, span), static_cast<size_t>(span), nccl_type(wire_), ncclSum,
                                nccl_, st));
-  add_received(base, span);
+  land(base, span);
 }
 
 template <typename T>
@@ -441,12 +485,28 @@ void GpuZeroEngine<T>::zero_grads() {
 template <typename T>
 void GpuZeroEngine<T>::reduce_grads() {
   const int stage = layout_.stage();
-  if (stage == 0) {
+  const int64_t P = layout_.partition_size();
+  if (stage <= 1 && narrow_wire()) {
+    // Narrowed into the wire buffer, reduced there in place, widened back: stage 0 all of it, stage 1
+    // this rank's block (NCCL's in-place reduce-scatter leaves it at rank * P).
+    const size_t n = grads_full_.size();
+    grow(wire_send_, n);
+    narrow_to_wire(wire_send_.data(), wire_, grads_full_.data(), static_cast<int64_t>(n), stream_);
+    if (stage == 0) {
+      NCCL_CHECK(ncclAllReduce(wire_send_.data(), wire_send_.data(), n, nccl_type(wire_), ncclSum, nccl_, stream_));
+      widen_from_wire(grads_full_.data(), wire_, wire_send_.data(), static_cast<int64_t>(n), false, stream_);
+    } else {
+      uint16_t* mine = wire_send_.data() + rank_ * P;
+      NCCL_CHECK(ncclReduceScatter(wire_send_.data(), mine, static_cast<size_t>(P), nccl_type(wire_), ncclSum, nccl_,
+                                   stream_));
+      widen_from_wire(grad_part_.data(), wire_, mine, P, false, stream_);
+    }
+  } else if (stage == 0) {
     NCCL_CHECK(
         ncclAllReduce(grads_full_.data(), grads_full_.data(), grads_full_.size(), ncclFloat, ncclSum, nccl_, stream_));
   } else if (stage == 1) {
-    NCCL_CHECK(ncclReduceScatter(grads_full_.data(), grad_part_.data(), static_cast<size_t>(layout_.partition_size()),
-                                 ncclFloat, ncclSum, nccl_, stream_));
+    NCCL_CHECK(ncclReduceScatter(grads_full_.data(), grad_part_.data(), static_cast<size_t>(P), ncclFloat, ncclSum,
+                                 nccl_, stream_));
   } else if (!pending_groups_.empty() || open_groups_ != 0) {
     fail(ErrorKind::kInternal, "gradients still open at the end of the step");
   } else {

@@ -26,8 +26,9 @@ namespace shardkit::trainer::cuda {
 template <typename T>
 class GpuZeroEngine final : public GpuParamStore<T> {
  public:
+  // `wire`: communication_data_type, the type gradients are reduced in (grad_wire.cuh).
   GpuZeroEngine(const ckpt::TensorTable& table, std::vector<TensorGroup> groups, const ZeroConfig& config,
-                comm::MpiCollective& mpi, ncclComm_t nccl, cudaStream_t stream);
+                ckpt::DType wire, comm::MpiCollective& mpi, ncclComm_t nccl, cudaStream_t stream);
 
   const ckpt::Layout& layout() const noexcept { return layout_; }
   MemoryReport memory() const noexcept;
@@ -69,10 +70,16 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   void flush_pending_grads();
   void reduce_stage2(int first, int last);
   void reduce_stage3(int first, int last);
-  // Where a reduction of count elements for the partition at offset lands: the partition itself in the
-  // step's first micro-batch, else recv_, which add_received then adds in (on the comm stream).
-  float* receive_into(int64_t offset, int64_t count);
-  void add_received(int64_t offset, int64_t count);
+  // Gradients travel narrowed to 16 bits: communication_data_type bf16/fp16, and another rank to talk to.
+  bool narrow_wire() const noexcept { return wire_ != ckpt::DType::kF32 && world_ > 1; }
+  size_t wire_bytes() const noexcept { return narrow_wire() ? sizeof(uint16_t) : sizeof(float); }
+  // `elements` on from p, in the type gradients travel in.
+  void* wire_advance(void* p, int64_t elements) const noexcept;
+  // Where a reduction of count elements for the partition at offset lands (in the wire's type): the
+  // partition itself when fp32 travels, in the step's first micro-batch; else a receive buffer, which
+  // land() then writes (first micro-batch) or adds (later ones) into the partition, on the comm stream.
+  void* receive_into(int64_t offset, int64_t count);
+  void land(int64_t offset, int64_t count);
   int64_t slot_end(int last_tensor) const;
   int64_t numel(int t) const noexcept { return numel_[static_cast<size_t>(t)]; }
   void gather(int group);  // stage 3: all-gathers the group's tensors on the comm stream
@@ -83,6 +90,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   const ckpt::TensorTable& table_;
   std::vector<TensorGroup> groups_;
   ZeroConfig config_;
+  ckpt::DType wire_;
   comm::MpiCollective& mpi_;
   ncclComm_t nccl_;
   cudaStream_t stream_;
@@ -115,6 +123,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   int open_groups_ = 0;
   bool grads_reduced_ = false;  // a micro-batch of this step has reduced into grad_part_ already
   DeviceBuffer<float> send_, recv_;
+  DeviceBuffer<uint16_t> wire_send_, wire_recv_;  // gradients narrowed to 16 bits for the reductions
   DeviceBuffer<T> gather_recv_;
   DeviceBuffer<double> scalar_;
   PinnedBuffer<double> scalar_host_;  // pinned for the reason GpuModel::loss_host_ is
