@@ -7,7 +7,6 @@
 #include "ckpt/huge_pages.hpp"
 #include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
-#include "trainer/cuda/grad_wire.cuh"
 #include "trainer/cuda/kernels.cuh"
 
 namespace shardkit::trainer::cuda {
@@ -402,7 +401,7 @@ void GpuZeroEngine<T>::reduce_stage2(int first, int last) {
   for (int t = first; t < last; ++t) {
     for (const ckpt::Placement& p : placements_[static_cast<size_t>(t)]) {
       void* recv = p.rank == rank_ ? wire_advance(into, p.flat_offset - mine_lo) : nullptr;  // read by the root only
-      NCCL_CHECK(ncclReduce(source(t, p.tensor_offset), recv, static_cast<size_t>(p.length), nccl_type(wire_), ncclSum,
+      NCCL_CHECK(ncclReduce(source(t, p.tensor_offset), recv, static_cast<size_t>(p.length), wire_nccl(), ncclSum,
                             p.rank, nccl_, comm()));
     }
   }
@@ -469,8 +468,8 @@ void GpuZeroEngine<T>::reduce_stage3(int first, int last) {
       }
     }
   }
-  NCCL_CHECK(ncclReduceScatter(send, receive_into(base, span), static_cast<size_t>(span), nccl_type(wire_), ncclSum,
-                               nccl_, st));
+  NCCL_CHECK(
+      ncclReduceScatter(send, receive_into(base, span), static_cast<size_t>(span), wire_nccl(), ncclSum, nccl_, st));
   land(base, span);
 }
 
@@ -485,7 +484,7 @@ void GpuZeroEngine<T>::zero_grads() {
 template <typename T>
 void GpuZeroEngine<T>::reduce_grads() {
   const int stage = layout_.stage();
-  const int64_t P = layout_.partition_size();
+  const int64_t P = stage <= 1 ? layout_.partition_size() : 0;
   if (stage <= 1 && narrow_wire()) {
     // Narrowed into the wire buffer, reduced there in place, widened back: stage 0 all of it, stage 1
     // this rank's block (NCCL's in-place reduce-scatter leaves it at rank * P).
@@ -493,12 +492,12 @@ void GpuZeroEngine<T>::reduce_grads() {
     grow(wire_send_, n);
     narrow_to_wire(wire_send_.data(), wire_, grads_full_.data(), static_cast<int64_t>(n), stream_);
     if (stage == 0) {
-      NCCL_CHECK(ncclAllReduce(wire_send_.data(), wire_send_.data(), n, nccl_type(wire_), ncclSum, nccl_, stream_));
+      NCCL_CHECK(ncclAllReduce(wire_send_.data(), wire_send_.data(), n, wire_nccl(), ncclSum, nccl_, stream_));
       widen_from_wire(grads_full_.data(), wire_, wire_send_.data(), static_cast<int64_t>(n), false, stream_);
     } else {
       uint16_t* mine = wire_send_.data() + rank_ * P;
-      NCCL_CHECK(ncclReduceScatter(wire_send_.data(), mine, static_cast<size_t>(P), nccl_type(wire_), ncclSum, nccl_,
-                                   stream_));
+      NCCL_CHECK(
+          ncclReduceScatter(wire_send_.data(), mine, static_cast<size_t>(P), wire_nccl(), ncclSum, nccl_, stream_));
       widen_from_wire(grad_part_.data(), wire_, mine, P, false, stream_);
     }
   } else if (stage == 0) {

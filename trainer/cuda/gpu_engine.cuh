@@ -18,6 +18,7 @@
 #include "trainer/backend.hpp"
 #include "trainer/cuda/buffer_pool.cuh"
 #include "trainer/cuda/gpu_model.cuh"
+#include "trainer/cuda/grad_wire.cuh"
 #include "trainer/cuda/host_optimizer.cuh"
 #include "trainer/cuda/param_partition.cuh"
 
@@ -73,6 +74,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   // Gradients travel narrowed to 16 bits: communication_data_type bf16/fp16, and another rank to talk to.
   bool narrow_wire() const noexcept { return wire_ != ckpt::DType::kF32 && world_ > 1; }
   size_t wire_bytes() const noexcept { return narrow_wire() ? sizeof(uint16_t) : sizeof(float); }
+  ncclDataType_t wire_nccl() const noexcept { return narrow_wire() ? nccl_type(wire_) : ncclFloat; }
   // `elements` on from p, in the type gradients travel in.
   void* wire_advance(void* p, int64_t elements) const noexcept;
   // Where a reduction of count elements for the partition at offset lands (in the wire's type): the
