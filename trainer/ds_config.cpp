@@ -543,6 +543,11 @@ DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const Aut
   set_if(top.integer("steps_per_print", 1, kMaxInteger), c.steps_per_print);
   set_if(top.flag("wall_clock_breakdown"), c.wall_clock_breakdown);
   c.communication_data_type = parse_comm_dtype(top);
+  if (c.bf16 && c.communication_data_type == ckpt::DType::kF16) {
+    // bf16 has fp32's range and no loss scale: a gradient sum past 65504 becomes an infinity, and every
+    // such step is skipped as an overflow.
+    top.warn("communication_data_type fp16 with bf16 training: gradient sums above 65504 overflow");
+  }
   top.accept(kUnusedTopLevelKeys);
   top.warn_unknown();
   return c;

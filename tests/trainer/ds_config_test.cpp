@@ -365,6 +365,9 @@ TEST(DsConfigPrecision, CommunicationDataTypeIsReadAsDeepSpeedSpellsIt) {
     EXPECT_EQ(c.communication_data_type, type) << name;
     EXPECT_TRUE(c.warnings.empty());
   }
+  EXPECT_EQ(
+      parse(with({{"bf16", {{"enabled", true}}}, {"communication_data_type", "fp16"}})).warnings,
+      std::vector<std::string>{"communication_data_type fp16 with bf16 training: gradient sums above 65504 overflow"});
   EXPECT_EQ(error_of(with({{"communication_data_type", "int8"}})),
             "config.json: communication_data_type is \"int8\", must be \"fp32\", \"fp16\" or \"bf16\"");
   EXPECT_TRUE(Contains(error_of(with({{"communication_data_type", 16}})),
