@@ -68,6 +68,9 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   // Stages 1-2 with the GPU optimizer: `update` (AdamW over [lo, lo + n) of the partition) and the
   // all-gather of the updated weights, pipelined in chunks.
   void update_and_gather(const typename ParamPartition<T>::Producer& update);
+  // The summed gradients the optimizer view reads: grad_part_, or grads_full_ where there is no
+  // partition apart from it (stage 0; stage 1 on one rank).
+  const float* reduced_grads() const noexcept;
   void flush_pending_grads();
   void reduce_stage2(int first, int last);
   void reduce_stage3(int first, int last);
@@ -101,7 +104,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   int rank_, world_;
 
   DeviceBuffer<T> params_full_;     // stages 0-2: W * P, tensors at global offsets
-  DeviceBuffer<float> grads_full_;  // stages 0-1: W * P
+  DeviceBuffer<float> grads_full_;  // stages 0-1: W * P (one rank at stage 1: also its partition)
   ParamPartition<T> param_part_;    // stage 3: the partition in T, gathered from
   // Optimizer view: stage 0 the full W * P, stages 1-2 the partition P, stage 3 the slots F.
   DeviceBuffer<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
