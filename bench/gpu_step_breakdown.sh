@@ -4,7 +4,8 @@
 # gradients reduced in fp32 and in bf16 (communication_data_type), and stage 2 without overlap_comm.
 # Prints each case's median step and tokens/s over the steps after the warm-up, and its last step line
 # (forward / backward / reduce / optimizer times as the host sees them: the backward pass ends with the
-# step's synchronisation, so it also holds the GPU work queued before it). The probe behind the stage-2
+# step's synchronisation, so it also holds the GPU work queued before it; and timing the passes apart
+# turns off stages 0-1's CUDA-graph replay, which is worth about 1 %). The probe behind the stage-2
 # figures in bench/RESULTS.md. Usage: bench/gpu_step_breakdown.sh [SHARDKIT] (default build-gpu/shardkit);
 # a dry run of the script on CPU ranks: MODEL=gpt2-tiny VOCAB=256 DEVICE=cpu GPUS=2 bench/gpu_step_breakdown.sh
 # build/shardkit

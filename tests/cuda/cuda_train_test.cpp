@@ -4,7 +4,9 @@
 // between world sizes. Skipped (with a message) without enough GPUs, except the config refusals.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -36,6 +38,8 @@ class Workspace : public testing::SharedDir {
         {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 50000}, {"allgather_bucket_size", 60000}}},
         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"weight_decay", 0.01}}}}}};
     if (precision == "bf16") j["bf16"] = {{"enabled", true}};
+    // A dynamic loss scale that grows every 4 steps without an overflow: it changes during a short run.
+    if (precision == "fp16") j["fp16"] = {{"enabled", true}, {"initial_scale_power", 10}, {"loss_scale_window", 4}};
     if (offload) j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
     j["zero_optimization"].update(zero);
     j.update(top);
@@ -110,6 +114,35 @@ TEST(CudaTrain, EveryStageAgrees) {
       const auto got = train(world, options(ws.config(stage, "fp32", name, false, {{"overlap_comm", overlap}}),
                                             ws / "tokens.bin", 6, "cuda"));
       expect_close(got, reference, 0, 1e-5, name);
+    }
+  }
+}
+
+// Stages 0-1 replay the forward and backward passes as a CUDA graph unless wall_clock_breakdown times
+// them apart: the replayed kernels give the bits of the kernels launched one by one, also across the
+// fp16 loss scale's changes (each captures the graph again).
+TEST(CudaTrain, GraphReplayGivesTheBitsOfKernelByKernel) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  REQUIRE_GPUS(world.size());  // a GPU of its own for every rank
+  Workspace ws(world);
+  for (const std::string precision : {"bf16", "fp16", "fp32"}) {
+    for (int stage = 0; stage <= 1; ++stage) {
+      const std::string name = precision + "s" + std::to_string(stage);
+      const auto replayed = train(world, options(ws.config(stage, precision, name), ws / "tokens.bin", 12, "cuda"));
+      const auto launched = train(world, options(ws.config(stage, precision, name + "timed", false,
+                                                           nlohmann::json::object(), {{"wall_clock_breakdown", true}}),
+                                                 ws / "tokens.bin", 12, "cuda"));
+      ASSERT_EQ(replayed.size(), launched.size());
+      for (size_t i = 0; i < replayed.size(); ++i) {
+        EXPECT_EQ(replayed[i].loss, launched[i].loss) << name << " step " << replayed[i].step;
+        // Bits, not values: a step skipped for an overflow has a NaN norm.
+        EXPECT_EQ(std::bit_cast<uint64_t>(replayed[i].grad_norm), std::bit_cast<uint64_t>(launched[i].grad_norm))
+            << name << " step " << replayed[i].step;
+        EXPECT_EQ(replayed[i].loss_scale, launched[i].loss_scale) << name << " step " << replayed[i].step;
+      }
+      if (precision == "fp16") {
+        EXPECT_NE(replayed.front().loss_scale, replayed.back().loss_scale) << "the scale never changed";
+      }
     }
   }
 }

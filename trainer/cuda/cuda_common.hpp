@@ -147,4 +147,42 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
+// An instantiated CUDA graph: capture() records what `queue` puts on `stream` (nothing runs while it
+// records) and replaces the graph held before; launch() replays it on a stream.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph() { reset(); }
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  template <typename Queue>
+  void capture(cudaStream_t stream, Queue&& queue) {
+    reset();
+    // Thread-local: CUDA calls of other threads (a checkpoint writer's) do not disturb the capture.
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t graph = nullptr;
+    try {
+      queue();
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph);  // ends the capture; the error in flight is the one to report
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    const cudaError_t made = cudaGraphInstantiate(&exec_, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(made);
+  }
+  bool ready() const noexcept { return exec_ != nullptr; }
+  void launch(cudaStream_t stream) const { CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
+
+ private:
+  void reset() noexcept {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    exec_ = nullptr;
+  }
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 }  // namespace shardkit::trainer::cuda

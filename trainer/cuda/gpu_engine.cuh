@@ -33,6 +33,9 @@ class GpuZeroEngine final : public GpuParamStore<T> {
 
   const ckpt::Layout& layout() const noexcept { return layout_; }
   MemoryReport memory() const noexcept;
+  // Stages 0-1: acquire, release, open_grads and close_grads do nothing and param() and grad() point
+  // into buffers that never move, so the passes can be captured once and replayed (a CUDA graph).
+  bool fixed_buffers() const noexcept { return layout_.stage() <= 1; }
 
   void initialize(const InitFn& init);
   void load(const LoadFn& read);

@@ -156,6 +156,13 @@ void GpuGpt2<T>::forward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
 template <typename T>
 double GpuGpt2<T>::forward_backward(GpuParamStore<T>& p, const int32_t* inputs, const int32_t* targets,
                                     float grad_scale, PassTimes* times) {
+  queue(p, inputs, targets, grad_scale, times);
+  return finish(p, times);
+}
+
+template <typename T>
+void GpuGpt2<T>::queue(GpuParamStore<T>& p, const int32_t* inputs, const int32_t* targets, float grad_scale,
+                       PassTimes* times) {
   const auto start = Clock::now();
   forward_blocks(p, inputs);
   const int N = B_ * S_, C = config_.n_embd, V = config_.vocab_size;
@@ -179,13 +186,17 @@ double GpuGpt2<T>::forward_backward(GpuParamStore<T>& p, const int32_t* inputs, 
   p.release(0);
   sum_floats(loss_sum_.data(), losses_.data(), N, stream_);
   if (times) times->forward_ms = ms_since(start);
-  const auto backward_start = Clock::now();
+  backward_start_ = Clock::now();
   backward_blocks(p, inputs);
-  // The loss is needed on the host for the step's record; this is the pass's one synchronisation.
+  // The loss is needed on the host for the step's record; finish() waits for it.
   CUDA_CHECK(cudaMemcpyAsync(loss_host_.data(), loss_sum_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
+}
+
+template <typename T>
+double GpuGpt2<T>::finish(GpuParamStore<T>& p, PassTimes* times) {
   p.synchronize(stream_);
-  if (times) times->backward_ms = ms_since(backward_start);
-  return loss_host_.data()[0] / N;
+  if (times) times->backward_ms = ms_since(backward_start_);
+  return loss_host_.data()[0] / (static_cast<double>(B_) * S_);
 }
 
 template <typename T>

@@ -7,6 +7,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -73,6 +74,12 @@ class GpuGpt2 {
   // the store's gradient buffers and returns the mean loss (the one host synchronisation of the pass).
   double forward_backward(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets, float grad_scale,
                           PassTimes* times);
+  // forward_backward in two halves: queue() puts the passes and the copy of the loss on the stream
+  // without waiting (what a CUDA graph captures: the same kernels on the same memory every time, when
+  // the store's buffers do not move); finish() waits for them and returns the mean loss.
+  void queue(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets, float grad_scale,
+             PassTimes* times);
+  double finish(GpuParamStore<T>& params, PassTimes* times);
 
  private:
   void forward_blocks(GpuParamStore<T>& p, const int32_t* inputs);
@@ -89,6 +96,7 @@ class GpuGpt2 {
   int head_rows_;  // rows of logits computed at once
   int logits_ld_;  // row stride of the logits (the vocabulary size rounded up)
   int64_t activation_bytes_ = 0;
+  std::chrono::steady_clock::time_point backward_start_;  // PassTimes::backward_ms runs from here to finish()
 
   // Activations: per layer l and N = B*S rows.
   DeviceBuffer<T> encoded_, ln1_, qkv_, atty_, res2_, ln2_, fch_, fch_gelu_, res3_, lnf_, logits_, wte_padded_;
