@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CUDA backend checks on the GPU machine, in one call: build, the CUDA tests (1 rank, and 2 ranks when
 # two GPUs are visible), the per-kernel time of a GPT-2 step, and the training speed benchmark
-# (PYTORCH=1: with PyTorch side by side; STEPS=n timed steps), and gpt2-xl (1.5 B parameters) at
+# (PYTORCH=1: with PyTorch side by side; STEPS=n timed steps; with 2 GPUs also the per-stage step
+# breakdown), and gpt2-xl (1.5 B parameters) at
 # stage 3 on 2 GPUs and at stage 2 with the optimizer offloaded to the CPU on 1 GPU (XL=0 skips it),
 # and, with 2 GPUs, checkpoint speed against the disk (CKPT=0 skips it). TESTS=0 and SPEED=0 skip the
 # tests and the kernel and training-speed benchmarks. PROFILE=1 adds Nsight Compute's view (occupancy,
@@ -43,7 +44,12 @@ if [ "${SPEED:-1}" != 0 ]; then
 
   log "training speed (bench/gpu_vs_pytorch.py${PYTORCH:+, with PyTorch})"
   python3 bench/gpu_vs_pytorch.py --shardkit build-gpu/shardkit --steps "${STEPS:-15}" \
-    $([ -z "${PYTORCH:-}" ] && echo --skip-pytorch) --offload 2>&1 | tee "$out/speed.txt" | tail -12
+    $([ -z "${PYTORCH:-}" ] && echo --skip-pytorch) --offload 2>&1 | tee "$out/speed.txt" | tail -14
+
+  if [ "$gpus" -ge 2 ]; then
+    log "where a step's time goes per stage and reduction type (bench/gpu_step_breakdown.sh)"
+    bench/gpu_step_breakdown.sh build-gpu/shardkit 2>&1 | tee "$out/breakdown.txt"
+  fi
 fi
 
 if [ "${XL:-1}" != 0 ]; then
