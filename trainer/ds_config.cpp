@@ -520,10 +520,6 @@ std::optional<ckpt::DType> parse_comm_dtype(Section& top) {
   top.bad("communication_data_type", "is " + json(*given).dump() + ", must be \"fp32\", \"fp16\" or \"bf16\"");
 }
 
-const char* comm_dtype_name(ckpt::DType type) {
-  return type == ckpt::DType::kF16 ? "fp16" : type == ckpt::DType::kBF16 ? "bf16" : "fp32";
-}
-
 }  // namespace
 
 DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const AutoContext& context,
@@ -570,6 +566,10 @@ DsConfig parse_ds_config_text(std::string_view text, int world_size, const AutoC
   const json config = json::parse(text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   if (config.is_discarded()) fail(ErrorKind::kInvalidInput, where + ": not valid JSON");
   return parse_ds_config(config, world_size, context, where);
+}
+
+const char* comm_dtype_name(ckpt::DType type) noexcept {
+  return type == ckpt::DType::kF16 ? "fp16" : type == ckpt::DType::kBF16 ? "bf16" : "fp32";
 }
 
 nlohmann::json to_json(const DsConfig& c) {

@@ -98,6 +98,8 @@ struct DsConfig {
 inline ckpt::DType comm_dtype(const DsConfig& c) noexcept {
   return c.communication_data_type.value_or(ckpt::DType::kF32);
 }
+// DeepSpeed's name of a communication type: "fp32", "fp16" or "bf16".
+const char* comm_dtype_name(ckpt::DType type) noexcept;
 
 // What "auto" values resolve from, as Hugging Face's Trainer integration does.
 struct AutoContext {

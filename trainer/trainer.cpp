@@ -212,10 +212,9 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
                            ", activations " + human_bytes(s.backend->activation_bytes());
   const std::vector<std::string> all = comm.gather(mine);
   const ckpt::DType comm_type = comm_dtype(s.config);
-  const std::string wire =
-      comm.size() > 1 && comm_type != ckpt::DType::kF32
-          ? std::string(", gradients reduced in ") + (comm_type == ckpt::DType::kBF16 ? "bf16" : "fp16")
-          : "";
+  const std::string wire = comm.size() > 1 && comm_type != ckpt::DType::kF32
+                               ? std::string(", gradients reduced in ") + comm_dtype_name(comm_type)
+                               : "";
   s.log("model " + s.model_config.name + ": " + std::to_string(s.table.total_elements()) + " parameters; " +
         std::to_string(comm.size()) + " ranks, ZeRO stage " + std::to_string(s.config.zero.stage) + wire + "; batch " +
         std::to_string(s.config.train_batch_size) + " = " + std::to_string(micro) + " x " +

@@ -13,7 +13,7 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<TensorGroup> 
     : table_(table),
       groups_(std::move(groups)),
       config_(config),
-      wire_(wire),
+      wire_(comm.size() > 1 ? wire : ckpt::DType::kF32),  // one rank sends nothing, so rounds nothing
       comm_(comm),
       layout_(table, {comm.size(), config.stage, ckpt::kDefaultAlignment}),
       rank_(comm.rank()),
@@ -213,9 +213,9 @@ void ZeroEngine::reduce_stage2(int first, int last) {
   }
   const int mine = counts[static_cast<size_t>(rank_)];
   recv_buffer_.resize(static_cast<size_t>(std::max(mine, 1)));
-  round_for_wire(send_buffer_);
+  round_to_wire(send_buffer_, wire_);
   comm_.reduce_scatter(send_buffer_.data(), recv_buffer_.data(), counts);
-  round_for_wire({recv_buffer_.data(), static_cast<size_t>(mine)});
+  round_to_wire({recv_buffer_.data(), static_cast<size_t>(mine)}, wire_);
   float* dst = grad_part_.data() + (std::max(lo, rank_ * P) - rank_ * P);
   for (int i = 0; i < mine; ++i) dst[i] += recv_buffer_[static_cast<size_t>(i)];
 }
@@ -236,9 +236,9 @@ void ZeroEngine::reduce_stage3(int first, int last) {
     }
   }
   recv_buffer_.resize(static_cast<size_t>(span));
-  round_for_wire(send_buffer_);
+  round_to_wire(send_buffer_, wire_);
   comm_.reduce_scatter_block(send_buffer_.data(), recv_buffer_.data(), span);
-  round_for_wire(recv_buffer_);
+  round_to_wire(recv_buffer_, wire_);
   float* dst = grad_part_.data() + base;
   for (int64_t i = 0; i < span; ++i) dst[i] += recv_buffer_[static_cast<size_t>(i)];
 }
@@ -248,19 +248,15 @@ void ZeroEngine::zero_grads() {
   std::fill(grad_part_.begin(), grad_part_.end(), 0.0f);
 }
 
-void ZeroEngine::round_for_wire(std::span<float> values) const {
-  if (world_ > 1) round_to_wire(values, wire_);
-}
-
 void ZeroEngine::reduce_grads() {
   if (stage() == 0) {
-    round_for_wire(grads_full_);
+    round_to_wire(grads_full_, wire_);
     comm_.allreduce_sum(grads_full_.data(), static_cast<int64_t>(grads_full_.size()));
-    round_for_wire(grads_full_);
+    round_to_wire(grads_full_, wire_);
   } else if (stage() == 1) {
-    round_for_wire(grads_full_);
+    round_to_wire(grads_full_, wire_);
     comm_.reduce_scatter_block(grads_full_.data(), grad_part_.data(), layout_.partition_size());
-    round_for_wire(grad_part_);
+    round_to_wire(grad_part_, wire_);
   } else if (!pending_groups_.empty() || open_groups_ != 0) {
     fail(ErrorKind::kInternal, "gradients still open at the end of the step");
   }

@@ -90,16 +90,13 @@ class ZeroEngine final : public ParameterStore {
   void reduce_stage3(int first_tensor, int last_tensor);
   void gather_stage3(int group);
   int64_t numel(int t) const noexcept { return numel_[static_cast<size_t>(t)]; }
-  // Rounds what is about to be sent, or was just received, to the communication type (one rank
-  // sends nothing: unchanged).
-  void round_for_wire(std::span<float> values) const;
   // Stage 3: where tensor t's slot starts, and where the slots of tensors [.., t) end.
   int64_t slot_end(int last_tensor) const;
 
   const ckpt::TensorTable& table_;
   std::vector<TensorGroup> groups_;
   ZeroConfig config_;
-  ckpt::DType wire_;
+  ckpt::DType wire_;  // communication_data_type; fp32 on one rank
   comm::MpiCollective& comm_;
   ckpt::Layout layout_;
   std::vector<int64_t> numel_;

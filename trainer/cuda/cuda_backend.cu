@@ -99,7 +99,7 @@ class CudaBackend final : public Backend {
     // gaps (about 1 % of a GPT-2 124M step on an H200). The first micro-batch runs kernel by kernel,
     // building the matrix products' plans and workspaces (which a capture cannot allocate); the graph
     // is captured again whenever the loss scale, a kernel argument, changes.
-    if (!replay_ || (!graph_.ready() && !warm_)) {
+    if (!replay_ || !warm_) {
       warm_ = true;
       return model_.forward_backward(engine_, inputs_.data(), targets_.data(), grad_scale, times);
     }

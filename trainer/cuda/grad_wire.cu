@@ -5,6 +5,7 @@
 
 #include "trainer/cuda/cuda_common.hpp"
 #include "trainer/cuda/grad_wire.cuh"
+#include "trainer/cuda/kernels.cuh"
 
 namespace shardkit::trainer::cuda {
 namespace {
@@ -66,15 +67,13 @@ int blocks(int64_t n) {
   return static_cast<int>(std::clamp<int64_t>((n / kVec + 255) / 256, 1, 132 * 16));
 }
 
-// Calls f(W{}) with W the 16-bit type of `wire`.
+// Calls f(W{}) with W the 16-bit type of `wire` (bf16 or fp16).
 template <typename F>
-void with_wire_type(ckpt::DType wire, F&& f) {
+void with_16bit_type(ckpt::DType wire, F&& f) {
   if (wire == ckpt::DType::kBF16) {
     f(__nv_bfloat16{});
-  } else if (wire == ckpt::DType::kF16) {
-    f(__half{});
   } else {
-    fail(ErrorKind::kInternal, "fp32 gradients are sent as they are, not converted");
+    f(__half{});
   }
 }
 
@@ -84,17 +83,36 @@ ncclDataType_t nccl_type(ckpt::DType wire) noexcept {
   return wire == ckpt::DType::kBF16 ? ncclBfloat16 : wire == ckpt::DType::kF16 ? ncclHalf : ncclFloat;
 }
 
-void narrow_to_wire(uint16_t* out, ckpt::DType wire, const float* in, int64_t n, cudaStream_t st) {
+size_t wire_bytes(ckpt::DType wire) noexcept {
+  return wire == ckpt::DType::kF32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+void to_wire(void* out, ckpt::DType wire, const float* in, int64_t n, cudaStream_t st) {
   if (n == 0) return;
-  const int64_t vectors = aligned16(out, in) ? n / kVec : 0;
-  with_wire_type(wire, [&](auto w) { narrow_kernel<decltype(w)><<<blocks(n), 256, 0, st>>>(out, in, n, vectors); });
+  if (wire == ckpt::DType::kF32) {
+    CUDA_CHECK(cudaMemcpyAsync(out, in, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, st));
+    return;
+  }
+  auto* o = static_cast<uint16_t*>(out);
+  const int64_t vectors = aligned16(o, in) ? n / kVec : 0;
+  with_16bit_type(wire, [&](auto w) { narrow_kernel<decltype(w)><<<blocks(n), 256, 0, st>>>(o, in, n, vectors); });
   CUDA_CHECK(cudaGetLastError());
 }
 
-void widen_from_wire(float* out, ckpt::DType wire, const uint16_t* in, int64_t n, bool add, cudaStream_t st) {
+void from_wire(float* out, ckpt::DType wire, const void* in, int64_t n, bool add, cudaStream_t st) {
   if (n == 0) return;
-  const int64_t vectors = aligned16(out, in) ? n / kVec : 0;
-  with_wire_type(wire, [&](auto w) { widen_kernel<decltype(w)><<<blocks(n), 256, 0, st>>>(out, in, n, vectors, add); });
+  if (wire == ckpt::DType::kF32) {
+    const auto* x = static_cast<const float*>(in);
+    if (add) {
+      add_inplace(out, x, n, st);
+    } else {
+      CUDA_CHECK(cudaMemcpyAsync(out, x, static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToDevice, st));
+    }
+    return;
+  }
+  const auto* x = static_cast<const uint16_t*>(in);
+  const int64_t vectors = aligned16(out, x) ? n / kVec : 0;
+  with_16bit_type(wire, [&](auto w) { widen_kernel<decltype(w)><<<blocks(n), 256, 0, st>>>(out, x, n, vectors, add); });
   CUDA_CHECK(cudaGetLastError());
 }
 
