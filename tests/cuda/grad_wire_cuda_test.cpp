@@ -17,13 +17,12 @@ namespace {
 
 using ckpt::DType;
 
-// One GPU per rank, a stream, and an NCCL communicator over the MPI world.
+// One GPU per rank, a stream on it, and an NCCL communicator over the MPI world. The device is chosen
+// before the stream is created: a stream belongs to the device current at its creation, and rank 1's
+// kernels on a stream of GPU 0 fail.
 class Nccl {
  public:
-  explicit Nccl(comm::MpiCollective& world) {
-    int count = 0;
-    CUDA_CHECK(cudaGetDeviceCount(&count));
-    CUDA_CHECK(cudaSetDevice(world.rank() % count));
+  explicit Nccl(comm::MpiCollective& world) : device_(select_device(world.rank())) {
     ncclUniqueId id;
     if (world.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     world.broadcast_bytes(&id, sizeof(id));
@@ -36,8 +35,16 @@ class Nccl {
   cudaStream_t stream() const noexcept { return stream_.get(); }
 
  private:
-  ncclComm_t comm_ = nullptr;
+  static int select_device(int rank) {
+    int count = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&count));
+    CUDA_CHECK(cudaSetDevice(rank % count));
+    return rank % count;
+  }
+
+  int device_;  // first member: set before stream_ is created
   trainer::cuda::Stream stream_;
+  ncclComm_t comm_ = nullptr;
 };
 
 // Rank r's gradient of tensor t: values near 1 with 12 significant bits (bf16 keeps 8, fp16 11).

@@ -3,6 +3,36 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdio>
+#include <string>
+
+namespace {
+
+// Prints the failures of one rank other than 0, each with its rank, test and place: the default
+// printer runs on rank 0 alone, and a failure or exception on another rank would otherwise show only
+// as a non-zero exit status (or as rank 0 stuck in a collective the failed rank never reached).
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  // The test is remembered at its start: GoogleTest reports a part result holding the lock that
+  // UnitTest::current_test_info() takes.
+  void OnTestStart(const ::testing::TestInfo& test) override {
+    test_ = std::string(test.test_suite_name()) + "." + test.name();
+  }
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s: %s:%d: %s\n", rank_, test_.c_str(),
+                 result.file_name() ? result.file_name() : "unknown file", result.line_number(), result.message());
+    std::fflush(stderr);
+  }
+
+ private:
+  int rank_;
+  std::string test_;
+};
+
+}  // namespace
+
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   int provided = 0;
@@ -10,10 +40,10 @@ int main(int argc, char** argv) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank != 0) {
-    // Keep failures from every rank visible, but print the progress lines once.
+    // Progress lines once (rank 0), failures from every rank.
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new ::testing::EmptyTestEventListener);
+    listeners.Append(new RankFailurePrinter(rank));
   }
   int failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   int any_failed = 0;
