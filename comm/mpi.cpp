@@ -143,4 +143,14 @@ void MpiCollective::broadcast_bytes(void* data, int64_t bytes) {
   MPI_CHECK(MPI_Bcast(data, checked_count(bytes, "broadcast"), MPI_BYTE, 0, comm_));
 }
 
+MpiCollective::NodePlace MpiCollective::node_place() {
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  NodePlace place;
+  MPI_CHECK(MPI_Comm_rank(node, &place.rank));
+  MPI_CHECK(MPI_Comm_size(node, &place.size));
+  MPI_CHECK(MPI_Comm_free(&node));
+  return place;
+}
+
 }  // namespace shardkit::comm

@@ -68,6 +68,14 @@ class MpiCollective final : public ckpt::Collective {
   // Rank 0's bytes to every rank.
   void broadcast_bytes(void* data, int64_t bytes);
 
+  // This rank's place among the ranks of its node (those that share its memory): which GPU it takes,
+  // how many ranks split the node's cores. Collective.
+  struct NodePlace {
+    int rank = 0;
+    int size = 1;
+  };
+  NodePlace node_place();
+
  private:
   MPI_Comm comm_;
   int rank_ = 0;

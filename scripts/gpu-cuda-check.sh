@@ -2,11 +2,12 @@
 # CUDA backend checks on the GPU machine, in one call: build, the CUDA tests (1 rank, and 2 ranks when
 # two GPUs are visible), the per-kernel time of a GPT-2 step, and the training speed benchmark
 # (PYTORCH=1: with PyTorch side by side; STEPS=n timed steps; with 2 GPUs also the per-stage step
-# breakdown), and gpt2-xl (1.5 B parameters) at
-# stage 3 on 2 GPUs and at stage 2 with the optimizer offloaded to the CPU on 1 GPU (XL=0 skips it),
-# and, with 2 GPUs, checkpoint speed against the disk (CKPT=0 skips it). TESTS=0 and SPEED=0 skip the
-# tests and the kernel and training-speed benchmarks. PROFILE=1 adds Nsight Compute's view (occupancy,
-# pipe use, stall reasons) of the attention and LayerNorm kernels at the step's shapes.
+# breakdown and what the gradient reductions cost alone and beside the backward pass), and gpt2-xl
+# (1.5 B parameters) at stage 3 on 2 GPUs and at stage 2 with the optimizer offloaded to the CPU on
+# 1 GPU (XL=0 skips it), and, with 2 GPUs, checkpoint speed against the disk (CKPT=0 skips it). TESTS=0
+# and SPEED=0 skip the tests and the kernel and training-speed benchmarks. PROFILE=1 adds Nsight
+# Compute's view (occupancy, pipe use, stall reasons) of the attention and LayerNorm kernels at the
+# step's shapes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
@@ -49,6 +50,11 @@ if [ "${SPEED:-1}" != 0 ]; then
   if [ "$gpus" -ge 2 ]; then
     log "where a step's time goes per stage and reduction type (bench/gpu_step_breakdown.sh)"
     bench/gpu_step_breakdown.sh build-gpu/shardkit 2>&1 | tee "$out/breakdown.txt"
+    log "gradient reductions alone and beside the backward pass's products (shardkit_gpu_comm_bench)"
+    for wire in fp32 bf16; do
+      mpirun -n "$gpus" --bind-to none -x NCCL_NVLS_ENABLE build-gpu/bench/shardkit_gpu_comm_bench --wire "$wire" --json \
+        2>&1 | tee "$out/comm-$wire.txt"
+    done
   fi
 fi
 

@@ -5,6 +5,7 @@
 
 #include "ckpt/error.hpp"
 #include "trainer/cpu_ops.hpp"
+#include "trainer/gpt2_groups.hpp"
 
 namespace shardkit::trainer {
 namespace {
@@ -30,10 +31,7 @@ Gpt2::Gpt2(const model::GptConfig& config, int batch, int seq_len)
                                        ")");
   }
   const int L = config.n_layer;
-  groups_.push_back({kWte, kWpe + 1});
-  for (int l = 0; l < L; ++l)
-    groups_.push_back({2 + model::kTensorsPerBlock * l, 2 + model::kTensorsPerBlock * (l + 1)});
-  groups_.push_back({2 + model::kTensorsPerBlock * L, 2 + model::kTensorsPerBlock * L + 2});
+  groups_ = gpt2_groups(config);
 
   const size_t N = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
   const size_t C = static_cast<size_t>(config.n_embd);

@@ -34,13 +34,8 @@ double ms_since(Clock::time_point t) {
 
 // Ranks that share this node split its cores.
 int default_threads(comm::MpiCollective& comm) {
-  MPI_Comm node;
-  MPI_CHECK(MPI_Comm_split_type(comm.comm(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &node));
-  int local = 1;
-  MPI_CHECK(MPI_Comm_size(node, &local));
-  MPI_CHECK(MPI_Comm_free(&node));
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / local);
+  return std::max(1, cores / comm.node_place().size);
 }
 
 std::string human_bytes(int64_t bytes) {

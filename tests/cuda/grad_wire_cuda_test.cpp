@@ -8,6 +8,7 @@
 
 #include "comm/mpi.hpp"
 #include "tests/cuda/require_gpus.hpp"
+#include "trainer/cuda/device_context.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
 #include "trainer/cuda/kernels.cuh"
 #include "trainer/zero_engine.hpp"
@@ -16,36 +17,6 @@ namespace shardkit {
 namespace {
 
 using ckpt::DType;
-
-// One GPU per rank, a stream on it, and an NCCL communicator over the MPI world. The device is chosen
-// before the stream is created: a stream belongs to the device current at its creation, and rank 1's
-// kernels on a stream of GPU 0 fail.
-class Nccl {
- public:
-  explicit Nccl(comm::MpiCollective& world) : device_(select_device(world.rank())) {
-    ncclUniqueId id;
-    if (world.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    world.broadcast_bytes(&id, sizeof(id));
-    NCCL_CHECK(ncclCommInitRank(&comm_, world.size(), id, world.rank()));
-  }
-  ~Nccl() { ncclCommDestroy(comm_); }
-  Nccl(const Nccl&) = delete;
-  Nccl& operator=(const Nccl&) = delete;
-  ncclComm_t comm() const noexcept { return comm_; }
-  cudaStream_t stream() const noexcept { return stream_.get(); }
-
- private:
-  static int select_device(int rank) {
-    int count = 0;
-    CUDA_CHECK(cudaGetDeviceCount(&count));
-    CUDA_CHECK(cudaSetDevice(rank % count));
-    return rank % count;
-  }
-
-  int device_;  // first member: set before stream_ is created
-  trainer::cuda::Stream stream_;
-  ncclComm_t comm_ = nullptr;
-};
 
 // Rank r's gradient of tensor t: values near 1 with 12 significant bits (bf16 keeps 8, fp16 11).
 std::vector<float> gradient(int rank, int t, int64_t n) {
@@ -78,7 +49,7 @@ double reduced_sq(Engine& engine, const ckpt::TensorTable& table, const std::vec
 TEST(GradWireCuda, NcclReductionsInEveryCommunicationTypeGiveWhatCpuRanksGive) {
   comm::MpiCollective world(MPI_COMM_WORLD);
   REQUIRE_GPUS(world.size());
-  Nccl nccl(world);
+  trainer::cuda::DeviceContext context(world);
   // Sizes that split unevenly over the ranks, and bucket sizes that make several reductions a step.
   const ckpt::TensorTable table(
       {{"a", {1037}, DType::kF32}, {"b", {50, 9}, DType::kF32}, {"c", {4096}, DType::kF32}, {"d", {3}, DType::kF32}});
@@ -96,13 +67,13 @@ TEST(GradWireCuda, NcclReductionsInEveryCommunicationTypeGiveWhatCpuRanksGive) {
       });
       for (const bool overlap : {false, true}) {
         config.overlap_comm = overlap;
-        trainer::cuda::GpuZeroEngine<float> gpu(table, groups, config, wire, world, nccl.comm(), nccl.stream());
+        trainer::cuda::GpuZeroEngine<float> gpu(table, groups, config, wire, world, context.nccl(), context.stream());
         const double got = reduced_sq(gpu, table, groups, world.rank(), [&](int t, const std::vector<float>& g) {
           // Added as the model's kernels add (stages 0-1 accumulate over micro-batches in place).
           const trainer::cuda::DeviceBuffer<float> values(g.size());
           CUDA_CHECK(cudaMemcpy(values.data(), g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice));
-          trainer::cuda::add_inplace(gpu.grad(t), values.data(), static_cast<int64_t>(g.size()), nccl.stream());
-          CUDA_CHECK(cudaStreamSynchronize(nccl.stream()));  // before `values` is freed
+          trainer::cuda::add_inplace(gpu.grad(t), values.data(), static_cast<int64_t>(g.size()), context.stream());
+          CUDA_CHECK(cudaStreamSynchronize(context.stream()));  // before `values` is freed
         });
         EXPECT_NEAR(got, want, want * 1e-12) << "stage " << stage << ", wire " << ckpt::dtype_name(wire)
                                              << ", overlap_comm " << overlap << ", " << world.size() << " ranks";

@@ -4,64 +4,13 @@
 #include <cstdio>
 #include <string>
 
+#include "trainer/cuda/device_context.cuh"
 #include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
 
 namespace shardkit::trainer {
 namespace cuda {
 namespace {
-
-int local_rank(comm::MpiCollective& comm) {
-  MPI_Comm node;
-  MPI_CHECK(MPI_Comm_split_type(comm.comm(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL, &node));
-  int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(node, &rank));
-  MPI_CHECK(MPI_Comm_free(&node));
-  return rank;
-}
-
-// Owns the device context of one rank: device selection, stream, cuBLAS and NCCL handles.
-class DeviceContext {
- public:
-  explicit DeviceContext(comm::MpiCollective& comm) {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-      fail(ErrorKind::kInvalidInput, "--device cuda: no CUDA device is visible on this node");
-    }
-    device_ = local_rank(comm) % count;
-    CUDA_CHECK(cudaSetDevice(device_));
-    CUDA_CHECK(cudaGetDeviceProperties(&props_, device_));
-    stream_ = std::make_unique<Stream>();
-    CUBLAS_CHECK(cublasCreate(&cublas_));
-    CUBLAS_CHECK(cublasSetStream(cublas_, stream_->get()));
-    // True fp32 for fp32 training (no TF32), tensor cores for bf16/fp16 inputs.
-    CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
-    // NCCL: rank 0 creates the id, MPI carries it to every rank.
-    ncclUniqueId id;
-    if (comm.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    comm.broadcast_bytes(&id, sizeof(id));
-    NCCL_CHECK(ncclCommInitRank(&nccl_, comm.size(), id, comm.rank()));
-  }
-  ~DeviceContext() {
-    if (nccl_ && !nccl_aborted(nccl_)) ncclCommDestroy(nccl_);
-    if (cublas_) cublasDestroy(cublas_);
-  }
-  DeviceContext(const DeviceContext&) = delete;
-  DeviceContext& operator=(const DeviceContext&) = delete;
-
-  int device() const noexcept { return device_; }
-  const cudaDeviceProp& props() const noexcept { return props_; }
-  cudaStream_t stream() const noexcept { return stream_->get(); }
-  cublasHandle_t cublas() const noexcept { return cublas_; }
-  ncclComm_t nccl() const noexcept { return nccl_; }
-
- private:
-  int device_ = 0;
-  cudaDeviceProp props_{};
-  std::unique_ptr<Stream> stream_;
-  cublasHandle_t cublas_ = nullptr;
-  ncclComm_t nccl_ = nullptr;
-};
 
 template <typename T>
 class CudaBackend final : public Backend {

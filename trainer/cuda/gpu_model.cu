@@ -4,6 +4,7 @@
 #include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/gpu_model.cuh"
 #include "trainer/cuda/kernels.cuh"
+#include "trainer/gpt2_groups.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {
@@ -63,12 +64,8 @@ GpuGpt2<T>::GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cubl
       stream_(stream),
       matmul_(stream),
       encoder_backward_(batch * seq_len, config.vocab_size) {
+  groups_ = gpt2_groups(config);
   const int L = config.n_layer;
-  groups_.push_back({kWte, kWpe + 1});
-  for (int l = 0; l < L; ++l) {
-    groups_.push_back({2 + model::kTensorsPerBlock * l, 2 + model::kTensorsPerBlock * (l + 1)});
-  }
-  groups_.push_back({2 + model::kTensorsPerBlock * L, 2 + model::kTensorsPerBlock * L + 2});
   const size_t N = static_cast<size_t>(batch) * seq_len, C = static_cast<size_t>(config.n_embd);
   const size_t Ls = static_cast<size_t>(L);
   logits_ld_ = padded_vocab(config.vocab_size);

@@ -1,0 +1,35 @@
+// One rank's GPU: the device its node-local MPI rank picks, a compute stream on it, a cuBLAS handle
+// bound to that stream and an NCCL communicator over the MPI world (rank 0 creates the id, MPI carries
+// it). The trainer's backend, the multi-rank CUDA tests and the communication benchmark start here.
+#pragma once
+
+#include <memory>
+
+#include "comm/mpi.hpp"
+#include "trainer/cuda/cuda_common.hpp"
+
+namespace shardkit::trainer::cuda {
+
+class DeviceContext {
+ public:
+  // Error(kInvalidInput) when no CUDA device is visible.
+  explicit DeviceContext(comm::MpiCollective& comm);
+  ~DeviceContext();
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+
+  int device() const noexcept { return device_; }
+  const cudaDeviceProp& props() const noexcept { return props_; }
+  cudaStream_t stream() const noexcept { return stream_->get(); }
+  cublasHandle_t cublas() const noexcept { return cublas_; }
+  ncclComm_t nccl() const noexcept { return nccl_; }
+
+ private:
+  int device_ = 0;
+  cudaDeviceProp props_{};
+  std::unique_ptr<Stream> stream_;  // created once the device is chosen: a stream belongs to one device
+  cublasHandle_t cublas_ = nullptr;
+  ncclComm_t nccl_ = nullptr;
+};
+
+}  // namespace shardkit::trainer::cuda
