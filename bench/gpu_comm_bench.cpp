@@ -10,15 +10,18 @@
 // and a stand-in for the backward pass (the bf16 matrix products of the output projection and of every
 // block, at the step's shapes) alone and with the stage-2 reductions issued between its blocks as the
 // model issues them: how much slower the products run beside the reductions, and how much of the
-// reductions is left after them. Times are the slowest rank's median of --reps runs, in ms.
+// reductions is left after them -- with NCCL's own choice of thread blocks and with its kernels held
+// to at most --ctas blocks (a communicator split off with maxCTAs), fewer SMs taken from the products
+// against slower reductions. Times are the slowest rank's median of --reps runs, in ms.
 // Usage: mpirun -n 2 shardkit_gpu_comm_bench [--model gpt2] [--batch 16] [--seq 1024]
-//        [--bucket 25000000] [--wire fp32|bf16] [--reps 10] [--json]
+//        [--bucket 25000000] [--wire fp32|bf16] [--ctas 4,8,16] [--reps 10] [--json]
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -38,6 +41,7 @@ struct Options {
   int batch = 16, seq = 1024, reps = 10;
   int64_t bucket = 25'000'000;
   ckpt::DType wire = ckpt::DType::kF32;
+  std::vector<int> ctas = {4, 8, 16};  // NCCL CTA limits to try for stage 2's reductions
   bool json = false;
 };
 
@@ -47,7 +51,7 @@ class Timer {
 
   // The slowest rank's median over the runs (after one warm-up run) of the stream time from the start
   // of run() to the end of what it queued; prepare() runs before the clock starts, every rank starts
-  // together. With `marks`, also the median time to the event run() records as its mark.
+  // together. With `mark_ms`, also the median time to the event run() records as its mark.
   double ms(const std::function<void()>& prepare, const std::function<void(cudaEvent_t mark)>& run,
             double* mark_ms = nullptr) {
     std::vector<double> total, marked;
@@ -96,31 +100,53 @@ class Timer {
   TimedEvent start_, stop_, mark_;
 };
 
+// A positive count given to `flag`, or Error(kInvalidInput) naming both.
+int64_t positive(const std::string& flag, const std::string& text) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || v < 1 || v > (int64_t{1} << 40)) {
+    fail(ErrorKind::kInvalidInput, flag + " expects a positive count, got '" + text + "'");
+  }
+  return v;
+}
+
 Options parse(int argc, char** argv) {
+  const std::string usage =
+      "usage: shardkit_gpu_comm_bench [--model NAME] [--batch B] [--seq S] [--bucket ELEMENTS] "
+      "[--wire fp32|bf16] [--ctas 4,8,16] [--reps N] [--json]";
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (a == "--model" && has_value) {
-      o.model = argv[++i];
-    } else if (a == "--batch" && has_value) {
-      o.batch = std::stoi(argv[++i]);
-    } else if (a == "--seq" && has_value) {
-      o.seq = std::stoi(argv[++i]);
-    } else if (a == "--bucket" && has_value) {
-      o.bucket = std::stoll(argv[++i]);
-    } else if (a == "--reps" && has_value) {
-      o.reps = std::max(1, std::stoi(argv[++i]));
-    } else if (a == "--wire" && has_value &&
-               (std::string(argv[i + 1]) == "fp32" || std::string(argv[i + 1]) == "bf16")) {
-      o.wire = std::string(argv[++i]) == "bf16" ? ckpt::DType::kBF16 : ckpt::DType::kF32;
-    } else if (a == "--json") {
+    if (a == "--json") {
       o.json = true;
+      continue;
+    }
+    if (i + 1 >= argc) fail(ErrorKind::kInvalidInput, usage + "; '" + a + "' without a value");
+    const std::string v = argv[++i];
+    if (a == "--model") {
+      o.model = v;
+    } else if (a == "--batch") {
+      o.batch = static_cast<int>(std::min<int64_t>(positive(a, v), 1 << 20));
+    } else if (a == "--seq") {
+      o.seq = static_cast<int>(std::min<int64_t>(positive(a, v), 1 << 20));
+    } else if (a == "--bucket") {
+      o.bucket = positive(a, v);
+    } else if (a == "--reps") {
+      o.reps = static_cast<int>(std::min<int64_t>(positive(a, v), 1000));
+    } else if (a == "--wire" && (v == "fp32" || v == "bf16")) {
+      o.wire = v == "bf16" ? ckpt::DType::kBF16 : ckpt::DType::kF32;
+    } else if (a == "--ctas") {
+      o.ctas.clear();
+      std::stringstream list(v);
+      for (std::string n; std::getline(list, n, ',');)
+        o.ctas.push_back(static_cast<int>(std::min<int64_t>(positive(a, n), 64)));
     } else {
-      fail(ErrorKind::kInvalidInput,
-           "usage: shardkit_gpu_comm_bench [--model NAME] [--batch B] [--seq S] "
-           "[--bucket ELEMENTS] [--wire fp32|bf16] [--reps N] [--json]; got '" +
-               a + "'");
+      fail(ErrorKind::kInvalidInput, usage + "; got '" + a + " " + v + "'");
     }
   }
   return o;
@@ -168,6 +194,33 @@ class BackwardStandIn {
   DeviceBuffer<T> a_, b_, out_;
 };
 
+// An NCCL communicator split off another (the same ranks) whose kernels use at most `ctas` thread
+// blocks: the SMs the reductions may take from the computation beside them.
+class LimitedComm {
+ public:
+  LimitedComm(ncclComm_t parent, int rank, int ctas) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.minCTAs = 1;
+    config.maxCTAs = ctas;
+    NCCL_CHECK(ncclCommSplit(parent, 0, rank, &comm_, &config));
+  }
+  ~LimitedComm() {
+    if (comm_ && !nccl_aborted(comm_)) ncclCommDestroy(comm_);
+  }
+  LimitedComm(const LimitedComm&) = delete;
+  LimitedComm& operator=(const LimitedComm&) = delete;
+  ncclComm_t get() const noexcept { return comm_; }
+
+ private:
+  ncclComm_t comm_ = nullptr;
+};
+
+struct Stage2Times {
+  double alone = 0;            // the reductions with nothing beside them
+  double products_beside = 0;  // the products, the reductions issued between their blocks
+  double to_the_end = 0;       // ... until the last reduction has landed
+};
+
 int run(int argc, char** argv) {
   const Options o = parse(argc, argv);
   comm::MpiCollective world(MPI_COMM_WORLD);
@@ -178,24 +231,45 @@ int run(int argc, char** argv) {
   const int last = static_cast<int>(groups.size()) - 1;
   cudaStream_t stream = context.stream();
   Timer timer(world, stream, o.reps);
+  BackwardStandIn backward(config, o.batch * o.seq, context.cublas());
+  const double products_alone = timer.ms([] {}, [&](cudaEvent_t) { backward.run([](int) {}); });
 
   ZeroConfig zero;
   zero.reduce_bucket_size = o.bucket;
   zero.contiguous_gradients = true;
   zero.overlap_comm = true;
   zero.stage = 2;
-  GpuZeroEngine<T> stage2(table, groups, zero, o.wire, world, context.nccl(), stream);
-  // Every group open before the clock starts (their buffers zeroed), closed in the backward pass's order.
-  auto open_all = [&] {
-    stage2.zero_grads();
-    for (int g = 0; g <= last; ++g) stage2.open_grads(g);
+  // Stage 2's reductions over `nccl`, alone and beside the products: every group opened before the
+  // clock starts (their buffers zeroed) and closed in the backward pass's order.
+  auto stage2_times = [&](ncclComm_t nccl) {
+    GpuZeroEngine<T> engine(table, groups, zero, o.wire, world, nccl, stream);
+    auto open_all = [&] {
+      engine.zero_grads();
+      for (int g = 0; g <= last; ++g) engine.open_grads(g);
+    };
+    auto close = [&](int group) { engine.close_grads(group); };
+    Stage2Times t;
+    t.alone = timer.ms(open_all, [&](cudaEvent_t) {
+      close(last);
+      for (int g = last - 1; g >= 0; --g) close(g);
+      engine.reduce_grads();
+    });
+    t.to_the_end = timer.ms(
+        open_all,
+        [&](cudaEvent_t mark) {
+          backward.run(close);
+          CUDA_CHECK(cudaEventRecord(mark, stream));
+          engine.reduce_grads();
+        },
+        &t.products_beside);
+    return t;
   };
-  auto close_in_order = [&](int group) { stage2.close_grads(group); };
-  const double stage2_alone = timer.ms(open_all, [&](cudaEvent_t) {
-    close_in_order(last);
-    for (int g = last - 1; g >= 0; --g) close_in_order(g);
-    stage2.reduce_grads();
-  });
+  std::vector<std::pair<int, Stage2Times>> stage2;  // (CTA limit, 0: NCCL's choice; times)
+  stage2.emplace_back(0, stage2_times(context.nccl()));
+  for (const int ctas : o.ctas) {
+    const LimitedComm limited(context.nccl(), world.rank(), ctas);
+    stage2.emplace_back(ctas, stage2_times(limited.get()));
+  }
 
   double stage1_alone = 0;
   {
@@ -225,42 +299,37 @@ int run(int argc, char** argv) {
         });
   }
 
-  BackwardStandIn backward(config, o.batch * o.seq, context.cublas());
-  const double products_alone = timer.ms([] {}, [&](cudaEvent_t) { backward.run([](int) {}); });
-  double products_beside = 0;
-  const double with_reductions = timer.ms(
-      open_all,
-      [&](cudaEvent_t mark) {
-        backward.run(close_in_order);
-        CUDA_CHECK(cudaEventRecord(mark, stream));
-        stage2.reduce_grads();
-      },
-      &products_beside);
-
   const double gradient_mb = static_cast<double>(elements) * 4 / 1e6;
+  const std::string wire(ckpt::dtype_name(o.wire));
   nlohmann::json out = {{"model", o.model},
                         {"ranks", W},
                         {"device", context.props().name},
                         {"gradient_mb", gradient_mb},
                         {"bucket_elements", o.bucket},
-                        {"wire", ckpt::dtype_name(o.wire)},
-                        {"stage2_reductions_ms", stage2_alone},
+                        {"wire", wire},
+                        {"products_alone_ms", products_alone},
                         {"stage1_reduce_scatter_ms", stage1_alone},
                         {"contiguous_bucket_reduce_scatters_ms", contiguous},
-                        {"products_alone_ms", products_alone},
-                        {"products_beside_reductions_ms", products_beside},
-                        {"products_and_reductions_ms", with_reductions}};
+                        {"stage2", nlohmann::json::array()}};
+  for (const auto& [ctas, t] : stage2) {
+    out["stage2"].push_back({{"max_ctas", ctas},
+                             {"reductions_alone_ms", t.alone},
+                             {"products_beside_reductions_ms", t.products_beside},
+                             {"products_and_reductions_ms", t.to_the_end}});
+  }
   if (world.rank() == 0) {
-    std::printf("GPT-2 %s gradients, %.0f MB fp32, %d ranks on %s, buckets of %lld elements, reduced in %s\n",
-                o.model.c_str(), gradient_mb, W, context.props().name, static_cast<long long>(o.bucket),
-                std::string(ckpt::dtype_name(o.wire)).c_str());
-    std::printf("%-62s %9s\n", "", "ms");
-    std::printf("%-62s %9.3f\n", "stage 2 reductions alone (ncclReduce per piece, bucketed)", stage2_alone);
-    std::printf("%-62s %9.3f\n", "stage 1 reduce-scatter alone (one call)", stage1_alone);
-    std::printf("%-62s %9.3f\n", "reduce-scatters of contiguous buckets, the same bytes", contiguous);
-    std::printf("%-62s %9.3f\n", "backward products alone", products_alone);
-    std::printf("%-62s %9.3f\n", "backward products, stage 2 reductions beside them", products_beside);
-    std::printf("%-62s %9.3f\n", "  ... and to the end of the reductions", with_reductions);
+    std::printf("GPT-2 %s gradients, %.0f MB fp32, %d ranks on %s, buckets of %lld elements, reduced in %s (ms)\n",
+                o.model.c_str(), gradient_mb, W, context.props().name, static_cast<long long>(o.bucket), wire.c_str());
+    std::printf("  stage 1: one reduce-scatter after the backward pass   %8.3f\n", stage1_alone);
+    std::printf("  reduce-scatters of contiguous buckets, the same bytes %8.3f\n", contiguous);
+    std::printf("  backward products alone                               %8.3f\n", products_alone);
+    std::printf("  stage 2 (ncclReduce per piece, bucketed):\n");
+    std::printf("  %-12s %16s %22s %20s\n", "NCCL CTAs", "reductions alone", "products beside them",
+                "to the last landing");
+    for (const auto& [ctas, t] : stage2) {
+      const std::string limit = ctas == 0 ? "NCCL's choice" : "at most " + std::to_string(ctas);
+      std::printf("  %-12s %16.3f %22.3f %20.3f\n", limit.c_str(), t.alone, t.products_beside, t.to_the_end);
+    }
     if (o.json) std::printf("%s\n", out.dump().c_str());
   }
   return 0;
