@@ -55,6 +55,9 @@ if [ "${SPEED:-1}" != 0 ]; then
       mpirun -n "$gpus" --bind-to none -x NCCL_NVLS_ENABLE build-gpu/bench/shardkit_gpu_comm_bench --wire "$wire" --json \
         2>&1 | tee "$out/comm-$wire.txt"
     done
+    echo "-- the same with NCCL's Simple protocol only (LL and LL128 keep SMs polling flags)"
+    NCCL_PROTO=Simple mpirun -n "$gpus" --bind-to none -x NCCL_NVLS_ENABLE -x NCCL_PROTO \
+      build-gpu/bench/shardkit_gpu_comm_bench --json 2>&1 | tee "$out/comm-fp32-simple.txt"
   fi
 fi
 
