@@ -64,31 +64,14 @@ class Timer {
       CUDA_CHECK(cudaEventRecord(stop_.get(), stream_));
       CUDA_CHECK(cudaEventSynchronize(stop_.get()));
       if (r == 0) continue;
-      total.push_back(elapsed(stop_.get()));
-      if (mark_ms) marked.push_back(elapsed(mark_.get()));
+      total.push_back(stop_.ms_since(start_));
+      if (mark_ms) marked.push_back(mark_.ms_since(start_));
     }
     if (mark_ms) *mark_ms = slowest_median(marked);
     return slowest_median(total);
   }
 
  private:
-  class TimedEvent {
-   public:
-    TimedEvent() { CUDA_CHECK(cudaEventCreate(&event_)); }
-    ~TimedEvent() { cudaEventDestroy(event_); }
-    TimedEvent(const TimedEvent&) = delete;
-    TimedEvent& operator=(const TimedEvent&) = delete;
-    cudaEvent_t get() const noexcept { return event_; }
-
-   private:
-    cudaEvent_t event_ = nullptr;
-  };
-
-  double elapsed(cudaEvent_t end) const {
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start_.get(), end));
-    return ms;
-  }
   double slowest_median(std::vector<double> v) const {
     std::sort(v.begin(), v.end());
     return world_.allreduce_max(v[v.size() / 2]);
@@ -97,7 +80,7 @@ class Timer {
   comm::MpiCollective& world_;
   cudaStream_t stream_;
   int reps_;
-  TimedEvent start_, stop_, mark_;
+  Event start_{Event::Timing::kOn}, stop_{Event::Timing::kOn}, mark_{Event::Timing::kOn};
 };
 
 // A positive count given to `flag`, or Error(kInvalidInput) naming both.
@@ -161,8 +144,8 @@ class BackwardStandIn {
   BackwardStandIn(const model::GptConfig& c, int tokens, cublasHandle_t cublas)
       : c_(c), n_(tokens), vp_(padded_vocab(c.vocab_size)), cublas_(cublas) {
     const size_t C = static_cast<size_t>(c.n_embd), N = static_cast<size_t>(tokens);
-    for (auto* b : {&a_, &b_, &out_}) {
-      b->resize(std::max(N * static_cast<size_t>(vp_), 4 * C * C + N * 4 * C));
+    for (auto* b : {&a_, &b_, &out_}) {  // the largest operand: the logits' gradient, N x Vp
+      b->resize(std::max({N * static_cast<size_t>(vp_), N * 4 * C, 4 * C * C}));
       CUDA_CHECK(cudaMemset(b->data(), 0, b->bytes()));
     }
   }

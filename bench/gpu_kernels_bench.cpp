@@ -33,23 +33,17 @@ struct Row {
 
 // Median of `reps` timed runs of fn, after two warm-up runs.
 double time_ms(cudaStream_t st, const std::function<void()>& fn, int reps = 15) {
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
+  const Event start(Event::Timing::kOn), stop(Event::Timing::kOn);
   fn();
   fn();
-  std::vector<float> times;
+  std::vector<double> times;
   for (int r = 0; r < reps; ++r) {
-    CUDA_CHECK(cudaEventRecord(start, st));
+    CUDA_CHECK(cudaEventRecord(start.get(), st));
     fn();
-    CUDA_CHECK(cudaEventRecord(stop, st));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms);
+    CUDA_CHECK(cudaEventRecord(stop.get(), st));
+    CUDA_CHECK(cudaEventSynchronize(stop.get()));
+    times.push_back(stop.ms_since(start));
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
 }

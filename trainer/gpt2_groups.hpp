@@ -12,12 +12,12 @@
 namespace shardkit::trainer {
 
 inline std::vector<TensorGroup> gpt2_groups(const model::GptConfig& config) {
-  const int L = config.n_layer, blocks = 2;  // the blocks start after wte and wpe
-  std::vector<TensorGroup> groups = {{0, blocks}};
+  const int L = config.n_layer, first_block = 2;  // the blocks' tensors follow wte and wpe
+  std::vector<TensorGroup> groups = {{0, first_block}};
   for (int l = 0; l < L; ++l) {
-    groups.push_back({blocks + model::kTensorsPerBlock * l, blocks + model::kTensorsPerBlock * (l + 1)});
+    groups.push_back({first_block + model::kTensorsPerBlock * l, first_block + model::kTensorsPerBlock * (l + 1)});
   }
-  groups.push_back({blocks + model::kTensorsPerBlock * L, blocks + model::kTensorsPerBlock * L + 2});
+  groups.push_back({first_block + model::kTensorsPerBlock * L, first_block + model::kTensorsPerBlock * L + 2});
   return groups;
 }
 

@@ -132,7 +132,11 @@ class Stream {
 
 class Event {
  public:
-  Event() { CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  // Events that order streams skip timing (cheaper); timed ones measure the time between two (benchmarks).
+  enum class Timing { kOff, kOn };
+  explicit Event(Timing timing = Timing::kOff) {
+    CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing == Timing::kOn ? cudaEventDefault : cudaEventDisableTiming));
+  }
   ~Event() { cudaEventDestroy(event_); }
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;
@@ -142,6 +146,12 @@ class Event {
     CUDA_CHECK(cudaStreamWaitEvent(waiter, event_, 0));
   }
   cudaEvent_t get() const noexcept { return event_; }
+  // Milliseconds from `start` to this event: both timed, both recorded, this one complete.
+  double ms_since(const Event& start) const {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
+    return ms;
+  }
 
  private:
   cudaEvent_t event_ = nullptr;
