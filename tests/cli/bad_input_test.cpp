@@ -102,5 +102,20 @@ TEST(BadInput, EachIsRefusedWithOneLineNamingTheProblem) {
   }
 }
 
+// `--device cuda` where no GPU can be used -- none visible (CUDA_VISIBLE_DEVICES empty hides them all,
+// so this runs on GPU machines too), or a build without CUDA -- is refused before any work, in one line.
+TEST(BadInput, CudaWithoutAGpuIsRefusedWithOneLine) {
+  testing::TempDir dir;
+  const Result r = run("train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --device cuda --data " +
+                           write_text_tokens(dir).string() + " --steps 1",
+                       "", "CUDA_VISIBLE_DEVICES=");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("--device cuda: "), std::string::npos) << r.err;
+  const bool none_visible = r.err.find("no CUDA device is visible") != std::string::npos;
+  const bool not_built = r.err.find("built without CUDA") != std::string::npos;
+  EXPECT_TRUE(none_visible || not_built) << r.err;
+}
+
 }  // namespace
 }  // namespace shardkit

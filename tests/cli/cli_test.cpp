@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "ckpt/run_dir.hpp"
 #include "ckpt/shard_format.hpp"
@@ -214,16 +216,19 @@ TEST(Cli, ARunKilledDuringAsynchronousSavesResumesFromItsLatestCheckpoint) {
   ASSERT_EQ(std::system(command.c_str()), 0);
   struct KillOnExit {  // whatever fails below, the endless run does not outlive the test
     std::string pid_file;
-    ~KillOnExit() { std::system(("kill -9 $(cat " + pid_file + ") 2>/dev/null").c_str()); }
+    ~KillOnExit() {
+      // Best effort: the run may have ended already.
+      [[maybe_unused]] const int rc = std::system(("kill -9 $(cat " + pid_file + ") 2>/dev/null").c_str());
+    }
   } guard{pid_file};
   // Wait until a few checkpoints are committed (saves run back to back), then kill without warning.
   for (int i = 0; i < 600; ++i) {
     const Result ls = run("ckpt ls " + run_dir.string() + " --json");
     if (ls.code == 0 && nlohmann::json::parse(ls.out).size() >= 3) break;
-    std::system("sleep 0.1");
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_EQ(std::system(("kill -9 $(cat " + pid_file + ")").c_str()), 0);
-  std::system("sleep 0.5");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   Result r = run("ckpt verify " + run_dir.string());
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   const auto list = nlohmann::json::parse(run("ckpt ls " + run_dir.string() + " --json").out);

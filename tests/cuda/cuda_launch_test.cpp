@@ -1,0 +1,44 @@
+// How GPU ranks meet their devices, through `mpirun shardkit train` as a user launches it: more ranks
+// than GPUs is refused with a message that names the clash (NCCL would stop at "invalid usage"), and a
+// launcher that hides all but one GPU from each rank (CUDA_VISIBLE_DEVICES per rank, as Slurm's
+// --gpus-per-task does) trains: every rank sees device 0, of distinct GPUs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "tests/cli/cli_support.hpp"
+#include "tests/cuda/require_gpus.hpp"
+
+namespace shardkit {
+namespace {
+
+using namespace testing::cli;
+
+std::string train_args(const testing::TempDir& dir) {
+  return "train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --device cuda --data " +
+         write_text_tokens(dir).string() + " --steps 2";
+}
+
+TEST(CudaLaunch, TwoRanksOnOneGpuAreRefusedWithTheClash) {
+  REQUIRE_GPUS(1);
+  testing::TempDir dir;
+  const Result r = run(train_args(dir), "timeout -s KILL 120 " + mpirun(2), "CUDA_VISIBLE_DEVICES=0");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--device cuda: ranks 0 and 1 both took GPU "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("start at most one rank per GPU"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("invalid usage"), std::string::npos) << r.err;
+}
+
+TEST(CudaLaunch, EachRankWithItsOwnVisibleDeviceTrains) {
+  REQUIRE_GPUS(1);
+  const int ranks = std::min(testing::visible_gpus(), 2);
+  testing::TempDir dir;
+  // Open MPI names each process's node-local rank; the wrapper shows it that one GPU only.
+  const std::string own_gpu = " sh -c 'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec \"$0\" \"$@\"'";
+  const Result r = run(train_args(dir), "timeout -s KILL 240 " + mpirun(ranks) + own_gpu);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("CUDA device 0"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace shardkit
