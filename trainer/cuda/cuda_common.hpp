@@ -16,6 +16,12 @@ namespace shardkit::trainer::cuda {
 
 [[noreturn]] void throw_cuda(const char* what, const char* detail, const char* file, int line);
 
+enum class Memory { kDevice, kPinnedHost };
+// A failed allocation of `bytes` of `where`: out of memory is Error(kIo) saying how much was asked, how
+// much is free and which settings need less (the most common way a GPU run fails, so it must not read
+// as a bug); any other status goes to throw_cuda.
+[[noreturn]] void throw_allocation_failure(cudaError_t status, size_t bytes, Memory where);
+
 // Blocks until `stream` has finished, checking `comm` meanwhile: NCCL reports a failed peer or
 // network asynchronously and leaves collectives waiting forever, and a rank that stalls leaves the
 // others waiting too. On an asynchronous NCCL error, or when the stream makes no progress for
@@ -67,7 +73,12 @@ class DeviceBuffer {
   void resize(size_t count) {
     if (count == count_) return;
     release();
-    if (count > 0) CUDA_CHECK(cudaMalloc(&data_, count * sizeof(T)));
+    if (count > 0) {
+      if (const cudaError_t e = cudaMalloc(&data_, count * sizeof(T)); e != cudaSuccess) {
+        data_ = nullptr;
+        throw_allocation_failure(e, count * sizeof(T), Memory::kDevice);
+      }
+    }
     count_ = count;
   }
   void release() noexcept {
@@ -106,7 +117,13 @@ class PinnedBuffer {
     if (count == count_) return;
     if (data_) cudaFreeHost(data_);
     data_ = nullptr;
-    if (count > 0) CUDA_CHECK(cudaMallocHost(&data_, count * sizeof(T)));
+    count_ = 0;
+    if (count > 0) {
+      if (const cudaError_t e = cudaMallocHost(&data_, count * sizeof(T)); e != cudaSuccess) {
+        data_ = nullptr;
+        throw_allocation_failure(e, count * sizeof(T), Memory::kPinnedHost);
+      }
+    }
     count_ = count;
   }
   T* data() const noexcept { return data_; }
