@@ -1,10 +1,12 @@
 // How GPU ranks meet their devices, through `mpirun shardkit train` as a user launches it: more ranks
 // than GPUs is refused with a message that names the clash (NCCL would stop at "invalid usage"), and a
 // launcher that hides all but one GPU from each rank (CUDA_VISIBLE_DEVICES per rank, as Slurm's
-// --gpus-per-task does) trains: every rank sees device 0, of distinct GPUs.
+// --gpus-per-task does) trains: every rank sees device 0, of distinct GPUs. And a model shape the
+// kernels lack is refused up front.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 
 #include "tests/cli/cli_support.hpp"
 #include "tests/cuda/require_gpus.hpp"
@@ -38,6 +40,23 @@ TEST(CudaLaunch, EachRankWithItsOwnVisibleDeviceTrains) {
   const Result r = run(train_args(dir), "timeout -s KILL 240 " + mpirun(ranks) + own_gpu);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("CUDA device 0"), std::string::npos) << r.out;
+}
+
+// A model whose shape the CUDA kernels were not built for is refused before any GPU work, naming the
+// model file -- not at the first forward pass, after its initialisation. Needs no GPU: the check comes
+// first.
+TEST(CudaLaunch, AHeadSizeTheKernelsLackIsRefusedNamingTheModel) {
+  testing::TempDir dir;
+  const auto model = dir / "heads48.json";
+  std::ofstream(model) << R"({"n_layer": 1, "n_head": 2, "n_embd": 96, "vocab_size": 256, "n_positions": 64})";
+  const Result r = run("train --config " + samples() + "tiny_zero2.json --model " + model.string() +
+                       " --device cuda --data " + write_text_tokens(dir).string() + " --steps 1");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("heads48.json: head size n_embd / n_head = 48, but the CUDA attention kernels are built for "
+                       "32, 64 and 128"),
+            std::string::npos)
+      << r.err;
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "trainer/cuda/device_context.cuh"
 #include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
+#include "trainer/cuda/kernels.cuh"
 
 namespace shardkit::trainer {
 namespace cuda {
@@ -95,6 +96,10 @@ class CudaBackend final : public Backend {
 }  // namespace cuda
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+  const model::GptConfig& m = *options.model;
+  if (const std::string why = cuda::unsupported_shape(m.n_embd, m.n_head); !why.empty()) {
+    fail(ErrorKind::kInvalidInput, "model " + m.name + ": " + why + " (--device cpu trains any shape)");
+  }
   const ZeroConfig& z = options.config->zero;
   if (z.offload_optimizer.device == "nvme" || z.offload_param.device == "nvme") {
     fail(ErrorKind::kInvalidInput,

@@ -9,7 +9,12 @@
 
 namespace shardkit::trainer::cuda {
 
-// Calls f(std::integral_constant<int, HS>{}) for head_size HS in {32, 64, 128}; any other is an error.
+constexpr bool supported_head_size(int head_size) {
+  return head_size == 32 || head_size == 64 || head_size == 128;
+}
+
+// Calls f(std::integral_constant<int, HS>{}) for head_size HS in {32, 64, 128} (the sizes above); any
+// other is an error.
 template <typename F>
 void with_head_size(int head_size, F&& f) {
   switch (head_size) {

@@ -60,6 +60,24 @@ void check_layernorm_channels(int C) {
     fail(ErrorKind::kInvalidInput, "CUDA LayerNorm needs a multiple of 8 channels, not " + std::to_string(C));
 }
 
+}  // namespace
+
+std::string unsupported_shape(int C, int NH) {
+  if (NH < 1 || C % NH != 0) return std::to_string(C) + " channels do not split into " + std::to_string(NH) + " heads";
+  if (!supported_head_size(C / NH)) {
+    return "head size n_embd / n_head = " + std::to_string(C / NH) +
+           ", but the CUDA attention kernels are built for 32, 64 and 128";
+  }
+  // (A multiple of 32 channels per head also gives LayerNorm's 16-byte rows.)
+  if (static_cast<size_t>(C) > kLayerNormMaxSharedBytes / 8) {
+    return "n_embd " + std::to_string(C) + " is above the " + std::to_string(kLayerNormMaxSharedBytes / 8) +
+           " channels the CUDA LayerNorm backward pass supports";
+  }
+  return "";
+}
+
+namespace {
+
 // ------------------------------------------------------------------------------------------------
 // Embeddings
 

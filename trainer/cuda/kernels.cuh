@@ -9,10 +9,16 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "trainer/adamw.hpp"
 
 namespace shardkit::trainer::cuda {
+
+// Why these kernels cannot train a model of C channels in NH heads, "" when they can: the attention is
+// built for head sizes 32, 64 and 128, and LayerNorm's backward pass holds a row's sums in shared
+// memory. Checked before a run starts, so a shape they cannot run fails before any work.
+std::string unsupported_shape(int C, int NH);
 
 // out (N, C) = wte[inputs] + wpe[s]
 template <typename T>
