@@ -13,6 +13,7 @@
 #include "ckpt/run_dir.hpp"
 #include "ckpt/run_lock.hpp"
 #include "ckpt/shard_format.hpp"
+#include "ckpt/text_format.hpp"
 #include "model/gpt2_config.hpp"
 #include "model/hf_weights.hpp"
 #include "trainer/backend.hpp"
@@ -36,19 +37,6 @@ double ms_since(Clock::time_point t) {
 int default_threads(comm::MpiCollective& comm) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, cores / comm.node_place().size);
-}
-
-std::string human_bytes(int64_t bytes) {
-  char buffer[32];
-  const double b = static_cast<double>(bytes);
-  if (b >= 1e9) {
-    std::snprintf(buffer, sizeof(buffer), "%.2f GB", b / 1e9);
-  } else if (b >= 1e6) {
-    std::snprintf(buffer, sizeof(buffer), "%.2f MB", b / 1e6);
-  } else {
-    std::snprintf(buffer, sizeof(buffer), "%.1f kB", b / 1e3);
-  }
-  return buffer;
 }
 
 }  // namespace
@@ -198,13 +186,14 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
 
   // Every rank reports what it holds, so that ZeRO's 1/N savings are visible.
   const MemoryReport m = s.backend->memory();
-  const auto held = [](int64_t device, int64_t host) {  // offloaded states are named by where they are
-    return host > 0 ? human_bytes(host) + " (in host memory)" : human_bytes(device);
+  const auto bytes = [](int64_t b) { return ckpt::format_bytes(static_cast<double>(b)); };
+  const auto held = [&](int64_t device, int64_t host) {  // offloaded states are named by where they are
+    return host > 0 ? bytes(host) + " (in host memory)" : bytes(device);
   };
   const std::string mine = "rank " + std::to_string(comm.rank()) + ": parameters " +
-                           held(m.parameters, m.host_parameters) + ", gradients " + human_bytes(m.gradients) +
+                           held(m.parameters, m.host_parameters) + ", gradients " + bytes(m.gradients) +
                            ", optimizer states " + held(m.optimizer_states, m.host_optimizer_states) +
-                           ", activations " + human_bytes(s.backend->activation_bytes());
+                           ", activations " + bytes(s.backend->activation_bytes());
   const std::vector<std::string> all = comm.gather(mine);
   const ckpt::DType comm_type = comm_dtype(s.config);
   const std::string wire = comm.size() > 1 && comm_type != ckpt::DType::kF32
@@ -382,8 +371,8 @@ bool Trainer::State::resume() {
     const double bytes = 3.0 * sizeof(float) * static_cast<double>(table.total_elements());
     restore(state, path.string());
     char rate[96];
-    std::snprintf(rate, sizeof(rate), ": %s of states read in %.2f s (%.2f GB/s)",
-                  human_bytes(static_cast<int64_t>(bytes)).c_str(), seconds, bytes / seconds / 1e9);
+    std::snprintf(rate, sizeof(rate), ": %s of states read in %.2f s (%.2f GB/s)", ckpt::format_bytes(bytes).c_str(),
+                  seconds, bytes / seconds / 1e9);
     log("resumed from " + path.string() + " at step " + std::to_string(step) + " (" + std::to_string(comm.size()) +
         " ranks, ZeRO stage " + std::to_string(config.zero.stage) + ")" + rate);
     set_damaged_aside(path);
@@ -420,7 +409,7 @@ void Trainer::State::report(const std::vector<SaveOutcome>& saves) {
     }
     char line[256];
     std::snprintf(line, sizeof(line), ": %s committed in %.0f ms, training stalled %.1f ms",
-                  human_bytes(o.bytes).c_str(), o.write_ms, o.stall_ms);
+                  ckpt::format_bytes(static_cast<double>(o.bytes)).c_str(), o.write_ms, o.stall_ms);
     log("checkpoint " + o.path.string() + line);
     write_metrics({{"event", "checkpoint"},
                    {"step", o.step},
