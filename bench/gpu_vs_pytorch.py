@@ -9,7 +9,7 @@ tokens/s over the timed steps after warm-up. Prints one JSON line per case and a
 
 The PyTorch side is a reference for the benchmark only; it is not part of shardkit.
 
-Usage: bench/gpu_vs_pytorch.py [--shardkit build-gpu/shardkit] [--steps 20] [--skip-pytorch]
+Usage: bench/gpu_vs_pytorch.py [--shardkit build-gpu/shardkit] [--steps 20] [--skip-pytorch] [--bucket N]
 """
 import argparse
 import json
@@ -32,6 +32,8 @@ ap.add_argument("--batch", type=int, default=16)
 ap.add_argument("--model", default="gpt2")
 ap.add_argument("--skip-pytorch", action="store_true")
 ap.add_argument("--offload", action="store_true", help="also run stage 2 with the optimizer on the CPU")
+ap.add_argument("--bucket", type=int, default=25_000_000,
+                help="reduce_bucket_size and allgather_bucket_size of shardkit's runs, in elements")
 args = ap.parse_args()
 
 SEQ = 1024
@@ -101,7 +103,7 @@ def pytorch_tokens_per_s(compiled, tokens):
 def shardkit_tokens_per_s(tmp, data, ranks, stage, offload=False, wire=None):
     config = {"train_batch_size": args.batch * ranks, "gradient_clipping": 1.0, "bf16": {"enabled": True},
               "zero_optimization": {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
-                                    "reduce_bucket_size": 25_000_000, "allgather_bucket_size": 25_000_000},
+                                    "reduce_bucket_size": args.bucket, "allgather_bucket_size": args.bucket},
               "optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "weight_decay": 0.1}}}
     if offload:
         config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}

@@ -5,9 +5,9 @@
 # breakdown and what the gradient reductions cost alone and beside the backward pass), and gpt2-xl
 # (1.5 B parameters) at stage 3 on 2 GPUs and at stage 2 with the optimizer offloaded to the CPU on
 # 1 GPU (XL=0 skips it), and, with 2 GPUs, checkpoint speed against the disk (CKPT=0 skips it). TESTS=0
-# and SPEED=0 skip the tests and the kernel and training-speed benchmarks. PROFILE=1 adds Nsight
-# Compute's view (occupancy, pipe use, stall reasons) of the attention and LayerNorm kernels at the
-# step's shapes.
+# and SPEED=0 skip the tests and the kernel and training-speed benchmarks; BUCKET=n sets the training
+# benchmark's reduce_bucket_size. PROFILE=1 adds Nsight Compute's view (occupancy, pipe use, stall
+# reasons) of the attention and LayerNorm kernels at the step's shapes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
@@ -45,7 +45,7 @@ if [ "${SPEED:-1}" != 0 ]; then
 
   log "training speed (bench/gpu_vs_pytorch.py${PYTORCH:+, with PyTorch})"
   python3 bench/gpu_vs_pytorch.py --shardkit build-gpu/shardkit --steps "${STEPS:-15}" \
-    $([ -z "${PYTORCH:-}" ] && echo --skip-pytorch) --offload 2>&1 | tee "$out/speed.txt" | tail -14
+    $([ -z "${PYTORCH:-}" ] && echo --skip-pytorch) ${BUCKET:+--bucket "$BUCKET"} --offload 2>&1 | tee "$out/speed.txt" | tail -14
 
   if [ "$gpus" -ge 2 ]; then
     log "where a step's time goes per stage and reduction type (bench/gpu_step_breakdown.sh)"
