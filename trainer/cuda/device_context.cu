@@ -11,7 +11,7 @@ namespace {
 // collided and how to launch. Ranks compare the PCI address of the GPU they took on their host, not
 // device numbers: a launcher that gives each rank its own CUDA_VISIBLE_DEVICES makes every rank take
 // device 0, of distinct GPUs. Collective: every rank fails with the same message, or none does.
-void refuse_shared_gpus(comm::MpiCollective& comm, int device, int visible) {
+void refuse_shared_gpus(comm::MpiCollective& comm, int device) {
   char bus[32] = {};
   CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof(bus), device));
   char host[MPI_MAX_PROCESSOR_NAME] = {};
@@ -23,8 +23,7 @@ void refuse_shared_gpus(comm::MpiCollective& comm, int device, int visible) {
   std::map<std::string, size_t> first_rank;  // "PCI address on host" -> the first rank that took it
   for (size_t r = 0; r < gpus.size() && clash.empty(); ++r) {
     if (const auto [it, fresh] = first_rank.emplace(gpus[r], r); !fresh) {
-      clash = "ranks " + std::to_string(it->second) + " and " + std::to_string(r) + " both took GPU " + gpus[r] +
-              " (this rank sees " + std::to_string(visible) + " CUDA device(s))";
+      clash = "ranks " + std::to_string(it->second) + " and " + std::to_string(r) + " both took GPU " + gpus[r];
     }
   }
   clash = comm.broadcast(clash);
@@ -46,7 +45,7 @@ DeviceContext::DeviceContext(comm::MpiCollective& comm) {
   }
   device_ = comm.node_place().rank % count;
   CUDA_CHECK(cudaSetDevice(device_));
-  refuse_shared_gpus(comm, device_, count);
+  refuse_shared_gpus(comm, device_);
   CUDA_CHECK(cudaGetDeviceProperties(&props_, device_));
   stream_ = std::make_unique<Stream>();
   CUBLAS_CHECK(cublasCreate(&cublas_));
