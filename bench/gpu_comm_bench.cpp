@@ -185,17 +185,12 @@ class LimitedComm {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.minCTAs = 1;
     config.maxCTAs = ctas;
-    NCCL_CHECK(ncclCommSplit(parent, 0, rank, &comm_, &config));
+    NCCL_CHECK(ncclCommSplit(parent, 0, rank, comm_.out(), &config));
   }
-  ~LimitedComm() {
-    if (comm_ && !nccl_aborted(comm_)) ncclCommDestroy(comm_);
-  }
-  LimitedComm(const LimitedComm&) = delete;
-  LimitedComm& operator=(const LimitedComm&) = delete;
-  ncclComm_t get() const noexcept { return comm_; }
+  ncclComm_t get() const noexcept { return comm_.get(); }
 
  private:
-  ncclComm_t comm_ = nullptr;
+  NcclComm comm_;
 };
 
 struct Stage2Times {

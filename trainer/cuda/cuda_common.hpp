@@ -134,6 +134,23 @@ class PinnedBuffer {
   size_t count_ = 0;
 };
 
+// An NCCL communicator, destroyed with its owner -- unless wait_checking_nccl aborted it, which frees it.
+class NcclComm {
+ public:
+  NcclComm() = default;
+  ~NcclComm() {
+    if (comm_ && !nccl_aborted(comm_)) ncclCommDestroy(comm_);
+  }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+  // Where ncclCommInitRank or ncclCommSplit puts the communicator this one owns.
+  ncclComm_t* out() noexcept { return &comm_; }
+  ncclComm_t get() const noexcept { return comm_; }
+
+ private:
+  ncclComm_t comm_ = nullptr;
+};
+
 class Stream {
  public:
   Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }

@@ -55,11 +55,10 @@ DeviceContext::DeviceContext(comm::MpiCollective& comm) {
   ncclUniqueId id;
   if (comm.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   comm.broadcast_bytes(&id, sizeof(id));
-  NCCL_CHECK(ncclCommInitRank(&nccl_, comm.size(), id, comm.rank()));
+  NCCL_CHECK(ncclCommInitRank(nccl_.out(), comm.size(), id, comm.rank()));
 }
 
 DeviceContext::~DeviceContext() {
-  if (nccl_ && !nccl_aborted(nccl_)) ncclCommDestroy(nccl_);
   if (cublas_) cublasDestroy(cublas_);
 }
 

@@ -22,14 +22,14 @@ class DeviceContext {
   const cudaDeviceProp& props() const noexcept { return props_; }
   cudaStream_t stream() const noexcept { return stream_->get(); }
   cublasHandle_t cublas() const noexcept { return cublas_; }
-  ncclComm_t nccl() const noexcept { return nccl_; }
+  ncclComm_t nccl() const noexcept { return nccl_.get(); }
 
  private:
   int device_ = 0;
   cudaDeviceProp props_{};
   std::unique_ptr<Stream> stream_;  // created once the device is chosen: a stream belongs to one device
   cublasHandle_t cublas_ = nullptr;
-  ncclComm_t nccl_ = nullptr;
+  NcclComm nccl_;
 };
 
 }  // namespace shardkit::trainer::cuda

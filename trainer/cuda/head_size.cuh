@@ -9,12 +9,13 @@
 
 namespace shardkit::trainer::cuda {
 
+// The head sizes the attention kernels are compiled for, as a test and as words; with_head_size's cases.
 constexpr bool supported_head_size(int head_size) {
   return head_size == 32 || head_size == 64 || head_size == 128;
 }
+inline constexpr const char* kHeadSizes = "32, 64 and 128";
 
-// Calls f(std::integral_constant<int, HS>{}) for head_size HS in {32, 64, 128} (the sizes above); any
-// other is an error.
+// Calls f(std::integral_constant<int, HS>{}) for a supported head size HS; any other is an error.
 template <typename F>
 void with_head_size(int head_size, F&& f) {
   switch (head_size) {
@@ -26,7 +27,7 @@ void with_head_size(int head_size, F&& f) {
       return f(std::integral_constant<int, 128>{});
     default:
       fail(ErrorKind::kInvalidInput,
-           "CUDA attention supports head sizes 32, 64 and 128, not " + std::to_string(head_size));
+           std::string("CUDA attention supports head sizes ") + kHeadSizes + ", not " + std::to_string(head_size));
   }
 }
 

@@ -14,7 +14,9 @@ namespace {
 
 constexpr float kLayerNormEps = 1e-5f;
 constexpr size_t kLayerNormMaxSharedBytes = size_t{200} << 10;  // within the 227 KiB an H100/H200 block may use
-constexpr float kGeluScale = 0.7978845608028654f;               // sqrt(2 / pi)
+// The widest row LayerNorm's backward pass takes: one warp's sums, two floats a channel, in that memory.
+constexpr size_t kLayerNormMaxChannels = kLayerNormMaxSharedBytes / (2 * sizeof(float));
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 
 __device__ __forceinline__ float to_float(float x) {
@@ -63,14 +65,13 @@ void check_layernorm_channels(int C) {
 }  // namespace
 
 std::string unsupported_shape(int C, int NH) {
-  if (NH < 1 || C % NH != 0) return std::to_string(C) + " channels do not split into " + std::to_string(NH) + " heads";
   if (!supported_head_size(C / NH)) {
-    return "head size n_embd / n_head = " + std::to_string(C / NH) +
-           ", but the CUDA attention kernels are built for 32, 64 and 128";
+    return "head size n_embd / n_head = " + std::to_string(C / NH) + ", but the CUDA attention kernels are built for " +
+           kHeadSizes;
   }
   // (A multiple of 32 channels per head also gives LayerNorm's 16-byte rows.)
-  if (static_cast<size_t>(C) > kLayerNormMaxSharedBytes / 8) {
-    return "n_embd " + std::to_string(C) + " is above the " + std::to_string(kLayerNormMaxSharedBytes / 8) +
+  if (static_cast<size_t>(C) > kLayerNormMaxChannels) {
+    return "n_embd " + std::to_string(C) + " is above the " + std::to_string(kLayerNormMaxChannels) +
            " channels the CUDA LayerNorm backward pass supports";
   }
   return "";
@@ -687,8 +688,7 @@ void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, co
   if (bytes > (size_t{48} << 10)) {
     if (bytes > kLayerNormMaxSharedBytes) {
       fail(ErrorKind::kInvalidInput, "CUDA LayerNorm backward supports at most " +
-                                         std::to_string(kLayerNormMaxSharedBytes / 8) + " channels, not " +
-                                         std::to_string(C));
+                                         std::to_string(kLayerNormMaxChannels) + " channels, not " + std::to_string(C));
     }
     CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(bytes)));

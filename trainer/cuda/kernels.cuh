@@ -15,7 +15,8 @@
 
 namespace shardkit::trainer::cuda {
 
-// Why these kernels cannot train a model of C channels in NH heads, "" when they can: the attention is
+// Why these kernels cannot train a model of C channels in NH heads (C divisible by NH, as model::validate
+// ensures), "" when they can: the attention is
 // built for head sizes 32, 64 and 128, and LayerNorm's backward pass holds a row's sums in shared
 // memory. Checked before a run starts, so a shape they cannot run fails before any work.
 std::string unsupported_shape(int C, int NH);
