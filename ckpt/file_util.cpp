@@ -121,12 +121,38 @@ void write_file_durable(const std::filesystem::path& path, std::string_view cont
   crash_point(path.filename().string());
 }
 
-std::string read_small_file(const std::filesystem::path& path, size_t max_bytes) {
-  FileDescriptor fd(path, O_RDONLY);
+namespace {
+
+// What a non-regular file is, for the error that refuses it.
+const char* file_type_name(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a file";
+}
+
+}  // namespace
+
+FileDescriptor open_input_file(const std::filesystem::path& path) {
+  FileDescriptor fd(path, O_RDONLY | O_NONBLOCK);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) fail_errno(path.string() + ": fstat", errno);
+  if (!S_ISREG(st.st_mode)) {
+    fail(ErrorKind::kInvalidInput, path.string() + ": not a regular file (" + file_type_name(st.st_mode) + ")");
+  }
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) fail_errno(path.string() + ": fcntl", errno);
+  return fd;
+}
+
+std::string read_small_file(const std::filesystem::path& path, size_t max_bytes, ErrorKind kind) {
+  const FileDescriptor fd = open_input_file(path);
   const int64_t size = fd.size();
   if (size < 0 || static_cast<uint64_t>(size) > max_bytes) {
-    fail(ErrorKind::kCorrupt, path.string() + ": " + std::to_string(size) + " bytes, larger than the " +
-                                  std::to_string(max_bytes) + " bytes such a file may have");
+    fail(kind, path.string() + ": " + std::to_string(size) + " bytes, larger than the " + std::to_string(max_bytes) +
+                   " bytes such a file may have");
   }
   std::string content(static_cast<size_t>(size), '\0');
   fd.pread_exact(content.data(), content.size(), 0);

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "ckpt/error.hpp"
+
 namespace shardkit::ckpt {
 
 class FileDescriptor {
@@ -52,7 +54,16 @@ void fsync_directory(const std::filesystem::path& dir);
 // one: writes `path.tmp`, fsyncs it, renames it over `path` and fsyncs the directory.
 void write_file_durable(const std::filesystem::path& path, std::string_view content);
 
-// Reads a whole file of at most `max_bytes` (Error(kCorrupt) when larger: a guard against garbage).
-std::string read_small_file(const std::filesystem::path& path, size_t max_bytes);
+// Opens a file that shardkit reads as input (a manifest, a config, weights, tokens, a shard, `latest`)
+// read-only. It must be a regular file; a symbolic link to one is followed, as users link their data.
+// Anything else is Error(kInvalidInput) "<path>: not a regular file (a FIFO)": without the check a
+// FIFO blocks the open and every read forever, a device streams without end, and a directory fails
+// later with a puzzling message. The open itself never blocks (O_NONBLOCK, cleared once fstat(2) has
+// seen a regular file).
+FileDescriptor open_input_file(const std::filesystem::path& path);
+
+// Reads a whole input file (open_input_file) of at most `max_bytes`; a larger one is Error(`kind`)
+// before anything is allocated for it.
+std::string read_small_file(const std::filesystem::path& path, size_t max_bytes, ErrorKind kind = ErrorKind::kCorrupt);
 
 }  // namespace shardkit::ckpt

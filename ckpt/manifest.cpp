@@ -6,6 +6,7 @@
 #include "ckpt/checksum.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/file_util.hpp"
+#include "ckpt/json_input.hpp"
 #include "ckpt/shard_format.hpp"
 #include "ckpt/zstd_codec.hpp"
 
@@ -32,17 +33,7 @@ class Fields {
     return *it;
   }
   int64_t integer(const char* key, int64_t lo, int64_t hi) const {
-    const nlohmann::json& v = get(key);
-    if (!v.is_number_integer()) bad(std::string("field '") + key + "' is not an integer");
-    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
-      bad(std::string("field '") + key + "' is out of range");
-    }
-    const int64_t x = v.get<int64_t>();
-    if (x < lo || x > hi) {
-      bad(std::string("field '") + key + "' = " + std::to_string(x) + " is out of range [" + std::to_string(lo) + ", " +
-          std::to_string(hi) + "]");
-    }
-    return x;
+    return checked_integer(get(key), where_, key, lo, hi, ErrorKind::kCorrupt);
   }
   std::string string(const char* key, size_t max_length = 256) const {
     const nlohmann::json& v = get(key);
@@ -105,8 +96,7 @@ nlohmann::json manifest_to_json(const Manifest& m) {
 }
 
 Manifest parse_manifest(const std::string& text, const std::string& where) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) fail(ErrorKind::kCorrupt, where + ": not valid JSON");
+  nlohmann::json j = parse_untrusted_json(text, {kMaxManifestBytes, false}, where, ErrorKind::kCorrupt);
   Fields top(j, where);
   if (top.string("format") != kManifestFormatName) top.bad("not a shardkit manifest (format field)");
   Manifest m;
@@ -117,14 +107,14 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
   }
   uint64_t stored_digest = 0;
   if (!from_hex(top.string(kDigestKey), &stored_digest)) top.bad("manifest_digest is not 16 hex digits");
-  nlohmann::json body = j;
-  body.erase(kDigestKey);
-  if (canonical_digest(body) != stored_digest) {
+  // Erased in place rather than from a copy: the tree of a large manifest is many times its text.
+  j.erase(kDigestKey);
+  if (canonical_digest(j) != stored_digest) {
     top.bad("manifest digest mismatch: the file was modified or damaged after it was written");
   }
 
   m.checkpoint_uid = top.string("checkpoint_uid", 64);
-  m.step = top.integer("step", 0, int64_t{1} << 62);
+  m.step = top.integer("step", 0, kMaxStep);
   m.created = top.string("created");
   m.writer = top.string("writer");
   m.tensors = tensor_table_from_json(top.array("tensors"), where);
@@ -145,7 +135,8 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
   m.chunk_elems = storage.integer("chunk_elems", 1, kMaxChunkElems);
   m.compression_level = static_cast<int>(storage.integer("compression_level", 0, 19));
   const std::string codec = storage.string("compression");
-  if (codec != (m.compression_level > 0 ? "zstd" : "none")) storage.bad("compression '" + codec + "' is unsupported");
+  if (codec != (m.compression_level > 0 ? "zstd" : "none"))
+    storage.bad("compression " + quoted_excerpt(codec) + " is unsupported");
   if (storage.string("checksum") != kChecksumName) storage.bad("checksum must be xxh64");
 
   const nlohmann::json& shards = top.array("shards");
@@ -161,15 +152,17 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
     // The file name is never used as a path as given: only the one name the rank and world size imply.
     const std::string expected = shard_file_name(static_cast<int>(r), m.layout.world_size);
     if (s.rank != static_cast<int>(r) || s.file != expected) {
-      f.bad("rank " + std::to_string(s.rank) + " in file '" + s.file.substr(0, 80) + "', expected rank " +
+      f.bad("rank " + std::to_string(s.rank) + " in file " + quoted_excerpt(s.file) + ", expected rank " +
             std::to_string(r) + " in " + expected);
     }
     if (!from_hex(f.string("digest"), &s.digest)) f.bad("digest is not 16 hex digits");
     m.shards.push_back(std::move(s));
   }
-  m.trainer_state = top.object("trainer_state");
-  m.model = top.object("model");
-  m.config = top.object("config");
+  // Moved, not copied: these are opaque to this library and may be most of the manifest.
+  for (const char* key : {"trainer_state", "model", "config"}) top.object(key);
+  m.trainer_state = std::move(j["trainer_state"]);
+  m.model = std::move(j["model"]);
+  m.config = std::move(j["config"]);
   return m;
 }
 
@@ -179,7 +172,15 @@ Manifest read_manifest(const std::filesystem::path& step_dir) {
 }
 
 void write_manifest(const std::filesystem::path& step_dir, const Manifest& manifest) {
-  write_file_durable(step_dir / kManifestFileName, manifest_to_json(manifest).dump(2) + "\n");
+  const std::filesystem::path path = step_dir / kManifestFileName;
+  const std::string text = manifest_to_json(manifest).dump(2) + "\n";
+  // A manifest that no reader would accept must not commit a checkpoint.
+  if (text.size() > kMaxManifestBytes) {
+    fail(ErrorKind::kInvalidInput, path.string() + ": " + std::to_string(text.size()) +
+                                       " bytes of manifest, more than the " + std::to_string(kMaxManifestBytes) +
+                                       " a reader accepts (too many ranks or tensors)");
+  }
+  write_file_durable(path, text);
 }
 
 std::string make_checkpoint_uid() {

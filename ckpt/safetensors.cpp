@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/error.hpp"
+#include "ckpt/json_input.hpp"
 
 namespace shardkit::ckpt::safetensors {
 namespace {
@@ -45,25 +46,6 @@ int dtype_order(std::string_view dtype) {
   return -1;
 }
 
-// A name for an error message: quoted, control bytes escaped and long names cut, so the message stays one
-// readable line whatever a file holds.
-std::string shown(std::string_view name) {
-  constexpr size_t kShown = 160;
-  std::string out = "'";
-  for (size_t i = 0; i < name.size() && i < kShown; ++i) {
-    const auto c = static_cast<unsigned char>(name[i]);
-    if (c < 0x20 || c == 0x7f) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof(escaped), "\\x%02x", c);
-      out += escaped;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  out += name.size() > kShown ? "'..." : "'";
-  return out;
-}
-
 // Why `name` cannot be a tensor name, or an empty string when it can.
 std::string name_problem(std::string_view name) {
   if (name.empty()) return "empty tensor name";
@@ -71,7 +53,7 @@ std::string name_problem(std::string_view name) {
     return "tensor name of " + std::to_string(name.size()) + " bytes (at most " + std::to_string(kMaxTensorNameBytes) +
            ")";
   }
-  if (name.find('\0') != std::string_view::npos) return "tensor name " + shown(name) + " contains a NUL byte";
+  if (name.find('\0') != std::string_view::npos) return "tensor name " + quoted_excerpt(name) + " contains a NUL byte";
   return {};
 }
 
@@ -84,7 +66,7 @@ struct ByteSize {
 
 ByteSize byte_size(std::string_view dtype, const std::vector<int64_t>& shape) {
   const size_t bits = dtype_bits(dtype);
-  if (bits == 0) return {0, "unknown dtype " + shown(dtype)};
+  if (bits == 0) return {0, "unknown dtype " + quoted_excerpt(dtype)};
   if (shape.size() > kMaxRank) {
     return {0, "rank " + std::to_string(shape.size()) + " above the limit of " + std::to_string(kMaxRank)};
   }
@@ -193,13 +175,13 @@ class HeaderSax {
         key_ = std::move(key);
         return true;
       case State::kMetadata:
-        if (header.metadata.count(key) != 0) return stop("__metadata__ key " + shown(key) + " appears twice");
+        if (header.metadata.count(key) != 0) return stop("__metadata__ key " + quoted_excerpt(key) + " appears twice");
         key_ = std::move(key);
         return true;
       case State::kTensor:
         return tensor_field(key);
       default:
-        return stop("unexpected key " + shown(key));  // not reachable: keys only occur inside objects
+        return stop("unexpected key " + quoted_excerpt(key));  // not reachable: keys only occur inside objects
     }
   }
 
@@ -262,7 +244,7 @@ class HeaderSax {
     return false;
   }
 
-  std::string tensor_prefix() const { return "tensor " + shown(tensor_.info.name) + ": "; }
+  std::string tensor_prefix() const { return "tensor " + quoted_excerpt(tensor_.info.name) + ": "; }
 
   // The schema allows exactly three fields, each once.
   bool tensor_field(const std::string& key) {
@@ -277,7 +259,7 @@ class HeaderSax {
       field_ = Field::kOffsets;
       seen = &tensor_.has_offsets;
     } else {
-      return stop(tensor_prefix() + "unknown field " + shown(key) + " (expected dtype, shape, data_offsets)");
+      return stop(tensor_prefix() + "unknown field " + quoted_excerpt(key) + " (expected dtype, shape, data_offsets)");
     }
     if (*seen) return stop(tensor_prefix() + "field " + key + " appears twice");
     *seen = true;
@@ -304,9 +286,9 @@ class HeaderSax {
         return stop("header is " + what + ", not a JSON object");
       case State::kTop:
         if (key_ == kMetadataKey) return stop("__metadata__ is " + what + ", not an object");
-        return stop("tensor " + shown(key_) + " is " + what + ", not an object");
+        return stop("tensor " + quoted_excerpt(key_) + " is " + what + ", not an object");
       case State::kMetadata:
-        return stop("__metadata__ value of " + shown(key_) + " is " + what + ", not a string");
+        return stop("__metadata__ value of " + quoted_excerpt(key_) + " is " + what + ", not a string");
       case State::kTensor: {
         const char* expected = field_ == Field::kDtype   ? "dtype is "
                                : field_ == Field::kShape ? "shape is "
@@ -337,7 +319,7 @@ void validate_layout(const Header& header, uint64_t file_size, const std::string
   uint64_t expected_begin = 0;
   const TensorInfo* previous = nullptr;
   for (const TensorInfo& t : header.tensors) {
-    const std::string prefix = where + ": tensor " + shown(t.name) + ": ";
+    const std::string prefix = where + ": tensor " + quoted_excerpt(t.name) + ": ";
     const ByteSize size = byte_size(t.dtype, t.shape);
     if (!size.problem.empty()) fail(ErrorKind::kCorrupt, prefix + size.problem);
     if (t.end < t.begin) {
@@ -355,8 +337,8 @@ void validate_layout(const Header& header, uint64_t file_size, const std::string
     }
     if (t.begin < expected_begin) {
       fail(ErrorKind::kCorrupt, prefix + "begins at data byte " + std::to_string(t.begin) + ", inside tensor " +
-                                    shown(previous->name) + " which ends at " + std::to_string(expected_begin) +
-                                    " (overlap)");
+                                    quoted_excerpt(previous->name) + " which ends at " +
+                                    std::to_string(expected_begin) + " (overlap)");
     }
     expected_begin = t.end;
     previous = &t;
@@ -401,7 +383,7 @@ std::string json_string(const std::string& text, const std::string& what) {
   try {
     return json(text).dump();
   } catch (const json::exception&) {
-    fail(ErrorKind::kInvalidInput, what + " is not valid UTF-8: " + shown(text));
+    fail(ErrorKind::kInvalidInput, what + " is not valid UTF-8: " + quoted_excerpt(text));
   }
 }
 
@@ -416,7 +398,7 @@ std::string compact_header(const std::vector<TensorInfo>& tensors, const std::ma
       first = false;
       out += json_string(key, where + ": metadata key");
       out += ':';
-      out += json_string(value, where + ": metadata value of " + shown(key));
+      out += json_string(value, where + ": metadata value of " + quoted_excerpt(key));
     }
     out += '}';
   }
@@ -445,7 +427,8 @@ size_t dtype_bits(std::string_view dtype) {
 
 uint64_t tensor_bytes(const TensorSpec& spec) {
   const ByteSize size = byte_size(spec.dtype, spec.shape);
-  if (!size.problem.empty()) fail(ErrorKind::kInvalidInput, "tensor " + shown(spec.name) + ": " + size.problem);
+  if (!size.problem.empty())
+    fail(ErrorKind::kInvalidInput, "tensor " + quoted_excerpt(spec.name) + ": " + size.problem);
   return size.bytes;
 }
 
@@ -491,7 +474,7 @@ Header parse_header(std::string_view json_text, uint64_t file_size, const std::s
   // Duplicates first: a repeated name would otherwise be reported as an overlap or a size mismatch.
   for (size_t i = 0; i < header.tensors.size(); ++i) {
     if (!header.index.emplace(header.tensors[i].name, i).second) {
-      fail(ErrorKind::kCorrupt, where + ": tensor " + shown(header.tensors[i].name) + " appears twice");
+      fail(ErrorKind::kCorrupt, where + ": tensor " + quoted_excerpt(header.tensors[i].name) + " appears twice");
     }
   }
   validate_layout(header, file_size, where);
@@ -500,7 +483,7 @@ Header parse_header(std::string_view json_text, uint64_t file_size, const std::s
 
 // ---------------------------------------------------------------------------------------------------
 
-Reader::Reader(const std::filesystem::path& path) : fd_(path, O_RDONLY) {
+Reader::Reader(const std::filesystem::path& path) : fd_(open_input_file(path)) {
   const std::string where = path.string();
   const auto size = static_cast<uint64_t>(fd_.size());
   if (size < 8) {
@@ -529,8 +512,8 @@ void Reader::read(const TensorInfo& tensor, uint64_t offset, std::span<std::byte
   const bool in_file = tensor.begin <= tensor.end && header_.data_start + tensor.end <= file_size_;
   if (!in_file || offset > tensor.size() || out.size() > tensor.size() - offset) {
     fail(ErrorKind::kInternal, path().string() + ": read of bytes [" + std::to_string(offset) + ", +" +
-                                   std::to_string(out.size()) + ") outside tensor " + shown(tensor.name) + " of " +
-                                   std::to_string(tensor.size()) + " bytes");
+                                   std::to_string(out.size()) + ") outside tensor " + quoted_excerpt(tensor.name) +
+                                   " of " + std::to_string(tensor.size()) + " bytes");
   }
   fd_.pread_exact(out.data(), out.size(), static_cast<int64_t>(header_.data_start + tensor.begin + offset));
 }
@@ -552,7 +535,7 @@ Writer::Writer(const std::filesystem::path& path, std::vector<TensorSpec> tensor
     if (spec.name == kMetadataKey) fail(ErrorKind::kInvalidInput, where + ": a tensor cannot be named __metadata__");
     const ByteSize size = byte_size(spec.dtype, spec.shape);
     if (!size.problem.empty()) {
-      fail(ErrorKind::kInvalidInput, where + ": tensor " + shown(spec.name) + ": " + size.problem);
+      fail(ErrorKind::kInvalidInput, where + ": tensor " + quoted_excerpt(spec.name) + ": " + size.problem);
     }
     const int order = dtype_order(spec.dtype);
     placed.push_back({std::move(spec), size.bytes, order});
@@ -571,7 +554,7 @@ Writer::Writer(const std::filesystem::path& path, std::vector<TensorSpec> tensor
     }
     offset = info.end;
     if (!index_.emplace(info.name, tensors_.size()).second) {
-      fail(ErrorKind::kInvalidInput, where + ": tensor " + shown(info.name) + " is listed twice");
+      fail(ErrorKind::kInvalidInput, where + ": tensor " + quoted_excerpt(info.name) + " is listed twice");
     }
     tensors_.push_back(std::move(info));
   }
@@ -597,7 +580,8 @@ Writer::Writer(const std::filesystem::path& path, std::vector<TensorSpec> tensor
 
 const TensorInfo& Writer::lookup(std::string_view name) const {
   const auto it = index_.find(name);
-  if (it == index_.end()) fail(ErrorKind::kInternal, path().string() + ": no tensor " + shown(name) + " in this file");
+  if (it == index_.end())
+    fail(ErrorKind::kInternal, path().string() + ": no tensor " + quoted_excerpt(name) + " in this file");
   return tensors_[it->second];
 }
 
@@ -611,10 +595,11 @@ uint64_t Writer::tensor_bytes(std::string_view name) const {
 
 void Writer::write(std::string_view name, uint64_t offset, std::span<const std::byte> bytes) {
   const TensorInfo& t = lookup(name);
-  if (finished_) fail(ErrorKind::kInternal, path().string() + ": write to tensor " + shown(name) + " after finish()");
+  if (finished_)
+    fail(ErrorKind::kInternal, path().string() + ": write to tensor " + quoted_excerpt(name) + " after finish()");
   if (offset > t.size() || bytes.size() > t.size() - offset) {
     fail(ErrorKind::kInternal, path().string() + ": write of bytes [" + std::to_string(offset) + ", +" +
-                                   std::to_string(bytes.size()) + ") outside tensor " + shown(name) + " of " +
+                                   std::to_string(bytes.size()) + ") outside tensor " + quoted_excerpt(name) + " of " +
                                    std::to_string(t.size()) + " bytes");
   }
   pwrite_all(fd_, bytes.data(), bytes.size(), data_start_ + t.begin + offset);

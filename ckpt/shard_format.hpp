@@ -20,16 +20,24 @@ inline constexpr std::string_view kExpAvg = "exp_avg";
 inline constexpr std::string_view kExpAvgSq = "exp_avg_sq";
 
 inline constexpr int64_t kDefaultChunkElems = int64_t{1} << 18;  // 1 MiB of fp32 per chunk
-inline constexpr int64_t kMaxChunkElems = int64_t{1} << 28;      // 1 GiB
+// 16 MiB of fp32: every reader holds a chunk or two per thread (decoded, and as stored), so this cap,
+// which writers enforce as well, is what a shard can make a reader allocate; 16 times the default.
+inline constexpr int64_t kMaxChunkElems = int64_t{1} << 22;
 inline constexpr size_t kMaxStates = 16;
-inline constexpr size_t kMaxManifestBytes = size_t{256} << 20;
+// A manifest of 65,536 ranks and a 7B model's ~300 tensors is about 9 MB (130 bytes per shard entry);
+// twice that leaves room, and keeps the parsed tree of a crafted manifest in the low hundreds of MB.
+inline constexpr size_t kMaxManifestBytes = size_t{16} << 20;
+// The largest step a checkpoint may record: a trillion steps (31 years at one step a millisecond).
+// Step directory names then have at most 12 digits.
+inline constexpr int64_t kMaxStep = 999'999'999'999;
 
 // Shard file of `rank` in a checkpoint of `world_size` ranks: "shard-00003-of-00008.h5".
 std::string shard_file_name(int rank, int world_size);
 
-// Step directory of a checkpoint: "step-00001000" (8 digits at least).
+// Step directory of a checkpoint: "step-00001000" (8 digits at least); Error(kInvalidInput) for a
+// step outside [0, kMaxStep].
 std::string step_dir_name(int64_t step);
-// The step of a step directory name, or -1 when `name` is not one.
+// The step of a step directory name, or -1 when `name` is not one (or names a step above kMaxStep).
 int64_t parse_step_dir_name(std::string_view name) noexcept;
 
 // HDF5 paths and attribute names inside a shard.

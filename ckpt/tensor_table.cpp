@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/error.hpp"
+#include "ckpt/json_input.hpp"
 
 namespace shardkit::ckpt {
 
@@ -51,9 +52,8 @@ TensorTable::TensorTable(std::vector<TensorInfo> tensors) : tensors_(std::move(t
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const TensorInfo& t = tensors_[i];
     if (!is_plain_name(t.name)) {
-      fail(ErrorKind::kInvalidInput,
-           "tensor name '" + t.name.substr(0, 64) +
-               "' is not a plain name (expected 1-512 characters of [A-Za-z0-9_.-], no '..')");
+      fail(ErrorKind::kInvalidInput, "tensor name " + quoted_excerpt(t.name) +
+                                         " is not a plain name (expected 1-512 characters of [A-Za-z0-9_.-], no '..')");
     }
     if (t.shape.size() > kMaxTensorRank) {
       fail(ErrorKind::kInvalidInput, "tensor " + t.name + " has " + std::to_string(t.shape.size()) +
@@ -116,11 +116,11 @@ TensorTable tensor_table_from_json(const nlohmann::json& j, const std::string& w
     t.name = e["name"].get<std::string>();
     if (e["shape"].size() > kMaxTensorRank) bad(entry + " has too many dimensions");
     for (const auto& d : e["shape"]) {
-      if (!d.is_number_integer()) bad(entry + " (" + t.name.substr(0, 64) + ") has a non-integer dimension");
-      t.shape.push_back(d.get<int64_t>());
+      t.shape.push_back(
+          checked_integer(d, where + ": tensor table", entry + " dimension", 0, INT64_MAX, ErrorKind::kCorrupt));
     }
     auto dtype = parse_dtype(e["dtype"].get<std::string>());
-    if (!dtype) bad(entry + " has unknown dtype '" + e["dtype"].get<std::string>().substr(0, 16) + "'");
+    if (!dtype) bad(entry + " has unknown dtype " + quoted_excerpt(e["dtype"].get<std::string>()));
     t.dtype = *dtype;
     tensors.push_back(std::move(t));
   }

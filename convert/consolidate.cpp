@@ -92,7 +92,7 @@ std::vector<std::string> write_safetensors(const ConsolidateRequest& request, co
     by_name[item.name] = &item;
   }
   const std::vector<std::vector<st::TensorSpec>> shards = st::plan_shards(specs, request.max_shard_bytes);
-  const StreamPlan plan = plan_stream(options, 64);
+  const StreamPlan plan = plan_stream(options, 64, probe.manifest().chunk_elems);
   int64_t total = 0;
   for (const Item& item : items) total += probe.tensors()[static_cast<size_t>(item.tensor)].numel() * 4;
   SharedProgress progress(options.progress, total);
@@ -157,7 +157,7 @@ std::vector<std::string> write_hdf5(const ConsolidateRequest& request, const Con
   ckpt::CheckpointReader reader(source);
   const model::GptConfig config = gpt2_of(reader);
   const std::vector<Item> items = export_items(reader, request.dtype, request.with_optimizer);
-  const StreamPlan plan = plan_stream(options, 1);
+  const StreamPlan plan = plan_stream(options, 1, reader.manifest().chunk_elems);
   const std::filesystem::path path = dir / "model.h5";
   const std::string where = path.string();
   ckpt::h5::Id file = ckpt::h5::create_file(path);

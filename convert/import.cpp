@@ -36,7 +36,7 @@ std::filesystem::path import_weights(const ImportRequest& request, const Convert
   const std::filesystem::path step_dir = out.path() / ckpt::step_dir_name(0);
   ckpt::prepare_step_dir(step_dir);
   const std::string uid = ckpt::make_checkpoint_uid();
-  const StreamPlan plan = plan_stream(options, request.world_size);
+  const StreamPlan plan = plan_stream(options, request.world_size, ckpt::kDefaultChunkElems);
   SharedProgress progress(options.progress, table.total_elements() * 4);
   std::vector<ckpt::ShardRecord> records(static_cast<size_t>(request.world_size));
   std::vector<std::vector<float>> pieces(static_cast<size_t>(plan.threads));

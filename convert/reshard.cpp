@@ -38,7 +38,7 @@ std::filesystem::path reshard(const ReshardRequest& request, const ConvertOption
   ckpt::prepare_step_dir(step_dir);
   const std::string uid = ckpt::make_checkpoint_uid();
 
-  const StreamPlan plan = plan_stream(options, spec.world_size);
+  const StreamPlan plan = plan_stream(options, spec.world_size, m.chunk_elems);
   meta.shard.threads = 1;  // parallelism comes from writing several shards at once
   const int64_t total = m.tensors.total_elements() * static_cast<int64_t>(m.states.size() * sizeof(float));
   SharedProgress progress(options.progress, total);

@@ -9,11 +9,13 @@
 
 namespace shardkit::convert {
 
-StreamPlan plan_stream(const ConvertOptions& options, int max_useful_threads) {
-  // Buffers in flight per thread: a read piece, its converted copy, and the chunk caches of the
-  // readers and writers (a few MiB); keep 64 MiB of headroom for those.
-  constexpr int64_t kOverheadPerThread = int64_t{64} << 20;
+StreamPlan plan_stream(const ConvertOptions& options, int max_useful_threads, int64_t chunk_elems) {
+  // Per thread, besides its pieces: a chunk decoded and a chunk as stored in the shard reader, the
+  // same two in the shard writer, and HDF5's and zstd's own state.
+  constexpr int64_t kLibraryPerThread = int64_t{16} << 20;
   constexpr int64_t kMinPiece = int64_t{1} << 16;  // elements
+  const int64_t per_thread_fixed = kLibraryPerThread + 4 * chunk_elems * static_cast<int64_t>(sizeof(float));
+  const int64_t min_per_thread = per_thread_fixed + 2 * kMinPiece * static_cast<int64_t>(sizeof(float));
   if (options.max_memory < (int64_t{128} << 20)) {
     fail(ErrorKind::kInvalidInput, "--max-memory must be at least 128MiB");
   }
@@ -24,12 +26,13 @@ StreamPlan plan_stream(const ConvertOptions& options, int max_useful_threads) {
   // HDF5 must be built thread-safe for several threads to write shards at once.
   hbool_t threadsafe = 0;
   if (H5is_library_threadsafe(&threadsafe) < 0 || !threadsafe) plan.threads = 1;
-  while (plan.threads > 1 && options.max_memory / plan.threads < 2 * kOverheadPerThread) --plan.threads;
-  const int64_t per_thread = options.max_memory / plan.threads - kOverheadPerThread;
+  // Fewer threads with larger pieces rather than many threads with pieces too small to be efficient.
+  while (plan.threads > 1 && options.max_memory / plan.threads < 2 * min_per_thread) --plan.threads;
+  const int64_t per_thread = options.max_memory / plan.threads - per_thread_fixed;
   // Pieces of at most 16 MiB: large enough for efficient I/O, small enough that the threads overlap
   // reading and writing instead of taking a whole tensor each.
   constexpr int64_t kMaxPiece = int64_t{1} << 22;
-  plan.piece_elems = std::clamp(per_thread / 2 / static_cast<int64_t>(sizeof(float)), kMinPiece, kMaxPiece);
+  plan.piece_elems = std::min(per_thread / 2 / static_cast<int64_t>(sizeof(float)), kMaxPiece);
   if (options.piece_elems > 0) plan.piece_elems = std::min(plan.piece_elems, options.piece_elems);
   return plan;
 }

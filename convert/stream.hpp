@@ -25,12 +25,14 @@ struct ConvertOptions {
   ProgressFn progress;
 };
 
-// Threads to use and elements per piece so that threads * pieces in flight stay within max_memory.
+// Threads to use and elements per piece so that everything a thread holds stays within max_memory:
+// its pieces, and the chunk buffers of the shards it reads and writes in chunks of `chunk_elems`
+// (a source checkpoint's chunk size comes from its manifest: it is counted, not trusted).
 struct StreamPlan {
   int threads = 1;
   int64_t piece_elems = 0;  // fp32 elements per read/convert/write piece
 };
-StreamPlan plan_stream(const ConvertOptions& options, int max_useful_threads);
+StreamPlan plan_stream(const ConvertOptions& options, int max_useful_threads, int64_t chunk_elems);
 
 // A byte counter that worker threads advance; reports through ProgressFn from one thread at a time.
 class SharedProgress {

@@ -1,7 +1,7 @@
 #include "model/gpt2_config.hpp"
 
 #include "ckpt/error.hpp"
-#include "ckpt/file_util.hpp"
+#include "ckpt/json_input.hpp"
 
 namespace shardkit::model {
 namespace {
@@ -21,15 +21,8 @@ const Preset kPresets[] = {
 };
 
 int field(const nlohmann::json& j, const char* key, const std::string& where) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_number_integer()) {
-    fail(ErrorKind::kInvalidInput, where + ": model field '" + key + "' must be an integer");
-  }
-  const int64_t v = it->get<int64_t>();
-  if (v < 1 || v > (int64_t{1} << 30)) {
-    fail(ErrorKind::kInvalidInput, where + ": model field '" + key + "' = " + std::to_string(v) + " is out of range");
-  }
-  return static_cast<int>(v);
+  return static_cast<int>(
+      ckpt::integer_field(j, key, where + ": model field", 1, int64_t{1} << 30, ErrorKind::kInvalidInput));
 }
 
 }  // namespace
@@ -58,9 +51,8 @@ GptConfig resolve_model(const std::string& model) {
     for (const Preset& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
     fail(ErrorKind::kInvalidInput, "model '" + model + "' is neither a preset (" + names + ") nor a JSON model file");
   }
-  const std::string text = ckpt::read_small_file(model, 1 << 20);
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false, true);
-  if (j.is_discarded() || !j.is_object()) fail(ErrorKind::kInvalidInput, model + ": not a JSON object");
+  const nlohmann::json j = ckpt::read_json_file(model, ckpt::json_limits::kConfig, ErrorKind::kInvalidInput);
+  if (!j.is_object()) fail(ErrorKind::kInvalidInput, model + ": not a JSON object");
   GptConfig c = gpt_config_from_json(j, model);
   c.name = model;
   return c;
@@ -86,7 +78,12 @@ GptConfig gpt_config_from_json(const nlohmann::json& j, const std::string& where
   c.n_embd = field(j, "n_embd", where);
   c.vocab_size = field(j, "vocab_size", where);
   c.n_positions = field(j, "n_positions", where);
-  c.name = j.value("name", std::string("custom"));
+  const auto name = j.find("name");
+  if (name != j.end() && !(name->is_string() && name->get_ref<const std::string&>().size() <= 256)) {
+    fail(ErrorKind::kInvalidInput,
+         where + ": model field 'name' is " + ckpt::value_excerpt(*name) + ", expected a string of at most 256 bytes");
+  }
+  c.name = name != j.end() ? name->get<std::string>() : "custom";
   validate(c, where);
   return c;
 }

@@ -6,19 +6,11 @@
 
 #include "ckpt/dtype_convert.hpp"
 #include "ckpt/error.hpp"
-#include "ckpt/file_util.hpp"
+#include "ckpt/json_input.hpp"
 #include "model/hf_gpt2.hpp"
 
 namespace shardkit::model {
 namespace {
-
-constexpr size_t kMaxJsonBytes = size_t{64} << 20;
-
-nlohmann::json read_json(const std::filesystem::path& path) {
-  const nlohmann::json j = nlohmann::json::parse(ckpt::read_small_file(path, kMaxJsonBytes), nullptr, false);
-  if (j.is_discarded()) fail(ErrorKind::kInvalidInput, path.string() + ": not valid JSON");
-  return j;
-}
 
 // The safetensors files of `path`: the file itself, or a folder's model.safetensors, or the shards its
 // index names (each a plain file name in the folder).
@@ -29,7 +21,7 @@ std::vector<std::filesystem::path> weight_files(const std::filesystem::path& pat
     fail(ErrorKind::kInvalidInput, path.string() + ": no such file or folder");
   const std::filesystem::path index = path / ckpt::safetensors::kIndexFileName;
   if (std::filesystem::exists(index, ec)) {
-    const nlohmann::json j = read_json(index);
+    const nlohmann::json j = ckpt::read_json_file(index, ckpt::json_limits::kHfIndex, ErrorKind::kInvalidInput);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
       fail(ErrorKind::kInvalidInput, index.string() + ": no \"weight_map\" object");
     }
@@ -37,7 +29,7 @@ std::vector<std::filesystem::path> weight_files(const std::filesystem::path& pat
     for (const auto& [tensor, file] : j["weight_map"].items()) {
       if (!file.is_string() || !ckpt::is_plain_name(file.get<std::string>())) {
         fail(ErrorKind::kInvalidInput,
-             index.string() + ": weight_map entry for " + tensor.substr(0, 80) + " is not a plain file name");
+             index.string() + ": weight_map entry for " + ckpt::quoted_excerpt(tensor) + " is not a plain file name");
       }
       names.insert(file.get<std::string>());
     }
@@ -64,14 +56,15 @@ std::filesystem::path config_file(const std::filesystem::path& path) {
 
 HfWeights::HfWeights(const std::filesystem::path& path) : path_(path) {
   const std::filesystem::path cfg = config_file(path);
-  config_ = gpt_config_from_hf(read_json(cfg), cfg.string());
+  config_ = gpt_config_from_hf(ckpt::read_json_file(cfg, ckpt::json_limits::kHfConfig, ErrorKind::kInvalidInput),
+                               cfg.string());
   table_ = gpt2_tensor_table(config_);
   sources_.resize(table_.size());
   for (const std::filesystem::path& file : weight_files(path)) {
     files_.push_back(std::make_unique<ckpt::safetensors::Reader>(file));
     const ckpt::safetensors::Reader& reader = *files_.back();
     for (const auto& info : reader.header().tensors) {
-      const std::string where = file.string() + ": tensor " + info.name.substr(0, 120);
+      const std::string where = file.string() + ": tensor " + ckpt::quoted_excerpt(info.name);
       const auto kind = classify_hf_name(info.name);
       // Skipped: the tied copy of wte, mask buffers, and exported Adam moments (an import starts with
       // zeroed moments).

@@ -12,7 +12,7 @@ namespace shardkit::trainer {
 
 int64_t encode_bytes(const std::filesystem::path& text, const std::filesystem::path& out,
                      const std::function<void(int64_t done, int64_t total)>& progress) {
-  const ckpt::FileDescriptor in(text, O_RDONLY);
+  const ckpt::FileDescriptor in = ckpt::open_input_file(text);
   const int64_t size = in.size();
   if (size == 0) fail(ErrorKind::kInvalidInput, text.string() + ": empty file, nothing to encode");
   // Blocks keep the memory at a few tens of MiB whatever the text's size, and pace the progress reports.

@@ -1,6 +1,5 @@
 #include "trainer/data.hpp"
 
-#include <fcntl.h>
 #include <sys/mman.h>
 
 #include <bit>
@@ -111,7 +110,7 @@ double unit_interval(uint32_t high, uint32_t low) noexcept {
 // ---- TokenFile -----------------------------------------------------------------------------------
 
 TokenFile::TokenFile(const std::filesystem::path& path) : path_(path) {
-  ckpt::FileDescriptor fd(path, O_RDONLY);
+  const ckpt::FileDescriptor fd = ckpt::open_input_file(path);
   const int64_t file_size = fd.size();
   // Every check happens before the mapping exists, so nothing can throw while it would leak.
   const TokenExtent extent = token_extent(fd, file_size);

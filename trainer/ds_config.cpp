@@ -6,17 +6,16 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <set>
 #include <span>
-#include <sstream>
 #include <utility>
 
 #include "ckpt/error.hpp"
+#include "ckpt/file_util.hpp"
+#include "ckpt/json_input.hpp"
 
 namespace shardkit::trainer {
 namespace {
@@ -84,11 +83,6 @@ struct Report {
   std::vector<std::string>& warnings;
 };
 
-// A scalar as it appears in the config; objects and arrays by their type only, to keep errors short.
-std::string describe(const json& value) {
-  return value.is_structured() ? std::string(value.type_name()) : value.dump();
-}
-
 // "must be >= 1" or "must be in [0, 3]", with the numbers formatted as JSON writes them.
 template <typename T>
 std::string range_text(T lo, T hi, T unbounded) {
@@ -105,7 +99,7 @@ class Section {
   Section(const json& object, std::string path, Report& report)
       : object_(object), path_(std::move(path)), report_(report) {
     const std::string what = path_.empty() ? "the config" : path_;
-    if (!object_.is_object()) reject(what + " must be an object, got " + describe(object_));
+    if (!object_.is_object()) reject(what + " must be an object, got " + ckpt::value_excerpt(object_));
   }
 
   std::string name(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
@@ -140,7 +134,7 @@ class Section {
   std::optional<int64_t> integer(const std::string& key, int64_t lo, int64_t hi) {
     const json* v = find(key);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_number()) bad(key, "must be an integer, got " + describe(*v));
+    if (!v->is_number()) bad(key, "must be an integer, got " + ckpt::value_excerpt(*v));
     if (v->is_number_float()) {
       const double x = v->get<double>();
       if (x != std::floor(x)) bad(key, "is " + v->dump() + ", must be an integer");
@@ -155,7 +149,7 @@ class Section {
   std::optional<double> number(const std::string& key, double lo, double hi) {
     const json* v = find(key);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_number()) bad(key, "must be a number, got " + describe(*v));
+    if (!v->is_number()) bad(key, "must be a number, got " + ckpt::value_excerpt(*v));
     const double x = v->get<double>();
     if (!(x >= lo && x <= hi)) bad(key, "is " + v->dump() + ", " + range_text(lo, hi, kNoLimit));
     return x;
@@ -164,14 +158,14 @@ class Section {
   std::optional<bool> flag(const std::string& key) {
     const json* v = find(key);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_boolean()) bad(key, "must be true or false, got " + describe(*v));
+    if (!v->is_boolean()) bad(key, "must be true or false, got " + ckpt::value_excerpt(*v));
     return v->get<bool>();
   }
 
   std::optional<std::string> text(const std::string& key) {
     const json* v = find(key);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_string()) bad(key, "must be a string, got " + describe(*v));
+    if (!v->is_string()) bad(key, "must be a string, got " + ckpt::value_excerpt(*v));
     return v->get<std::string>();
   }
 
@@ -218,7 +212,8 @@ std::string batch_factors(int64_t micro, int64_t gas, int64_t world_size) {
 // Train, micro and accumulation batch sizes by DeepSpeed's resolution rule (formats.md §2.1).
 void resolve_batch(Section& top, int64_t world_size, DsConfig& c) {
   const std::optional<int64_t> train = top.integer("train_batch_size", 1, kMaxInteger);
-  const std::optional<int64_t> micro = top.integer("train_micro_batch_size_per_gpu", 1, kMaxInteger);
+  // The trainer counts a micro-batch's rows in an int.
+  const std::optional<int64_t> micro = top.integer("train_micro_batch_size_per_gpu", 1, kMaxInt);
   const std::optional<int64_t> gas = top.integer("gradient_accumulation_steps", 1, kMaxInteger);
   if (!train && !micro) top.reject("either train_batch_size or train_micro_batch_size_per_gpu must be given");
   // The six cases of §2.1 in two lines: a missing gas is train / micro / ws when both are given and 1
@@ -234,6 +229,10 @@ void resolve_batch(Section& top, int64_t world_size, DsConfig& c) {
   if (c.micro_batch_per_gpu < 1) {
     top.reject("train_batch_size " + std::to_string(*train) + " is smaller than gradient_accumulation_steps " +
                std::to_string(c.gradient_accumulation_steps) + " * world size " + std::to_string(world_size));
+  }
+  if (c.micro_batch_per_gpu > kMaxInt) {
+    top.reject("train_batch_size " + std::to_string(*train) + " gives a micro-batch of " +
+               std::to_string(c.micro_batch_per_gpu) + " per rank, more than " + std::to_string(kMaxInt));
   }
   const std::string factors = batch_factors(c.micro_batch_per_gpu, c.gradient_accumulation_steps, world_size);
   // Checked in floating point first: given micro and gas sizes can make the int64 product overflow.
@@ -353,7 +352,7 @@ void parse_betas(Section& params, OptimizerConfig& out) {
   if (betas == nullptr) return;
   const auto valid = [](const json& b) { return b.is_number() && b.get<double>() >= 0 && b.get<double>() < 1; };
   if (!betas->is_array() || betas->size() != 2 || !valid((*betas)[0]) || !valid((*betas)[1])) {
-    params.bad("betas", "must be [beta1, beta2] with each in [0, 1), got " + betas->dump());
+    params.bad("betas", "must be [beta1, beta2] with each in [0, 1), got " + ckpt::value_excerpt(*betas));
   }
   out.beta1 = (*betas)[0].get<double>();
   out.beta2 = (*betas)[1].get<double>();
@@ -517,7 +516,8 @@ std::optional<ckpt::DType> parse_comm_dtype(Section& top) {
   if (name == "fp32") return ckpt::DType::kF32;
   if (name == "fp16") return ckpt::DType::kF16;
   if (name == "bf16") return ckpt::DType::kBF16;
-  top.bad("communication_data_type", "is " + json(*given).dump() + ", must be \"fp32\", \"fp16\" or \"bf16\"");
+  top.bad("communication_data_type",
+          "is " + ckpt::value_excerpt(json(*given)) + ", must be \"fp32\", \"fp16\" or \"bf16\"");
 }
 
 }  // namespace
@@ -550,21 +550,13 @@ DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const Aut
 }
 
 DsConfig load_ds_config(const std::filesystem::path& file, int world_size, const AutoContext& context) {
-  const std::string where = file.string();
-  std::error_code ec;
-  if (!std::filesystem::exists(file, ec)) fail(ErrorKind::kInvalidInput, where + ": no such file");
-  if (std::filesystem::is_directory(file, ec)) fail(ErrorKind::kInvalidInput, where + ": is a directory");
-  std::ifstream in(file, std::ios::binary);
-  if (!in) fail_errno(where, errno);
-  std::ostringstream text;
-  text << in.rdbuf();  // an empty file leaves `text` empty (and failed): "not valid JSON" below
-  return parse_ds_config_text(text.str(), world_size, context, where);
+  const std::string text = ckpt::read_small_file(file, ckpt::json_limits::kConfig.max_bytes, ErrorKind::kInvalidInput);
+  return parse_ds_config_text(text, world_size, context, file.string());
 }
 
 DsConfig parse_ds_config_text(std::string_view text, int world_size, const AutoContext& context,
                               const std::string& where) {
-  const json config = json::parse(text, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-  if (config.is_discarded()) fail(ErrorKind::kInvalidInput, where + ": not valid JSON");
+  const json config = ckpt::parse_untrusted_json(text, ckpt::json_limits::kConfig, where, ErrorKind::kInvalidInput);
   return parse_ds_config(config, world_size, context, where);
 }
 

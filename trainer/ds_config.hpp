@@ -77,7 +77,7 @@ struct SchedulerConfig {
 struct DsConfig {
   // Batch sizes after DeepSpeed's resolution rule: train = micro * gas * world_size.
   int64_t train_batch_size = 0;
-  int64_t micro_batch_per_gpu = 0;
+  int64_t micro_batch_per_gpu = 0;  // at most INT_MAX: the trainer counts its rows in an int
   int64_t gradient_accumulation_steps = 0;
   Fp16Config fp16;
   bool bf16 = false;

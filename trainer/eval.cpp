@@ -1,11 +1,14 @@
 #include "trainer/eval.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <thread>
 
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/shard_format.hpp"
+#include "ckpt/text_format.hpp"
 #include "model/gpt2_config.hpp"
 #include "trainer/data.hpp"
 #include "trainer/dense_params.hpp"
@@ -13,6 +16,30 @@
 #include "trainer/gpt2.hpp"
 
 namespace shardkit::trainer {
+namespace {
+
+constexpr int kBatch = 8;  // windows scored per forward pass
+
+double physical_memory_bytes() {
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+// The manifest's model config decides what evaluate allocates: a crafted one must be refused before
+// the allocation, not by the out-of-memory killer after it.
+void require_memory_for(const model::GptConfig& config, const ckpt::TensorTable& table, const std::string& where) {
+  // DenseParams holds values and gradients of every parameter.
+  const double weights = 2.0 * static_cast<double>(table.total_elements()) * sizeof(float);
+  const double activations = Gpt2::activation_bytes(config, kBatch, config.n_positions);
+  const double machine = physical_memory_bytes();
+  if (weights + activations > machine) {
+    fail(ErrorKind::kInvalidInput, where + ": evaluating its model needs " + ckpt::format_bytes(weights + activations) +
+                                       " (weights " + ckpt::format_bytes(weights) + ", activations " +
+                                       ckpt::format_bytes(activations) + "), more than this machine's " +
+                                       ckpt::format_bytes(machine) + " of memory");
+  }
+}
+
+}  // namespace
 
 EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesystem::path& data, int64_t windows,
                     int threads, const std::function<void(int64_t done, int64_t total)>& progress) {
@@ -24,6 +51,7 @@ EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesyst
   if (!(reader.tensors() == table)) fail(ErrorKind::kCorrupt, where + ": tensor table does not match its model config");
   const int state = reader.find_state(ckpt::kMasterWeights);
   if (state < 0) fail(ErrorKind::kInvalidInput, where + ": no fp32 master weights to evaluate");
+  require_memory_for(config, table, where);
 
   DenseParams params(table);
   for (size_t t = 0; t < table.size(); ++t)
@@ -42,7 +70,6 @@ EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesyst
     fail(ErrorKind::kInvalidInput, "--windows " + std::to_string(windows) + " exceeds the " + std::to_string(full) +
                                        " full windows of " + data.string());
   }
-  constexpr int kBatch = 8;
   Gpt2 model(config, kBatch, T);
   std::vector<int32_t> in(static_cast<size_t>(kBatch) * T), out(static_cast<size_t>(kBatch) * T);
   double total = 0;

@@ -65,13 +65,20 @@ Gpt2::Gpt2(const model::GptConfig& config, int batch, int seq_len)
 }
 
 int64_t Gpt2::activation_bytes() const noexcept {
-  size_t floats = 0;
-  for (const auto* v : {&encoded_,  &ln1_,      &ln1_mean_, &ln1_rstd_, &qkv_,      &att_,     &atty_,    &res2_,
-                        &ln2_,      &ln2_mean_, &ln2_rstd_, &fch_,      &fch_gelu_, &res3_,    &lnf_,     &lnf_mean_,
-                        &lnf_rstd_, &logits_,   &dres_,     &dbuf_c_,   &dbuf_c2_,  &dbuf_3c_, &dbuf_4c_, &dbuf_4c2_}) {
-    floats += v->size();
-  }
-  return static_cast<int64_t>(floats * sizeof(float));
+  return static_cast<int64_t>(activation_bytes(config_, max_batch_, max_seq_));
+}
+
+double Gpt2::activation_bytes(const model::GptConfig& config, int batch, int seq_len) noexcept {
+  // The buffers the constructor sizes: per layer 16 N x C (ln1, qkv 3, atty, res2, ln2, fch 4,
+  // fch_gelu 4, res3), 4 N statistics and the attention; outside the layers 16 N x C (encoded, lnf,
+  // dres, dbuf_c, dbuf_c2, dbuf_3c 3, dbuf_4c 4, dbuf_4c2 4), 2 N statistics and a block of logits.
+  const double n = static_cast<double>(batch) * seq_len;
+  const double c = config.n_embd;
+  const double attention = static_cast<double>(batch) * config.n_head * seq_len * seq_len;
+  const double per_layer = 16 * n * c + 4 * n + attention;
+  const double floats =
+      config.n_layer * per_layer + 16 * n * c + 2 * n + static_cast<double>(ops::kHeadBlockRows) * config.vocab_size;
+  return floats * sizeof(float);
 }
 
 void Gpt2::forward_blocks(ParameterStore& p, const int32_t* inputs, int B, int T) {

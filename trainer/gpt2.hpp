@@ -37,6 +37,9 @@ class Gpt2 {
 
   // Bytes of activation buffers held.
   int64_t activation_bytes() const noexcept;
+  // Bytes of activation buffers a model of `config` holds for `batch` x `seq_len` tokens, known before
+  // any is allocated (in double: a crafted configuration's figure may not fit an int64).
+  static double activation_bytes(const model::GptConfig& config, int batch, int seq_len) noexcept;
 
  private:
   // Forward through the blocks into lnf_; gradients only when training.

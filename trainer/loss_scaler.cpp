@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ckpt/error.hpp"
+#include "ckpt/json_input.hpp"
 
 namespace shardkit::trainer {
 namespace {
@@ -53,15 +54,7 @@ const nlohmann::json& state_field(const nlohmann::json& j, const char* key, cons
 
 // An integer field within [lo, hi]; JSON floats (even 3.0) are refused, as to_json writes integers.
 int64_t integer_field(const nlohmann::json& j, const char* key, int64_t lo, int64_t hi, const std::string& where) {
-  const nlohmann::json& v = state_field(j, key, where);
-  const bool too_large = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX);
-  if (!v.is_number_integer() || too_large) bad_state(where, std::string("'") + key + "' is not a 64-bit integer");
-  const int64_t x = v.get<int64_t>();
-  if (x < lo || x > hi) {
-    bad_state(where, std::string("'") + key + "' = " + std::to_string(x) + " is out of range [" + std::to_string(lo) +
-                         ", " + std::to_string(hi) + "]");
-  }
-  return x;
+  return ckpt::integer_field(j, key, where + ": loss scaler state", lo, hi, ErrorKind::kCorrupt);
 }
 
 double scale_field(const nlohmann::json& j, const std::string& where) {

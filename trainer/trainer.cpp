@@ -10,6 +10,7 @@
 #include "ckpt/error.hpp"
 #include "ckpt/fault.hpp"
 #include "ckpt/file_util.hpp"
+#include "ckpt/json_input.hpp"
 #include "ckpt/run_dir.hpp"
 #include "ckpt/run_lock.hpp"
 #include "ckpt/shard_format.hpp"
@@ -98,22 +99,26 @@ nlohmann::json Trainer::State::trainer_state() const {
 }
 
 void Trainer::State::restore(const nlohmann::json& s, const std::string& where) {
-  auto integer = [&](const nlohmann::json& j, const char* key) {
-    if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer()) {
-      fail(ErrorKind::kCorrupt, where + ": trainer_state." + key + " is missing or not an integer");
-    }
-    return j[key].get<int64_t>();
+  // Each is range-checked before use: a negative or huge step would name step directories
+  // "step--0000002" or run a trillion steps; the counters cannot exceed the steps taken.
+  auto integer = [&](const nlohmann::json& j, const char* key, int64_t lo, int64_t hi) {
+    return ckpt::integer_field(j, key, where + ": trainer_state", lo, hi, ErrorKind::kCorrupt);
   };
-  step = integer(s, "step");
-  consumed_samples = integer(s, "consumed_samples");
-  skipped_steps = integer(s, "skipped_steps");
-  optimizer_steps = integer(s, "optimizer_steps");
-  last_batch_iteration = integer(s.value("lr_scheduler", nlohmann::json::object()), "last_batch_iteration");
+  step = integer(s, "step", 0, ckpt::kMaxStep);
+  consumed_samples = integer(s, "consumed_samples", 0, int64_t{1} << 62);  // sample indices add to it
+  skipped_steps = integer(s, "skipped_steps", 0, step);
+  optimizer_steps = integer(s, "optimizer_steps", 0, step);
+  last_batch_iteration =
+      integer(s.value("lr_scheduler", nlohmann::json::object()), "last_batch_iteration", -1, ckpt::kMaxStep);
   // A checkpoint made by `convert import` has not trained yet: its loss scaler and data order are this
   // run's own (from the config and --seed).
   if (s.contains("loss_scaler")) scaler->from_json(s["loss_scaler"], where);
   if (!s.contains("data")) return;
-  data_seed = static_cast<uint64_t>(integer(s["data"], "seed"));
+  const nlohmann::json& data = s["data"];
+  if (!data.is_object() || !data.contains("seed") || !data["seed"].is_number_unsigned()) {
+    fail(ErrorKind::kCorrupt, where + ": trainer_state.data.seed is missing or not an unsigned 64-bit integer");
+  }
+  data_seed = data["seed"].get<uint64_t>();
   if (data_seed != options.seed) {
     log("note: continuing the checkpoint's data order (seed " + std::to_string(data_seed) + "), not --seed " +
         std::to_string(options.seed));

@@ -1,5 +1,7 @@
 // A battery of bad inputs as a user or a damaged file would present them: each is refused with exit
 // code 1 or 2 and one line on stderr that names the file or option and what was expected.
+#include <sys/stat.h>
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -7,6 +9,7 @@
 #include <vector>
 
 #include "ckpt/manifest.hpp"
+#include "model/gpt2_config.hpp"
 #include "tests/cli/cli_support.hpp"
 
 namespace shardkit {
@@ -115,6 +118,81 @@ TEST(BadInput, CudaWithoutAGpuIsRefusedWithOneLine) {
   const bool none_visible = r.err.find("no CUDA device is visible") != std::string::npos;
   const bool not_built = r.err.find("built without CUDA") != std::string::npos;
   EXPECT_TRUE(none_visible || not_built) << r.err;
+}
+
+// A FIFO where a command expects a file used to block it forever in open(2); each is refused at once.
+// (`timeout` ends a regression instead of the test's own time limit.)
+TEST(BadInput, FifosInPlaceOfInputFilesAreRefusedAtOnce) {
+  testing::TempDir dir;
+  const std::string data = write_text_tokens(dir).string();
+  const std::string tiny = samples() + "tiny_zero2.json";
+  auto fifo = [&](const std::filesystem::path& path) {
+    std::filesystem::create_directories(path.parent_path());
+    ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << path;
+  };
+  fifo(dir / "ckpt" / "step-00000001" / "manifest.json");
+  fifo(dir / "hf" / "config.json");
+  write(dir / "hf" / "model.safetensors", "");
+  fifo(dir / "st" / "model.safetensors");
+  write(dir / "st" / "config.json",
+        R"({"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 64, "vocab_size": 256, "n_positions": 64})");
+  fifo(dir / "ds.json");
+  fifo(dir / "tokens.bin");
+  const std::vector<Case> cases = {
+      {"manifest.json", "ckpt verify " + (dir / "ckpt" / "step-00000001").string(), 2, "manifest.json", ""},
+      {"config.json", "convert import " + (dir / "hf").string() + " -o " + (dir / "o1").string(), 2, "config.json", ""},
+      {"model.safetensors", "convert import " + (dir / "st").string() + " -o " + (dir / "o2").string(), 2,
+       "model.safetensors", ""},
+      {"DeepSpeed config",
+       "train --config " + (dir / "ds.json").string() + " --model gpt2-tiny --data " + data + " --steps 1", 2,
+       "ds.json", ""},
+      {"token file",
+       "train --config " + tiny + " --model gpt2-tiny --data " + (dir / "tokens.bin").string() + " --steps 1", 2,
+       "tokens.bin", ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const Result r = run(c.args, "timeout -s KILL 30");
+    EXPECT_EQ(r.code, c.code) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(c.must_name + ": not a regular file (a FIFO)"), std::string::npos) << r.err;
+  }
+}
+
+// Numbers from a checkpoint that the trainer and eval used to take as they came: a negative step
+// (step directories "step--0000002"), and a model larger than the machine, allocated before any shard
+// was read.
+TEST(BadInput, CheckpointNumbersBeyondTheirRangesAreRefused) {
+  testing::TempDir dir;
+  const std::string data = write_text_tokens(dir).string();
+  const std::string tiny = samples() + "tiny_zero2.json";
+  auto path = [&](const std::string& name) { return (dir / name).string(); };
+  Result r =
+      run("train --config " + tiny + " --model gpt2-tiny --data " + data + " --steps 1 --save-dir " + path("run"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::filesystem::path step = dir / "run" / "step-00000001";
+  // Digests recomputed, as an attacker would.
+  ckpt::Manifest manifest = ckpt::read_manifest(step);
+  manifest.trainer_state["step"] = -2;
+  ckpt::write_manifest(step, manifest);
+  r = run("train --config " + tiny + " --model gpt2-tiny --data " + data + " --steps 2 --resume " + step.string() +
+          " --save-dir " + path("run2"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("trainer_state: step = -2 is not an integer in [0, 999999999999]"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir / "run2" / "step--0000001"));
+
+  // The largest model the config checks admit: 1024 layers of width 65536, some 200 TB to evaluate.
+  model::GptConfig huge{1024, 64, 65536, 65536, 1024, "huge"};
+  manifest.model = model::to_json(huge);
+  manifest.tensors = model::gpt2_tensor_table(huge);
+  ckpt::write_manifest(step, manifest);
+  // (The address-space limit makes the code before the check fail fast instead of filling the machine.)
+  r = run("eval " + step.string() + " --data " + data, "timeout -s KILL 60 prlimit --as=17179869184");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("step-00000001: evaluating its model needs"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("of memory"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -1,0 +1,130 @@
+#include "ckpt/json_input.hpp"
+
+#include <cstdio>
+
+#include "ckpt/file_util.hpp"
+
+namespace shardkit::ckpt {
+namespace {
+
+using nlohmann::json;
+
+constexpr size_t kShownBytes = 160;
+
+// The first pass over a document: nlohmann's own lexer (so comments and strings are read exactly as
+// the real parse reads them) with a handler that builds nothing and stops at the first level or value
+// beyond the limits.
+class ShapeCheck {
+ public:
+  explicit ShapeCheck(size_t max_values) : max_values_(max_values) {}
+
+  std::string problem;  // why the pass stopped
+
+  bool null() { return count(); }
+  bool boolean(bool) { return count(); }
+  bool number_integer(json::number_integer_t) { return count(); }
+  bool number_unsigned(json::number_unsigned_t) { return count(); }
+  bool number_float(json::number_float_t, const json::string_t&) { return count(); }
+  bool string(json::string_t&) { return count(); }
+  bool binary(json::binary_t&) { return count(); }
+  bool key(json::string_t&) { return count(); }  // a key costs a node of its own in the tree
+  bool start_object(std::size_t) { return open(); }
+  bool start_array(std::size_t) { return open(); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception&) {
+    // nlohmann's own message quotes the input; this one stays short whatever the bytes are.
+    problem = "not valid JSON (syntax error at byte " + std::to_string(position) + ")";
+    return false;
+  }
+
+ private:
+  bool count() {
+    if (++values_ <= max_values_) return true;
+    problem = "more than " + std::to_string(max_values_) + " JSON values, more than such a file may hold";
+    return false;
+  }
+  bool open() {
+    if (++depth_ <= kMaxJsonDepth) return count();
+    problem = "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels";
+    return false;
+  }
+  bool close() {
+    --depth_;
+    return true;
+  }
+
+  size_t max_values_;
+  size_t values_ = 0;
+  int depth_ = 0;
+};
+
+}  // namespace
+
+json parse_untrusted_json(std::string_view text, const JsonLimits& limits, const std::string& where, ErrorKind kind) {
+  if (text.size() > limits.max_bytes) {
+    fail(kind, where + ": " + std::to_string(text.size()) + " bytes of JSON, more than the " +
+                   std::to_string(limits.max_bytes) + " such a file may have");
+  }
+  // nlohmann reads a NUL byte as the end of the input; JSON text never holds one unescaped.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    fail(kind, where + ": not valid JSON (NUL byte at byte " + std::to_string(nul) + ")");
+  }
+  ShapeCheck check(limits.max_bytes / kMinBytesPerJsonValue);
+  if (!json::sax_parse(text, &check, json::input_format_t::json, /*strict=*/true, limits.comments)) {
+    fail(kind, where + ": " + check.problem);
+  }
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false, limits.comments);
+  if (j.is_discarded()) fail(kind, where + ": not valid JSON");
+  return j;
+}
+
+json read_json_file(const std::filesystem::path& path, const JsonLimits& limits, ErrorKind kind) {
+  return parse_untrusted_json(read_small_file(path, limits.max_bytes, kind), limits, path.string(), kind);
+}
+
+std::string quoted_excerpt(std::string_view text) {
+  std::string out = "'";
+  for (size_t i = 0; i < text.size() && i < kShownBytes; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c == 0x7f) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\x%02x", c);
+      out += escaped;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  out += text.size() > kShownBytes ? "'..." : "'";
+  return out;
+}
+
+std::string value_excerpt(const json& value) {
+  if (value.is_structured()) return value.type_name();
+  if (!value.is_string()) return value.dump();
+  const std::string& text = value.get_ref<const std::string&>();
+  // JSON's escapes keep control bytes out of the message; a cut inside a UTF-8 sequence becomes U+FFFD.
+  const std::string shown =
+      json(text.substr(0, kShownBytes)).dump(-1, ' ', /*ensure_ascii=*/false, json::error_handler_t::replace);
+  return text.size() > kShownBytes ? shown + "..." : shown;
+}
+
+int64_t checked_integer(const json& value, const std::string& where, std::string_view key, int64_t lo, int64_t hi,
+                        ErrorKind kind) {
+  const bool fits = value.is_number_integer() &&
+                    !(value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX));
+  if (!fits || value.get<int64_t>() < lo || value.get<int64_t>() > hi) {
+    fail(kind, where + ": " + std::string(key) + " = " + value_excerpt(value) + " is not an integer in [" +
+                   std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return value.get<int64_t>();
+}
+
+int64_t integer_field(const json& object, std::string_view key, const std::string& where, int64_t lo, int64_t hi,
+                      ErrorKind kind) {
+  const auto it = object.is_object() ? object.find(key) : object.end();
+  if (it == object.end()) fail(kind, where + ": " + std::string(key) + " is missing");
+  return checked_integer(*it, where, key, lo, hi, kind);
+}
+
+}  // namespace shardkit::ckpt
