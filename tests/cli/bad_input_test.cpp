@@ -149,6 +149,8 @@ TEST(BadInput, FifosInPlaceOfInputFilesAreRefusedAtOnce) {
       {"token file",
        "train --config " + tiny + " --model gpt2-tiny --data " + (dir / "tokens.bin").string() + " --steps 1", 2,
        "tokens.bin", ""},
+      {"text to encode", "data encode " + (dir / "tokens.bin").string() + " -o " + (dir / "out.bin").string(), 2,
+       "tokens.bin", ""},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
