@@ -130,6 +130,27 @@ TEST(Faults, ResumeSkipsDamagedCheckpointsWithAWarningAndContinuesExactly) {
   EXPECT_EQ(latest_of(run_dir), "step-00000008");
 }
 
+// A shard whose metadata crashes libhdf5 (the crash is injected into the isolated parse of rank 1's
+// shard of step 6) is a damaged checkpoint like any other: skipped with the crash named.
+TEST(Faults, ResumeMovesPastAShardThatCrashesTheHdf5Parser) {
+  testing::TempDir dir;
+  const auto data = write_text_tokens(dir);
+  const std::filesystem::path run_dir = dir / "run";
+  Result r = run(train_args(data, run_dir, dir / "m.jsonl"), mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto reference = losses(dir / "m.jsonl");
+
+  r = run(train_args(data, run_dir, dir / "m.jsonl"), mpirun(2),
+          "SHARDKIT_FAULT=shard-index-crash SHARDKIT_FAULT_RANK=1 SHARDKIT_FAULT_STEP=6");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("warning: skipping " + (run_dir / "step-00000006").string()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(ckpt::shard_file_name(1, 2) + ": reading its HDF5 metadata crashed (signal 11, SIGSEGV)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("resumed from " + (run_dir / "step-00000004").string()), std::string::npos) << r.out;
+  EXPECT_EQ(losses(dir / "m.jsonl"), reference);
+}
+
 TEST(Faults, AFullDiskFailsThatSaveOnlyAndTrainingGoesOnUnlessToldToStop) {
   testing::TempDir dir;
   const auto data = write_text_tokens(dir);
