@@ -2,9 +2,14 @@
 // inside a library shardkit does not control (libhdf5 parsing a shard's metadata) becomes an Error
 // naming the file, never the end of the calling process. The child is a fresh copy of the running
 // executable (/proc/self/exe, started with posix_spawn: no locks, threads, MPI or CUDA state are
-// inherited), runs one registered entry point, and is held to limits: CPU time, wall time, address
-// space, no core dump and no file writes. The file to parse is passed as an open descriptor, so the
-// child reads exactly the file the caller opened.
+// inherited) that serves one registered entry point, held to limits: CPU time per request, wall time,
+// address space, no core dump and no file writes. The file to parse is passed as an open descriptor
+// (SCM_RIGHTS), so the child reads exactly the file the caller opened.
+//
+// Starting the child costs tens of milliseconds (the executable and its libraries load), so it stays
+// to serve the next requests while they succeed; one that answered with an error, crashed or ran out
+// of time is ended, and the next request starts a fresh one: what a damaged file did to the child's
+// memory never meets another file. Requests of one entry point are served one at a time.
 #pragma once
 
 #include <cstdint>
@@ -31,11 +36,13 @@ struct Limits {
 std::string run(std::string_view entry, std::string_view request, int file_fd, const std::string& where,
                 std::string_view what, const Limits& limits);
 
-// Scales every limit's seconds (tests and fuzzing hold damaged inputs to a short time; 1 by default).
-void set_time_scale_for_testing(double scale);
+// Ends the children (a test that changes the environment they inherit wants fresh ones) and scales
+// every limit's seconds (tests and fuzzing hold damaged inputs to a short time; 1 by default).
+void restart_for_testing(double time_scale = 1);
 
-// The child side: when this process was started by run() for `entry`, runs `function` and exits;
-// otherwise returns at once. Called from a constructor (SHARDKIT_ISOLATED_ENTRY), before main.
+// The child side: when this process was started by run() for `entry`, serves requests with
+// `function` until the caller goes away, then exits; otherwise returns at once. Called from a
+// constructor (SHARDKIT_ISOLATED_ENTRY), before main.
 void serve_if_child(int argc, char** argv, std::string_view entry, EntryPoint function);
 
 // A byte stream of integers and strings for requests and responses. Reading past the end, or a length

@@ -72,7 +72,7 @@ ckpt::ShardRecord write_seed(const std::filesystem::path& path, int compression_
 
 extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
   // A damaged shard's parse may loop: one second of CPU time each, not a minute.
-  ckpt::isolated::set_time_scale_for_testing(1.0 / 60);
+  ckpt::isolated::restart_for_testing(1.0 / 60);
   Target& t = target();
   const std::filesystem::path scratch = t.input.string() + ".seed";
   std::filesystem::create_directories(scratch);

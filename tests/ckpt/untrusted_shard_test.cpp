@@ -156,6 +156,24 @@ TEST(UntrustedShard, AnObjectOutsideTheSchemaIsRefused) {
   EXPECT_TRUE(contains(error, "unexpected object /extra")) << error;
 }
 
+// Sets an environment variable for one scope, for this process and for fresh isolated children.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    ::setenv(name, value.c_str(), 1);
+    ckpt::isolated::restart_for_testing();
+  }
+  ~ScopedEnv() {
+    ::unsetenv(name_);
+    ckpt::isolated::restart_for_testing();
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
 // A filter that stores bytes unchanged, registered in this process only while the shard is written.
 size_t passthrough(unsigned, size_t, const unsigned[], size_t nbytes, size_t*, void**) {
   return nbytes;
@@ -166,8 +184,8 @@ TEST(UntrustedShard, AnUnknownFilterLoadsNoLibrary) {
   const std::filesystem::path marker =
       std::filesystem::temp_directory_path() / ("shardkit-plugin-marker-" + std::to_string(::getpid()));
   std::filesystem::remove(marker);
-  ::setenv("HDF5_PLUGIN_PATH", SHARDKIT_TEST_MARKER_PLUGIN_DIR, 1);
-  ::setenv("SHARDKIT_TEST_PLUGIN_MARKER", marker.c_str(), 1);
+  ScopedEnv path("HDF5_PLUGIN_PATH", SHARDKIT_TEST_MARKER_PLUGIN_DIR);
+  ScopedEnv announce("SHARDKIT_TEST_PLUGIN_MARKER", marker.string());
   Fixture f;
   constexpr H5Z_filter_t kUnknown = 32999;
   const H5Z_class2_t filter{H5Z_CLASS_T_VERS, kUnknown, 1, 1, "test passthrough", nullptr, nullptr, passthrough};
@@ -184,24 +202,11 @@ TEST(UntrustedShard, AnUnknownFilterLoadsNoLibrary) {
   });
   ASSERT_GE(H5Zunregister(kUnknown), 0);
   const std::string error = read_error(f.step);
-  ::unsetenv("HDF5_PLUGIN_PATH");
   EXPECT_FALSE(std::filesystem::exists(marker)) << "a library from HDF5_PLUGIN_PATH was loaded";
   std::filesystem::remove(marker);
   EXPECT_TRUE(contains(error, f.shard.string())) << error;
   EXPECT_TRUE(contains(error, "dataset /fp32 is filtered")) << error;
 }
-
-// Sets an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) { ::setenv(name, value.c_str(), 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
 
 TEST(UntrustedShard, AParserCrashIsAnErrorNamingTheShard) {
   Fixture f;
@@ -216,10 +221,10 @@ TEST(UntrustedShard, AParserThatNeverEndsIsStopped) {
   Fixture f;
   ScopedEnv fault("SHARDKIT_FAULT", "shard-index-hang");
   ScopedEnv rank("SHARDKIT_FAULT_RANK", "1");
-  ckpt::isolated::set_time_scale_for_testing(1.0 / 60);  // one second of CPU time
+  ckpt::isolated::restart_for_testing(1.0 / 60);  // one second of CPU time
   const auto start = std::chrono::steady_clock::now();
   const std::string error = read_error(f.step);
-  ckpt::isolated::set_time_scale_for_testing(1);
+  ckpt::isolated::restart_for_testing();
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
   EXPECT_TRUE(contains(error, f.shard.string() + ": reading its HDF5 metadata used more than")) << error;
 }
