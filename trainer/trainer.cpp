@@ -69,7 +69,7 @@ struct Trainer::State {
   State(comm::MpiCollective& c, const TrainOptions& o) : comm(c), options(o) {}
   bool root() const { return comm.rank() == 0; }
   void log(const std::string& line) const {
-    if (root() && !options.quiet) std::printf("%s\n", line.c_str()), std::fflush(stdout);
+    if (root() && !options.quiet) ckpt::print_line(stdout, "%s", line.c_str()), std::fflush(stdout);
   }
   nlohmann::json trainer_state() const;
   void restore(const nlohmann::json& state, const std::string& where);
