@@ -227,6 +227,7 @@ StepRecord Trainer::State::train_step() {
     fail(ErrorKind::kIo, "step " + std::to_string(step + 1) + ": injected failure (SHARDKIT_FAULT=step-error)");
   }
   if (ckpt::fault_armed("stall", comm.rank(), step + 1)) std::this_thread::sleep_for(std::chrono::hours(1));
+  ckpt::crash_point("step-kill", comm.rank(), step + 1);
 
   backend->zero_grads();
   double loss_sum = 0;
