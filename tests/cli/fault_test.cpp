@@ -220,10 +220,10 @@ TEST(Faults, ARankThatFailsAloneEndsTheJobInsteadOfHangingIt) {
 // with a line naming it, the collective and the wait.
 TEST(Faults, ARankThatStallsIsEndedByTheCollectiveWatchdogWithinTheTimeout) {
   testing::TempDir dir;
-  const auto [r, seconds] = run_with_fault_at_step_3(dir, "SHARDKIT_FAULT=stall SHARDKIT_COLLECTIVE_TIMEOUT=3");
+  const auto [r, seconds] = run_with_fault_at_step_3(dir, "SHARDKIT_FAULT=stall SHARDKIT_COLLECTIVE_TIMEOUT=10");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("shardkit: rank 0 of 2: collective watchdog: "), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("for the other ranks (SHARDKIT_COLLECTIVE_TIMEOUT 3 s): a rank stalled or died"),
+  EXPECT_NE(r.err.find("for the other ranks (SHARDKIT_COLLECTIVE_TIMEOUT 10 s): a rank stalled or died"),
             std::string::npos)
       << r.err;
   EXPECT_LT(seconds, 60.0) << "the job hung until the test's own timeout killed it";
