@@ -164,7 +164,7 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
       const int64_t n =
           trainer::encode_bytes(d->text, d->output, [&](int64_t done, int64_t total) { progress.update(done, total); });
       progress.finish();
-      std::printf("%s: %lld tokens (byte-level, vocabulary 256)\n", d->output.c_str(), static_cast<long long>(n));
+      print_line(stdout, "%s: %lld tokens (byte-level, vocabulary 256)", d->output.c_str(), static_cast<long long>(n));
       return 0;
     };
   });

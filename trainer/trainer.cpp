@@ -69,7 +69,7 @@ struct Trainer::State {
   State(comm::MpiCollective& c, const TrainOptions& o) : comm(c), options(o) {}
   bool root() const { return comm.rank() == 0; }
   void log(const std::string& line) const {
-    if (root() && !options.quiet) std::printf("%s\n", line.c_str()), std::fflush(stdout);
+    if (root() && !options.quiet) ckpt::print_line(stdout, "%s", line.c_str()), std::fflush(stdout);
   }
   nlohmann::json trainer_state() const;
   void restore(const nlohmann::json& state, const std::string& where);
@@ -227,6 +227,7 @@ StepRecord Trainer::State::train_step() {
     fail(ErrorKind::kIo, "step " + std::to_string(step + 1) + ": injected failure (SHARDKIT_FAULT=step-error)");
   }
   if (ckpt::fault_armed("stall", comm.rank(), step + 1)) std::this_thread::sleep_for(std::chrono::hours(1));
+  ckpt::crash_point("step-kill", comm.rank(), step + 1);
 
   backend->zero_grads();
   double loss_sum = 0;
