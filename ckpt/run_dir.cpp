@@ -35,6 +35,10 @@ std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
   if (std::filesystem::exists(path / kManifestFileName, ec)) return path;
   if (const auto latest = read_latest(path)) {
     const std::filesystem::path step_dir = path / *latest;
+    if (std::filesystem::is_symlink(std::filesystem::symlink_status(step_dir, ec))) {
+      fail(ErrorKind::kCorrupt, (path / kLatestFileName).string() + " names " + *latest +
+                                    ", a symbolic link, not a step directory of this run (not followed)");
+    }
     if (!std::filesystem::exists(step_dir / kManifestFileName, ec)) {
       fail(ErrorKind::kCorrupt, (path / kLatestFileName).string() + " names " + *latest +
                                     ", which holds no committed checkpoint (no manifest.json)");

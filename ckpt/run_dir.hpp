@@ -16,7 +16,8 @@ namespace shardkit::ckpt {
 std::optional<std::string> read_latest(const std::filesystem::path& run_dir);
 
 // Turns a user's CKPT argument into a step directory: a directory with manifest.json is one; a
-// directory with `latest` is a run directory and `latest` is followed. Error(kInvalidInput) with a
+// directory with `latest` is a run directory and `latest` is followed (to a step directory of the
+// run itself: Error(kCorrupt) when it names a symbolic link). Error(kInvalidInput) with a
 // hint otherwise.
 std::filesystem::path resolve_checkpoint(const std::filesystem::path& path);
 

@@ -109,6 +109,17 @@ TEST(UntrustedFs, ASymlinkedLatestIsNotReadAndIsReplacedNotWrittenThrough) {
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("latest: a symbolic link, not followed"), std::string::npos) << r.err;
 
+  // Nor is a step directory that `latest` names but is a link to a checkpoint elsewhere.
+  std::filesystem::remove(dir / "run" / "latest");
+  write(dir / "run" / "latest", "step-00000009\n");
+  std::filesystem::create_directory_symlink(dir / "run" / "step-00000001", dir / "run" / "step-00000009");
+  r = run("ckpt verify " + (dir / "run").string());
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("names step-00000009, a symbolic link"), std::string::npos) << r.err;
+  std::filesystem::remove(dir / "run" / "step-00000009");
+  std::filesystem::remove(dir / "run" / "latest");
+  std::filesystem::create_symlink(dir / "outside-latest", dir / "run" / "latest");
+
   // A resumed run commits a new `latest` in place of the link.
   r = run(train_args(data, dir / "run", 2));
   ASSERT_EQ(r.code, 0) << r.err;
