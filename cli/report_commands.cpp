@@ -7,6 +7,7 @@
 
 #include "ckpt/error.hpp"
 #include "ckpt/file_util.hpp"
+#include "ckpt/write_target.hpp"
 #include "cli/commands.hpp"
 #include "cli/console.hpp"
 #include "report/html_report.hpp"
@@ -23,6 +24,7 @@ struct ReportCli {
 
 int run_report(const ReportCli& c) {
   // Checked first, as the converters do: a long file is not read only to be refused at the end.
+  ckpt::refuse_overlap(c.metrics, c.output);
   std::error_code ec;
   if (std::filesystem::exists(c.output, ec) && !c.force) {
     fail(ErrorKind::kInvalidInput, c.output + " already exists (use --force to replace it)");
