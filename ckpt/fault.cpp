@@ -61,4 +61,8 @@ void crash_point(std::string_view point) {
   if (fault_armed(point)) std::raise(SIGKILL);
 }
 
+void crash_point(std::string_view point, int rank, int64_t step) {
+  if (fault_armed(point, rank, step)) std::raise(SIGKILL);
+}
+
 }  // namespace shardkit::ckpt

@@ -7,8 +7,10 @@
 // "step-error" (SHARDKIT_FAULT_STEP: the step about to run) the trainer fails on that rank alone,
 // outside any collective: the others must not wait for it forever. At "stall" (same step rule) that
 // rank sleeps for an hour instead, alive but absent from the step's collectives, as a hung process or
-// a wedged GPU would be: on GPUs the other ranks' NCCL watchdog (SHARDKIT_NCCL_TIMEOUT) must end the
-// job. Without SHARDKIT_FAULT nothing happens (one cached getenv).
+// a wedged GPU would be: the other ranks' collective watchdog (SHARDKIT_COLLECTIVE_TIMEOUT; on GPUs the
+// NCCL watchdog) must end the job. At "step-kill" (same step rule) that rank kills itself with SIGKILL
+// as the step starts, as the kernel's OOM killer would: the others must end with an error, not hang.
+// Without SHARDKIT_FAULT nothing happens (one cached getenv).
 //
 // Crash points, in protocol order:
 //   save-start          the step directory exists, no shard file yet
@@ -46,5 +48,6 @@ bool fault_armed(std::string_view point, int rank, int64_t step);
 bool fault_armed(std::string_view point);
 // SIGKILL when armed.
 void crash_point(std::string_view point);
+void crash_point(std::string_view point, int rank, int64_t step);
 
 }  // namespace shardkit::ckpt

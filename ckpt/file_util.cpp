@@ -9,6 +9,7 @@
 
 #include "ckpt/error.hpp"
 #include "ckpt/fault.hpp"
+#include "ckpt/write_target.hpp"
 
 namespace shardkit::ckpt {
 
@@ -110,7 +111,7 @@ void write_file_durable(const std::filesystem::path& path, std::string_view cont
   std::filesystem::path tmp = path;
   tmp += ".tmp";
   {
-    FileDescriptor fd(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+    FileDescriptor fd = create_fresh_file(tmp);
     fd.write_all(content.data(), content.size());
     fd.fsync();
     fd.close();

@@ -51,7 +51,8 @@ void fsync_path(const std::filesystem::path& path);
 void fsync_directory(const std::filesystem::path& dir);
 
 // Writes `content` to `path` so that at any instant `path` holds either its old content or the new
-// one: writes `path.tmp`, fsyncs it, renames it over `path` and fsyncs the directory.
+// one: writes `path.tmp`, fsyncs it, renames it over `path` and fsyncs the directory. Neither is
+// followed when it is a symbolic link: a leftover `path.tmp` is replaced, `path` itself is renamed over.
 void write_file_durable(const std::filesystem::path& path, std::string_view content);
 
 // Opens a file that shardkit reads as input (a manifest, a config, weights, tokens, a shard, `latest`)

@@ -27,7 +27,12 @@ void init_thread() {
   // went on from) stays half-closed in HDF5's tables, and closing it again at exit crashed the process
   // (H5F__close_cb). Every file shardkit writes is closed explicitly and made durable before use.
   static std::once_flag library;
-  std::call_once(library, [] { H5dont_atexit(); });
+  std::call_once(library, [] {
+    H5dont_atexit();
+    if (H5PLset_loading_state(0) < 0) {
+      fail(ErrorKind::kInternal, "cannot switch off HDF5 plugin loading: " + error_stack_message());
+    }
+  });
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   static std::once_flag registered;
   std::call_once(registered, [] {
@@ -111,17 +116,18 @@ Id create_file(const std::filesystem::path& path, int64_t alignment) {
   return check_id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), path.string() + ": cannot create");
 }
 
-Id open_file(const std::filesystem::path& path) {
+Id open_file(const std::filesystem::path& path, const std::string& where_given) {
   init_thread();
+  const std::string where = where_given.empty() ? path.string() : where_given;
   const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
   if (is_hdf5 <= 0) {
     H5Eclear2(H5E_DEFAULT);
     std::error_code ec;
-    if (!std::filesystem::exists(path, ec)) fail(ErrorKind::kInvalidInput, path.string() + ": no such file");
-    fail(ErrorKind::kCorrupt, path.string() + ": not an HDF5 file (no HDF5 signature)");
+    if (!std::filesystem::exists(path, ec)) fail(ErrorKind::kInvalidInput, where + ": no such file");
+    fail(ErrorKind::kCorrupt, where + ": not an HDF5 file (no HDF5 signature)");
   }
   return check_id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT),
-                  path.string() + ": cannot open HDF5 file (truncated or corrupt?)", ErrorKind::kCorrupt);
+                  where + ": cannot open HDF5 file (truncated or corrupt?)", ErrorKind::kCorrupt);
 }
 
 Id create_group(hid_t loc, const char* name, const std::string& where) {
@@ -135,9 +141,82 @@ bool link_exists(hid_t loc, const char* name) {
   return r > 0;
 }
 
+namespace {
+
+struct LinkScan {
+  std::vector<std::string> names;
+  std::string not_hard;  // the first link that is not a hard link
+  size_t max_links = 0;
+};
+
+herr_t scan_link(hid_t /*group*/, const char* name, const H5L_info_t* info, void* data) {
+  auto* scan = static_cast<LinkScan*>(data);
+  if (info->type != H5L_TYPE_HARD) {
+    scan->not_hard = name;
+    return 1;
+  }
+  scan->names.emplace_back(name);
+  return scan->names.size() > scan->max_links ? 1 : 0;
+}
+
+void require_hard_link(hid_t loc, const char* name, const char* what, const std::string& where) {
+  if (!link_exists(loc, name)) fail(ErrorKind::kCorrupt, where + ": " + what + " /" + name + " is missing");
+  H5L_info_t info{};
+  check(H5Lget_info(loc, name, &info, H5P_DEFAULT), where + ": link /" + name, ErrorKind::kCorrupt);
+  if (info.type != H5L_TYPE_HARD) {
+    fail(ErrorKind::kCorrupt, where + ": " + what + " /" + name + " is a " +
+                                  (info.type == H5L_TYPE_EXTERNAL ? "link to another file" : "soft link") +
+                                  ", which a shard never holds");
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> hard_link_names(hid_t group, size_t max_links, const std::string& where) {
+  LinkScan scan;
+  scan.max_links = max_links;
+  hsize_t index = 0;
+  check(H5Literate(group, H5_INDEX_NAME, H5_ITER_NATIVE, &index, scan_link, &scan), where + ": cannot list links",
+        ErrorKind::kCorrupt);
+  if (!scan.not_hard.empty()) {
+    fail(ErrorKind::kCorrupt,
+         where + ": /" + scan.not_hard.substr(0, 64) + " is a soft or external link, which a shard never holds");
+  }
+  return scan.names;
+}
+
+Id open_group(hid_t loc, const char* name, const std::string& where) {
+  require_hard_link(loc, name, "group", where);
+  return check_id(H5Gopen2(loc, name, H5P_DEFAULT), where + ": cannot open group /" + name, ErrorKind::kCorrupt);
+}
+
 Id open_dataset(hid_t loc, const char* name, const std::string& where) {
-  if (!link_exists(loc, name)) fail(ErrorKind::kCorrupt, where + ": dataset /" + std::string(name) + " is missing");
+  require_hard_link(loc, name, "dataset", where);
   return check_id(H5Dopen2(loc, name, H5P_DEFAULT), where + ": cannot open dataset /" + name, ErrorKind::kCorrupt);
+}
+
+std::vector<H5Z_filter_t> checked_storage(hid_t dataset, const std::string& where) {
+  Id dcpl = check_id(H5Dget_create_plist(dataset), where + ": H5Dget_create_plist", ErrorKind::kCorrupt);
+  const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+  if (layout == H5D_VIRTUAL) fail(ErrorKind::kCorrupt, where + " is a virtual dataset (data in other files)");
+  if (layout != H5D_CHUNKED && layout != H5D_CONTIGUOUS && layout != H5D_COMPACT) {
+    fail(ErrorKind::kCorrupt, where + " has an unknown storage layout");
+  }
+  const int external = H5Pget_external_count(dcpl.get());
+  if (external != 0) fail(ErrorKind::kCorrupt, where + " keeps its data in external files");
+  const int count = H5Pget_nfilters(dcpl.get());
+  if (count < 0 || count > 32) fail(ErrorKind::kCorrupt, where + " has an invalid filter pipeline");
+  std::vector<H5Z_filter_t> filters;
+  for (int i = 0; i < count; ++i) {
+    unsigned flags = 0;
+    size_t values_count = 0;
+    unsigned config = 0;
+    const H5Z_filter_t id =
+        H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &values_count, nullptr, 0, nullptr, &config);
+    if (id < 0) fail(ErrorKind::kCorrupt, where + " has an unreadable filter pipeline");
+    filters.push_back(id);
+  }
+  return filters;
 }
 
 namespace {
@@ -221,6 +300,9 @@ template <typename T>
 std::vector<T> read_whole(hid_t loc, const char* name, hid_t mem_type, const std::vector<hsize_t>& dims,
                           const std::string& where) {
   Id ds = open_dataset(loc, name, where);
+  if (!checked_storage(ds.get(), where + ": dataset /" + name).empty()) {
+    fail(ErrorKind::kCorrupt, where + ": dataset /" + std::string(name) + " is filtered, which a shard never does");
+  }
   Id type = check_id(H5Dget_type(ds.get()), where + ": dataset " + name, ErrorKind::kCorrupt);
   if (H5Tget_class(type.get()) != H5T_INTEGER) {
     fail(ErrorKind::kCorrupt, where + ": dataset /" + std::string(name) + " is not an integer array");

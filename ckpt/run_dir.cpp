@@ -5,13 +5,19 @@
 #include "ckpt/error.hpp"
 #include "ckpt/file_util.hpp"
 #include "ckpt/shard_format.hpp"
+#include "ckpt/write_target.hpp"
 
 namespace shardkit::ckpt {
 
 std::optional<std::string> read_latest(const std::filesystem::path& run_dir) {
   const std::filesystem::path path = run_dir / kLatestFileName;
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;
+  const std::filesystem::file_status status = std::filesystem::symlink_status(path, ec);
+  if (std::filesystem::is_symlink(status)) {
+    fail(ErrorKind::kCorrupt,
+         path.string() + ": a symbolic link, not followed (expected a file naming a step directory)");
+  }
+  if (!std::filesystem::is_regular_file(status)) return std::nullopt;
   std::string name = read_small_file(path, 4096);
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
   if (parse_step_dir_name(name) < 0) {
@@ -29,6 +35,10 @@ std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
   if (std::filesystem::exists(path / kManifestFileName, ec)) return path;
   if (const auto latest = read_latest(path)) {
     const std::filesystem::path step_dir = path / *latest;
+    if (std::filesystem::is_symlink(std::filesystem::symlink_status(step_dir, ec))) {
+      fail(ErrorKind::kCorrupt, (path / kLatestFileName).string() + " names " + *latest +
+                                    ", a symbolic link, not a step directory of this run (not followed)");
+    }
     if (!std::filesystem::exists(step_dir / kManifestFileName, ec)) {
       fail(ErrorKind::kCorrupt, (path / kLatestFileName).string() + " names " + *latest +
                                     ", which holds no committed checkpoint (no manifest.json)");
@@ -56,7 +66,7 @@ std::vector<CheckpointListing> list_checkpoints(const std::filesystem::path& run
   for (const auto& entry : std::filesystem::directory_iterator(run_dir, ec)) {
     const std::string name = entry.path().filename().string();
     const int64_t step = parse_step_dir_name(name);
-    if (step < 0 || !entry.is_directory()) continue;
+    if (step < 0 || !is_real_directory(entry.path())) continue;
     CheckpointListing item;
     item.name = name;
     item.step = step;
@@ -80,19 +90,22 @@ std::vector<CheckpointListing> list_checkpoints(const std::filesystem::path& run
 
 bool remove_uncommitted(const std::filesystem::path& step_dir) noexcept {
   std::error_code ec;
-  if (!std::filesystem::is_directory(step_dir, ec) || std::filesystem::exists(step_dir / kManifestFileName, ec)) {
+  if (!is_real_directory(step_dir) || std::filesystem::exists(step_dir / kManifestFileName, ec)) {
     return false;
   }
   return std::filesystem::remove_all(step_dir, ec) > 0 && !ec;
 }
 
-std::vector<std::string> clean_run_dir(const std::filesystem::path& run_dir) {
-  std::vector<std::string> removed;
+RunDirCleanup clean_run_dir(const std::filesystem::path& run_dir) {
+  RunDirCleanup out;
   std::error_code ec;
-  if (!std::filesystem::is_directory(run_dir, ec)) return removed;
+  if (!std::filesystem::is_directory(run_dir, ec)) return out;
+  // remove(3) of a symbolic link removes the link, not what it points to.
   auto remove_file = [&](const std::filesystem::path& path) {
     std::error_code rc;
-    if (std::filesystem::remove(path, rc)) removed.push_back("removed " + path.string() + " (temporary file)");
+    if (!is_real_directory(path) && std::filesystem::remove(path, rc)) {
+      out.removed.push_back("removed " + path.string() + " (temporary file)");
+    }
   };
   std::vector<std::filesystem::path> entries;
   for (const auto& entry : std::filesystem::directory_iterator(run_dir, ec)) entries.push_back(entry.path());
@@ -101,9 +114,12 @@ std::vector<std::string> clean_run_dir(const std::filesystem::path& run_dir) {
     const std::string name = path.filename().string();
     if (name == std::string(kLatestFileName) + ".tmp") {
       remove_file(path);
-    } else if (parse_step_dir_name(name) >= 0 && std::filesystem::is_directory(path, ec)) {
+    } else if (parse_step_dir_name(name) >= 0 &&
+               std::filesystem::is_symlink(std::filesystem::symlink_status(path, ec))) {
+      out.left_alone.push_back("left " + path.string() + " alone: a symbolic link, not a step directory of this run");
+    } else if (parse_step_dir_name(name) >= 0 && is_real_directory(path)) {
       if (remove_uncommitted(path)) {
-        removed.push_back("removed " + path.string() + " (a save that never committed: no manifest)");
+        out.removed.push_back("removed " + path.string() + " (a save that never committed: no manifest)");
         continue;
       }
       std::vector<std::filesystem::path> temporary;
@@ -113,7 +129,7 @@ std::vector<std::string> clean_run_dir(const std::filesystem::path& run_dir) {
       for (const auto& file : temporary) remove_file(file);
     }
   }
-  return removed;
+  return out;
 }
 
 }  // namespace shardkit::ckpt

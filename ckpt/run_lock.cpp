@@ -10,6 +10,7 @@
 
 #include "ckpt/error.hpp"
 #include "ckpt/manifest.hpp"
+#include "ckpt/write_target.hpp"
 
 namespace shardkit::ckpt {
 namespace {
@@ -30,7 +31,8 @@ RunLock::RunLock(const std::filesystem::path& run_dir, const std::string& comman
   std::error_code ec;
   std::filesystem::create_directories(run_dir, ec);
   if (ec) fail(ErrorKind::kIo, run_dir.string() + ": cannot create directory: " + ec.message());
-  fd_ = FileDescriptor(path_, O_RDWR | O_CREAT | O_CLOEXEC);
+  // A lock file that is a link, FIFO or device would have shardkit write (and print) something outside the folder.
+  fd_ = open_own_file(path_, O_RDWR | O_CREAT);
   if (::flock(fd_.get(), LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     if (err == EWOULDBLOCK) {

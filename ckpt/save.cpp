@@ -6,6 +6,7 @@
 #include "ckpt/file_util.hpp"
 #include "ckpt/run_dir.hpp"
 #include "ckpt/shard_format.hpp"
+#include "ckpt/write_target.hpp"
 
 namespace shardkit::ckpt {
 namespace {
@@ -45,13 +46,12 @@ std::string writer_version() {
 }
 
 void prepare_step_dir(const std::filesystem::path& step_dir) {
+  make_real_directory(step_dir);
   std::error_code ec;
   if (std::filesystem::exists(step_dir / kManifestFileName, ec)) {
     fail(ErrorKind::kInvalidInput,
          step_dir.string() + " already holds a committed checkpoint; remove it or save into another directory");
   }
-  std::filesystem::create_directories(step_dir, ec);
-  if (ec) fail(ErrorKind::kIo, step_dir.string() + ": cannot create directory: " + ec.message());
 }
 
 Manifest build_manifest(const CheckpointMeta& meta, const std::string& checkpoint_uid,
@@ -113,8 +113,7 @@ SaveResult save_checkpoint(Collective& group, const SaveRequest& request) {
   // 2. Every rank writes its shard.
   std::string record;
   try {
-    std::error_code ec;
-    std::filesystem::create_directories(step_dir, ec);  // visible already on a shared filesystem
+    make_real_directory(step_dir);  // visible already on a shared filesystem
     const Layout layout(*meta.table, meta.layout);
     const std::filesystem::path shard = step_dir / shard_file_name(rank, group.size());
     ShardWriter writer(shard, *meta.table, layout, {uid, meta.step, rank}, meta.states, meta.shard);

@@ -55,7 +55,8 @@ struct SaveResult {
 SaveResult save_checkpoint(Collective& group, const SaveRequest& request);
 
 // Building blocks for writers that produce all shards in one process (the converters):
-// prepares an empty step directory (Error(kInvalidInput) if it holds a committed checkpoint) ...
+// prepares an empty step directory (Error(kInvalidInput) if it holds a committed checkpoint or is a
+// symbolic link) ...
 void prepare_step_dir(const std::filesystem::path& step_dir);
 // ... builds the manifest from the shards' records (in rank order) ...
 Manifest build_manifest(const CheckpointMeta& meta, const std::string& checkpoint_uid, std::vector<ShardRecord> shards);

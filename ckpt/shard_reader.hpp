@@ -1,7 +1,8 @@
 // Reads one shard written by ShardWriter. Opening validates the file against what the manifest
 // expects (identity, layout, fragment table, chunk index, digest) and records where every chunk lies
-// in the file; the HDF5 handles are then closed and data is read with pread(2), chunk by chunk, each
-// chunk checked against its XXH64 before any of it is returned.
+// in the file (ckpt/shard_index.hpp: libhdf5 parses the metadata in an isolated process); data is then
+// read with pread(2), chunk by chunk, each chunk checked against its XXH64 before any of it is
+// returned.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 
 #include "ckpt/file_util.hpp"
 #include "ckpt/layout.hpp"
+#include "ckpt/shard_index.hpp"
 #include "ckpt/tensor_table.hpp"
 #include "ckpt/zstd_codec.hpp"
 
@@ -77,12 +79,6 @@ class ShardReader {
   std::string describe_flat_range(int64_t lo, int64_t hi) const;
 
  private:
-  struct ChunkLocation {
-    int64_t address = 0;
-    int64_t size = 0;
-    bool compressed = false;
-  };
-
   void index_file(const ShardExpectation& expect);
   // Decodes chunk `chunk` of `state` into `out` (chunk_elems_ floats) and verifies its checksum.
   void load_chunk(size_t state, int64_t chunk, float* out, Scratch& scratch) const;

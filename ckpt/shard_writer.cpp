@@ -14,6 +14,7 @@
 #include "ckpt/file_util.hpp"
 #include "ckpt/shard_format.hpp"
 #include "ckpt/thread_pool.hpp"
+#include "ckpt/write_target.hpp"
 #include "ckpt/zstd_codec.hpp"
 
 namespace shardkit::ckpt {
@@ -62,6 +63,9 @@ ShardWriter::ShardWriter(const std::filesystem::path& path, const TensorTable& t
 
   // Uncompressed chunks start on 4 KiB boundaries, so that they can be written with direct I/O.
   const bool raw = options.compression_level == 0;
+  // libhdf5 would follow a symbolic link left at the temporary name and truncate its target: the file
+  // is created here first, as a new regular file, and libhdf5 then truncates that one.
+  create_fresh_file(tmp_path_).close();
   file_ = h5::create_file(tmp_path_, raw ? static_cast<int64_t>(DirectWriter::kAlignment) : 0);
   if (raw) {
     raw_ = std::make_unique<DirectWriter>(tmp_path_, pool_->concurrency(),

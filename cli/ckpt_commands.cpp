@@ -18,6 +18,12 @@ namespace {
 
 using nlohmann::json;
 
+// A --json result: non-ASCII as \u escapes, so that neither a control character nor a byte that is
+// not UTF-8 (a file name can hold any) reaches the terminal, and the JSON stays valid.
+void print_json(const json& value) {
+  std::cout << value.dump(2, ' ', true, json::error_handler_t::replace) << "\n";
+}
+
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -46,11 +52,11 @@ int run_ls(const std::string& run_dir, bool as_json) {
       }
       out.push_back(std::move(e));
     }
-    std::cout << out.dump(2) << "\n";
+    print_json(out);
     return 0;
   }
   if (list.empty()) {
-    std::printf("%s: no checkpoints\n", run_dir.c_str());
+    print_line(stdout, "%s: no checkpoints", run_dir.c_str());
     return 0;
   }
   std::vector<std::vector<std::string>> rows = {{"", "CHECKPOINT", "STATUS", "RANKS", "STAGE", "SIZE", "CREATED"}};
@@ -74,7 +80,7 @@ int run_inspect(const std::string& path, bool as_json) {
     json out = ckpt::manifest_to_json(m);
     out["path"] = step_dir.string();
     out["total_bytes"] = m.total_bytes();
-    std::cout << out.dump(2) << "\n";
+    print_json(out);
     return 0;
   }
   const ckpt::Layout layout(m.tensors, m.layout);
@@ -106,8 +112,11 @@ int run_inspect(const std::string& path, bool as_json) {
     rows.push_back({std::to_string(s.rank), s.file, format_count(s.bytes), ckpt::to_hex(s.digest)});
   }
   print_table(rows, 2);
-  if (!m.trainer_state.empty()) std::printf("\ntrainer state: %s\n", m.trainer_state.dump().c_str());
-  if (!m.model.empty()) std::printf("model: %s\n", m.model.dump().c_str());
+  if (!m.trainer_state.empty()) {
+    std::printf("\n");
+    print_line(stdout, "trainer state: %s", m.trainer_state.dump().c_str());
+  }
+  if (!m.model.empty()) print_line(stdout, "model: %s", m.model.dump().c_str());
   return 0;
 }
 
@@ -118,13 +127,13 @@ int run_verify(const std::string& path, bool quiet) {
   progress.finish();
   const std::string where = reader.step_dir().string();
   if (!report.ok()) {
-    for (const std::string& p : report.problems) std::fprintf(stderr, "shardkit: corrupt: %s\n", p.c_str());
-    std::fprintf(stderr, "shardkit: %s FAILED verification: %zu problem(s)\n", where.c_str(), report.problems.size());
+    for (const std::string& p : report.problems) print_line(stderr, "shardkit: corrupt: %s", p.c_str());
+    print_line(stderr, "shardkit: %s FAILED verification: %zu problem(s)", where.c_str(), report.problems.size());
     return 1;
   }
-  std::printf("%s: OK (%d shards, %s chunks, %s checked)\n", where.c_str(), report.shards_checked,
-              format_count(report.chunks_checked).c_str(),
-              format_bytes(static_cast<double>(report.bytes_checked)).c_str());
+  print_line(stdout, "%s: OK (%d shards, %s chunks, %s checked)", where.c_str(), report.shards_checked,
+             format_count(report.chunks_checked).c_str(),
+             format_bytes(static_cast<double>(report.bytes_checked)).c_str());
   return 0;
 }
 
@@ -153,12 +162,12 @@ int run_diff(const std::string& a_path, const std::string& b_path, double tolera
                 {"only_in_b", report.only_in_b},
                 {"shape_mismatch", report.shape_mismatch},
                 {"tensors", entries}};
-    std::cout << out.dump(2) << "\n";
+    print_json(out);
     return ok ? 0 : 1;
   }
-  for (const auto& n : report.only_in_a) std::printf("only in A: %s\n", n.c_str());
-  for (const auto& n : report.only_in_b) std::printf("only in B: %s\n", n.c_str());
-  for (const auto& n : report.shape_mismatch) std::printf("shape differs: %s\n", n.c_str());
+  for (const auto& n : report.only_in_a) print_line(stdout, "only in A: %s", n.c_str());
+  for (const auto& n : report.only_in_b) print_line(stdout, "only in B: %s", n.c_str());
+  for (const auto& n : report.shape_mismatch) print_line(stdout, "shape differs: %s", n.c_str());
   std::vector<std::vector<std::string>> rows = {{"TENSOR", "STATE", "ELEMENTS", "DIFFERING", "MAX |A-B|"}};
   int64_t identical = 0;
   for (const auto& e : report.entries) {
@@ -171,9 +180,9 @@ int run_diff(const std::string& a_path, const std::string& b_path, double tolera
     rows.push_back({e.tensor, e.state, format_count(e.numel), format_count(e.differing), diff});
   }
   if (rows.size() > 1) print_table(rows);
-  std::printf("%s vs %s: %s of %zu tensor states bit-identical, max |A-B| = %.3g, tolerance %.3g: %s\n",
-              a.step_dir().c_str(), b.step_dir().c_str(), format_count(identical).c_str(), report.entries.size(),
-              report.max_abs_diff(), tolerance, ok ? "MATCH" : "DIFFERENT");
+  print_line(stdout, "%s vs %s: %s of %zu tensor states bit-identical, max |A-B| = %.3g, tolerance %.3g: %s",
+             a.step_dir().c_str(), b.step_dir().c_str(), format_count(identical).c_str(), report.entries.size(),
+             report.max_abs_diff(), tolerance, ok ? "MATCH" : "DIFFERENT");
   return ok ? 0 : 1;
 }
 

@@ -52,7 +52,13 @@ int64_t parse_size(std::string_view text, std::string_view option) {
   return static_cast<int64_t>(std::llround(bytes));
 }
 
-void print_table(const std::vector<std::vector<std::string>>& rows, int indent) {
+void print_table(const std::vector<std::vector<std::string>>& raw_rows, int indent) {
+  std::vector<std::vector<std::string>> rows;
+  rows.reserve(raw_rows.size());
+  for (const auto& raw : raw_rows) {
+    auto& row = rows.emplace_back();
+    for (const std::string& cell : raw) row.push_back(escape_control(cell));
+  }
   std::vector<size_t> widths;
   for (const auto& row : rows) {
     if (widths.size() < row.size()) widths.resize(row.size(), 0);
@@ -64,7 +70,7 @@ void print_table(const std::vector<std::vector<std::string>>& rows, int indent) 
       line += row[i];
       if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
     }
-    std::printf("%s\n", line.c_str());
+    std::printf("%s\n", line.c_str());  // escaped cell by cell above
   }
 }
 
@@ -153,10 +159,11 @@ void Progress::draw(bool final) {
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(fraction * kWidth);
     // \r returns to the line's start, \033[K clears what a longer previous draw left after it.
-    std::fprintf(stderr, "\r%s [%s%s] %s\033[K", label_.c_str(), std::string(static_cast<size_t>(filled), '#').c_str(),
+    std::fprintf(stderr, "\r%s [%s%s] %s\033[K", escape_control(label_).c_str(),
+                 std::string(static_cast<size_t>(filled), '#').c_str(),
                  std::string(static_cast<size_t>(kWidth - filled), '.').c_str(), tail);
   } else {
-    std::fprintf(stderr, "%s: %s\n", label_.c_str(), tail);
+    print_line(stderr, "%s: %s", label_.c_str(), tail);
   }
   std::fflush(stderr);
   drawn_ = true;

@@ -14,10 +14,14 @@ namespace shardkit::cli {
 
 // "1GiB", "512MiB", "5GB", "1.5G", "4096" -> bytes. Error(kInvalidInput) naming `option` otherwise.
 int64_t parse_size(std::string_view text, std::string_view option);
+using ckpt::escape_control;
 using ckpt::format_bytes;
 using ckpt::format_count;
+using ckpt::print_line;
 
-// Prints rows as columns separated by two spaces; the first row is the header.
+// Prints rows as columns separated by two spaces; the first row is the header. Cells are escaped
+// (escape_control) before they are measured, so a name from an input can neither break the table
+// nor write to the terminal.
 void print_table(const std::vector<std::vector<std::string>>& rows, int indent = 0);
 
 // Reports how far a long command has got, on stderr (stdout stays for the command's result):

@@ -60,8 +60,8 @@ int run_reshard(const ReshardCli& c) {
   if (c.compress >= 0) r.compression_level = c.compress;
   const auto step_dir = convert::reshard(r, options_from(c.common, progress));
   progress.finish();
-  std::printf("%s: %d ranks%s\n", step_dir.c_str(), c.world_size,
-              c.stage >= 0 ? (", ZeRO stage " + std::to_string(c.stage)).c_str() : "");
+  print_line(stdout, "%s: %d ranks%s", step_dir.c_str(), c.world_size,
+             c.stage >= 0 ? (", ZeRO stage " + std::to_string(c.stage)).c_str() : "");
   return 0;
 }
 
@@ -87,7 +87,7 @@ int run_consolidate(const ConsolidateCli& c) {
   Progress progress("consolidate", c.common.quiet);
   const std::vector<std::string> files = convert::consolidate(r, options_from(c.common, progress));
   progress.finish();
-  for (const std::string& f : files) std::printf("%s\n", (std::filesystem::path(c.output) / f).c_str());
+  for (const std::string& f : files) print_line(stdout, "%s", (std::filesystem::path(c.output) / f).c_str());
   return 0;
 }
 
@@ -107,7 +107,7 @@ int run_import(const ImportCli& c) {
   Progress progress("import", c.common.quiet);
   const auto step_dir = convert::import_weights(r, options_from(c.common, progress));
   progress.finish();
-  std::printf("%s: step 0, %d ranks, ZeRO stage %d\n", step_dir.c_str(), c.world_size, c.stage);
+  print_line(stdout, "%s: step 0, %d ranks, ZeRO stage %d", step_dir.c_str(), c.world_size, c.stage);
   return 0;
 }
 

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "ckpt/error.hpp"
+#include "ckpt/text_format.hpp"
 
 namespace shardkit::cli {
 
@@ -15,7 +16,7 @@ int run_on_ranks(int* argc, char*** argv, const std::function<int(comm::MpiColle
   } catch (const std::exception& e) {
     const auto* error = dynamic_cast<const Error*>(&e);
     const int code = error ? exit_code_for(error->kind()) : 1;
-    std::fprintf(stderr, "shardkit: error (rank %d of %d): %s\n", mpi.rank(), mpi.size(), e.what());
+    ckpt::print_line(stderr, "shardkit: error (rank %d of %d): %s", mpi.rank(), mpi.size(), e.what());
     std::fflush(stderr);
     comm::MpiRuntime::abort(code);
   }

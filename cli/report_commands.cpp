@@ -7,6 +7,7 @@
 
 #include "ckpt/error.hpp"
 #include "ckpt/file_util.hpp"
+#include "ckpt/write_target.hpp"
 #include "cli/commands.hpp"
 #include "cli/console.hpp"
 #include "report/html_report.hpp"
@@ -23,6 +24,7 @@ struct ReportCli {
 
 int run_report(const ReportCli& c) {
   // Checked first, as the converters do: a long file is not read only to be refused at the end.
+  ckpt::refuse_overlap(c.metrics, c.output);
   std::error_code ec;
   if (std::filesystem::exists(c.output, ec) && !c.force) {
     fail(ErrorKind::kInvalidInput, c.output + " already exists (use --force to replace it)");
@@ -36,8 +38,8 @@ int run_report(const ReportCli& c) {
       report::read_metrics(c.metrics, [&progress](int64_t done, int64_t total) { progress.update(done, total); });
   progress.finish();
   if (metrics.cut_off_last_line) {
-    std::fprintf(stderr, "warning: %s: the last line is cut off (a run killed while writing it); left out\n",
-                 c.metrics.c_str());
+    print_line(stderr, "warning: %s: the last line is cut off (a run killed while writing it); left out",
+               c.metrics.c_str());
   }
   report::ReportOptions options;
   options.title = c.title;
@@ -45,8 +47,8 @@ int run_report(const ReportCli& c) {
   const std::string html = report::render_html(metrics, options);
   // Temp file and rename: a browser that has the old report open never sees half a page.
   ckpt::write_file_durable(c.output, html);
-  std::printf("%s: %zu steps, %zu checkpoint events, %s\n", c.output.c_str(), metrics.steps.size(),
-              metrics.checkpoints.size(), format_bytes(static_cast<double>(html.size())).c_str());
+  print_line(stdout, "%s: %zu steps, %zu checkpoint events, %s", c.output.c_str(), metrics.steps.size(),
+             metrics.checkpoints.size(), format_bytes(static_cast<double>(html.size())).c_str());
   return 0;
 }
 

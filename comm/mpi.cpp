@@ -22,9 +22,11 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  if (size_ > 1) watchdog_ = std::make_unique<CollectiveWatchdog>(rank_, size_);
 }
 
 MpiRuntime::~MpiRuntime() {
+  watchdog_.reset();
   MPI_Finalize();
 }
 
@@ -34,6 +36,7 @@ void MpiRuntime::abort(int exit_code) {
 }
 
 DuplicateCommunicator::DuplicateCommunicator(MPI_Comm parent) {
+  const CollectiveTimer timer("MPI_Comm_dup");
   MPI_CHECK(MPI_Comm_dup(parent, &comm_));
   MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
 }
@@ -53,6 +56,7 @@ MpiCollective::MpiCollective(MPI_Comm comm) : comm_(comm) {
 }
 
 std::vector<std::string> MpiCollective::gather(const std::string& mine) {
+  const CollectiveTimer timer("gather");
   const int length = static_cast<int>(mine.size());
   std::vector<int> lengths(rank_ == 0 ? static_cast<size_t>(size_) : 0);
   MPI_CHECK(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, 0, comm_));
@@ -78,6 +82,7 @@ std::vector<std::string> MpiCollective::gather(const std::string& mine) {
 }
 
 std::string MpiCollective::broadcast(const std::string& from_root) {
+  const CollectiveTimer timer("broadcast");
   int length = rank_ == 0 ? static_cast<int>(from_root.size()) : 0;
   MPI_CHECK(MPI_Bcast(&length, 1, MPI_INT, 0, comm_));
   std::string out = rank_ == 0 ? from_root : std::string(static_cast<size_t>(length), '\0');
@@ -86,6 +91,7 @@ std::string MpiCollective::broadcast(const std::string& from_root) {
 }
 
 void MpiCollective::barrier() {
+  const CollectiveTimer timer("barrier");
   MPI_CHECK(MPI_Barrier(comm_));
 }
 
@@ -104,6 +110,7 @@ int checked_count(int64_t count, const char* what) {
 }  // namespace
 
 void MpiCollective::allreduce_sum(float* data, int64_t count) {
+  const CollectiveTimer timer("allreduce");
   for (int64_t done = 0; done < count; done += kMaxCount) {
     const int n = static_cast<int>(std::min(kMaxCount, count - done));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + done, n, MPI_FLOAT, MPI_SUM, comm_));
@@ -111,39 +118,47 @@ void MpiCollective::allreduce_sum(float* data, int64_t count) {
 }
 
 double MpiCollective::allreduce_sum(double value) {
+  const CollectiveTimer timer("allreduce");
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM, comm_));
   return value;
 }
 
 double MpiCollective::allreduce_max(double value) {
+  const CollectiveTimer timer("allreduce");
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_MAX, comm_));
   return value;
 }
 
 void MpiCollective::reduce_scatter_block(const float* send, float* recv, int64_t block) {
+  const CollectiveTimer timer("reduce_scatter");
   MPI_CHECK(
       MPI_Reduce_scatter_block(send, recv, checked_count(block, "reduce_scatter_block"), MPI_FLOAT, MPI_SUM, comm_));
 }
 
 void MpiCollective::reduce_scatter(const float* send, float* recv, const std::vector<int>& counts) {
+  const CollectiveTimer timer("reduce_scatter");
   MPI_CHECK(MPI_Reduce_scatter(send, recv, counts.data(), MPI_FLOAT, MPI_SUM, comm_));
 }
 
 void MpiCollective::allgather(const float* send, float* recv, int64_t block) {
+  const CollectiveTimer timer("allgather");
   const int n = checked_count(block, "allgather");
   MPI_CHECK(MPI_Allgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, comm_));
 }
 
 void MpiCollective::allgather_inplace(float* data, int64_t block) {
+  const CollectiveTimer timer("allgather");
   const int n = checked_count(block, "allgather");
   MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, n, MPI_FLOAT, comm_));
 }
 
 void MpiCollective::broadcast_bytes(void* data, int64_t bytes) {
+  const CollectiveTimer timer("broadcast");
   MPI_CHECK(MPI_Bcast(data, checked_count(bytes, "broadcast"), MPI_BYTE, 0, comm_));
 }
 
 MpiCollective::NodePlace MpiCollective::node_place() {
+  const CollectiveTimer timer("MPI_Comm_split_type");
   MPI_Comm node;
   MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
   NodePlace place;

@@ -5,11 +5,12 @@
 #include <mpi.h>
 
 #include <cstdint>
-
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "ckpt/collective.hpp"
+#include "comm/watchdog.hpp"
 
 namespace shardkit::comm {
 
@@ -20,7 +21,8 @@ void check_mpi(int code, const char* call, const char* file, int line);
 // Initialises MPI (MPI_THREAD_MULTIPLE, so that background checkpoint threads may communicate on
 // their own communicators) and finalises it on destruction. MPI errors return codes instead of
 // aborting, so that they become exceptions with context. A process started without mpirun is a
-// world of one rank.
+// world of one rank. With other ranks, a CollectiveWatchdog runs while MPI does: a collective that
+// waits longer than collective_timeout_seconds() for them ends the job.
 class MpiRuntime {
  public:
   MpiRuntime(int* argc, char*** argv);
@@ -37,11 +39,12 @@ class MpiRuntime {
  private:
   int rank_ = 0;
   int size_ = 1;
+  std::unique_ptr<CollectiveWatchdog> watchdog_;
 };
 
 // An MPI communicator (not owned): the string collectives of ckpt::Collective for the save
 // protocol, and the fp32 collectives of ZeRO on CPU ranks. Counts are elements; calls larger than
-// MPI's int counts are split.
+// MPI's int counts are split. Every collective is timed by a CollectiveTimer.
 class MpiCollective final : public ckpt::Collective {
  public:
   explicit MpiCollective(MPI_Comm comm);

@@ -9,6 +9,7 @@
 #include "ckpt/error.hpp"
 #include "ckpt/file_util.hpp"
 #include "ckpt/h5.hpp"
+#include "ckpt/run_dir.hpp"
 #include "ckpt/safetensors.hpp"
 #include "ckpt/shard_format.hpp"
 #include "ckpt/thread_pool.hpp"
@@ -216,7 +217,7 @@ std::vector<std::string> write_hdf5(const ConsolidateRequest& request, const Con
 }  // namespace
 
 std::vector<std::string> consolidate(const ConsolidateRequest& request, const ConvertOptions& options) {
-  StagedDirectory out(request.output, options.force);
+  StagedDirectory out(request.output, {request.source, ckpt::resolve_checkpoint(request.source)}, options.force);
   std::vector<std::string> files;
   switch (request.format) {
     case ExportFormat::kSafetensors:

@@ -32,7 +32,12 @@ std::filesystem::path import_weights(const ImportRequest& request, const Convert
                         {"imported_from", request.weights.string()}};
   meta.model = model::to_json(weights.config());
 
-  StagedDirectory out(request.output, options.force);
+  // The weights, and for a single file the config.json beside it that HfWeights read.
+  std::vector<std::filesystem::path> inputs = {request.weights};
+  std::error_code ec;
+  if (!std::filesystem::is_directory(request.weights, ec))
+    inputs.push_back(request.weights.parent_path() / "config.json");
+  StagedDirectory out(request.output, inputs, options.force);
   const std::filesystem::path step_dir = out.path() / ckpt::step_dir_name(0);
   ckpt::prepare_step_dir(step_dir);
   const std::string uid = ckpt::make_checkpoint_uid();

@@ -33,7 +33,7 @@ std::filesystem::path reshard(const ReshardRequest& request, const ConvertOption
   if (meta.trainer_state.contains("world_size")) meta.trainer_state["world_size"] = spec.world_size;
   if (meta.trainer_state.contains("zero_stage")) meta.trainer_state["zero_stage"] = spec.stage;
 
-  StagedDirectory out(request.output, options.force);
+  StagedDirectory out(request.output, {request.source, source_dir}, options.force);
   const std::filesystem::path step_dir = out.path() / ckpt::step_dir_name(m.step);
   ckpt::prepare_step_dir(step_dir);
   const std::string uid = ckpt::make_checkpoint_uid();

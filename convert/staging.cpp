@@ -4,6 +4,7 @@
 
 #include "ckpt/error.hpp"
 #include "ckpt/file_util.hpp"
+#include "ckpt/write_target.hpp"
 
 namespace shardkit::convert {
 namespace {
@@ -15,9 +16,12 @@ std::filesystem::path parent_of(const std::filesystem::path& p) {
 
 }  // namespace
 
-StagedDirectory::StagedDirectory(std::filesystem::path destination, bool force)
+StagedDirectory::StagedDirectory(std::filesystem::path destination, const std::vector<std::filesystem::path>& inputs,
+                                 bool force)
     : destination_(std::filesystem::absolute(destination).lexically_normal()), force_(force) {
   if (destination_.filename().empty()) destination_ = destination_.parent_path();
+  // --force replaces the destination: one that holds or is an input would delete it.
+  for (const std::filesystem::path& input : inputs) ckpt::refuse_overlap(input, destination);
   std::error_code ec;
   if (std::filesystem::exists(destination_, ec) && !force) {
     fail(ErrorKind::kInvalidInput, destination_.string() + " already exists (use --force to replace it)");

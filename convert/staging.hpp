@@ -4,14 +4,16 @@
 #pragma once
 
 #include <filesystem>
+#include <vector>
 
 namespace shardkit::convert {
 
 class StagedDirectory {
  public:
-  // Refuses an existing `destination` unless `force` (then it is replaced at commit()).
+  // Refuses a `destination` that overlaps one of `inputs` (the files and folders the conversion reads),
+  // and an existing one unless `force` (then it is replaced at commit()), before anything is written.
   // Error(kInvalidInput) naming it.
-  StagedDirectory(std::filesystem::path destination, bool force);
+  StagedDirectory(std::filesystem::path destination, const std::vector<std::filesystem::path>& inputs, bool force);
   // Removes the staging folder unless committed.
   ~StagedDirectory();
   StagedDirectory(const StagedDirectory&) = delete;

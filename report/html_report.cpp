@@ -560,7 +560,9 @@ footer { margin-top: 18px; color: #6b7280; font-size: 12px; }
 
 }  // namespace
 
-std::string html_escape(std::string_view text) {
+std::string html_escape(std::string_view raw) {
+  // Control characters first, as on the console: a metrics file's strings are the run's inputs.
+  const std::string text = ckpt::escape_control(raw);
   std::string out;
   out.reserve(text.size());
   for (const char c : text) {

@@ -25,8 +25,8 @@ struct ReportOptions {
 // The whole page.
 std::string render_html(const Metrics& metrics, const ReportOptions& options);
 
-// `text` with & < > " ' replaced by character references: safe in element content and in quoted
-// attribute values.
+// `text` with & < > " ' replaced by character references, after ckpt::escape_control: safe in element
+// content and in quoted attribute values, and free of control characters.
 std::string html_escape(std::string_view text);
 
 }  // namespace shardkit::report

@@ -7,6 +7,7 @@
 
 #include "ckpt/error.hpp"
 #include "ckpt/file_util.hpp"
+#include "ckpt/write_target.hpp"
 
 namespace shardkit::trainer {
 
@@ -22,7 +23,7 @@ int64_t encode_bytes(const std::filesystem::path& text, const std::filesystem::p
   std::filesystem::path tmp = out;
   tmp += ".tmp";
   {
-    ckpt::FileDescriptor fd(tmp, O_WRONLY | O_CREAT | O_TRUNC);
+    ckpt::FileDescriptor fd = ckpt::create_fresh_file(tmp);
     for (int64_t offset = 0; offset < size; offset += kBlockBytes) {
       const size_t n = static_cast<size_t>(std::min(kBlockBytes, size - offset));
       in.pread_exact(bytes.data(), n, offset);

@@ -15,6 +15,7 @@
 #include "ckpt/run_lock.hpp"
 #include "ckpt/shard_format.hpp"
 #include "ckpt/text_format.hpp"
+#include "ckpt/write_target.hpp"
 #include "model/gpt2_config.hpp"
 #include "model/hf_weights.hpp"
 #include "trainer/backend.hpp"
@@ -70,7 +71,7 @@ struct Trainer::State {
   State(comm::MpiCollective& c, const TrainOptions& o) : comm(c), options(o) {}
   bool root() const { return comm.rank() == 0; }
   void log(const std::string& line) const {
-    if (root() && !options.quiet) std::printf("%s\n", line.c_str()), std::fflush(stdout);
+    if (root() && !options.quiet) ckpt::print_line(stdout, "%s", line.c_str()), std::fflush(stdout);
   }
   nlohmann::json trainer_state() const;
   void restore(const nlohmann::json& state, const std::string& where);
@@ -212,6 +213,9 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   for (const std::string& line : all) s.log("  " + line);
 
   if (s.root() && !options.metrics.empty()) {
+    // The metrics file may lie in a run folder from elsewhere: a link, FIFO or device there would take
+    // the records outside it (or block), so it must be a regular file of its own before it is appended to.
+    ckpt::open_own_file(options.metrics, O_WRONLY | O_APPEND | O_CREAT).close();
     s.metrics.open(options.metrics, std::ios::app);
     if (!s.metrics) fail(ErrorKind::kInvalidInput, options.metrics.string() + ": cannot open for appending");
   }
@@ -232,6 +236,7 @@ StepRecord Trainer::State::train_step() {
     fail(ErrorKind::kIo, "step " + std::to_string(step + 1) + ": injected failure (SHARDKIT_FAULT=step-error)");
   }
   if (ckpt::fault_armed("stall", comm.rank(), step + 1)) std::this_thread::sleep_for(std::chrono::hours(1));
+  ckpt::crash_point("step-kill", comm.rank(), step + 1);
 
   backend->zero_grads();
   double loss_sum = 0;
@@ -333,9 +338,15 @@ bool Trainer::State::resume() {
   auto set_damaged_aside = [&](const std::filesystem::path& loaded) {
     if (root() && !damaged.empty()) {
       for (const auto& dir : damaged) log("notice: " + set_aside(dir));
-      std::error_code ec;
-      const auto latest = ckpt::read_latest(options.save_dir);
-      if (!loaded.empty() && latest && !std::filesystem::exists(options.save_dir / *latest, ec)) {
+      bool stale = false;
+      try {
+        std::error_code ec;
+        const auto latest = ckpt::read_latest(options.save_dir);
+        stale = latest && !std::filesystem::exists(options.save_dir / *latest, ec);
+      } catch (const Error&) {
+        stale = true;  // a damaged `latest`, or a symbolic link: replaced as well
+      }
+      if (!loaded.empty() && stale) {
         ckpt::write_file_durable(options.save_dir / ckpt::kLatestFileName, loaded.filename().string() + "\n");
       }
     }
@@ -394,7 +405,9 @@ void Trainer::State::take_save_dir() {
       std::string previous;
       lock = std::make_unique<ckpt::RunLock>(options.save_dir, "shardkit train", &previous);
       if (!previous.empty()) log("notice: " + previous);
-      for (const std::string& line : ckpt::clean_run_dir(options.save_dir)) log("notice: " + line);
+      const ckpt::RunDirCleanup cleanup = ckpt::clean_run_dir(options.save_dir);
+      for (const std::string& line : cleanup.removed) log("notice: " + line);
+      for (const std::string& line : cleanup.left_alone) log("warning: " + line);
     } catch (const std::exception& e) {
       error = e.what();
     }

@@ -130,6 +130,27 @@ TEST(Faults, ResumeSkipsDamagedCheckpointsWithAWarningAndContinuesExactly) {
   EXPECT_EQ(latest_of(run_dir), "step-00000008");
 }
 
+// A shard whose metadata crashes libhdf5 (the crash is injected into the isolated parse of rank 1's
+// shard of step 6) is a damaged checkpoint like any other: skipped with the crash named.
+TEST(Faults, ResumeMovesPastAShardThatCrashesTheHdf5Parser) {
+  testing::TempDir dir;
+  const auto data = write_text_tokens(dir);
+  const std::filesystem::path run_dir = dir / "run";
+  Result r = run(train_args(data, run_dir, dir / "m.jsonl"), mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto reference = losses(dir / "m.jsonl");
+
+  r = run(train_args(data, run_dir, dir / "m.jsonl"), mpirun(2),
+          "SHARDKIT_FAULT=shard-index-crash SHARDKIT_FAULT_RANK=1 SHARDKIT_FAULT_STEP=6");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("warning: skipping " + (run_dir / "step-00000006").string()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(ckpt::shard_file_name(1, 2) + ": reading its HDF5 metadata crashed (signal 11, SIGSEGV)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("resumed from " + (run_dir / "step-00000004").string()), std::string::npos) << r.out;
+  EXPECT_EQ(losses(dir / "m.jsonl"), reference);
+}
+
 TEST(Faults, AFullDiskFailsThatSaveOnlyAndTrainingGoesOnUnlessToldToStop) {
   testing::TempDir dir;
   const auto data = write_text_tokens(dir);
@@ -187,20 +208,57 @@ TEST(Faults, ARealFullDiskKeepsThePreviousCheckpoint) {
   EXPECT_FALSE(std::filesystem::exists(mnt / "run" / "step-00000004"));
 }
 
+// A 6-step run on 2 ranks whose rank 1 meets `fault` (SHARDKIT_FAULT and the rest) as step 3 starts,
+// after the synchronous save of step 2 committed; and how long the job took to end. `timeout` only
+// guards the test against the hang it looks for: 120 s, twice what any of these runs may take.
+struct FaultedRun {
+  Result result;
+  double seconds = 0;
+};
+FaultedRun run_with_fault_at_step_3(const testing::TempDir& dir, const std::string& fault) {
+  const auto data = write_text_tokens(dir);
+  const auto start = std::chrono::steady_clock::now();
+  FaultedRun out;
+  out.result = run(train_args(data, dir / "run", dir / "m.jsonl", "--save-mode sync"),
+                   "timeout -s KILL 120 " + mpirun(2), fault + " SHARDKIT_FAULT_RANK=1 SHARDKIT_FAULT_STEP=3");
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
 // One rank fails on its own while the other waits in a collective for it: the job ends, with the
 // failing rank's message, instead of hanging.
 TEST(Faults, ARankThatFailsAloneEndsTheJobInsteadOfHangingIt) {
   testing::TempDir dir;
-  const auto data = write_text_tokens(dir);
-  const auto start = std::chrono::steady_clock::now();
-  // (Synchronous saves: the checkpoint of step 2 is committed before step 3 starts.)
-  const Result r = run(train_args(data, dir / "run", dir / "m.jsonl", "--save-mode sync"), mpirun(2),
-                       "SHARDKIT_FAULT=step-error SHARDKIT_FAULT_RANK=1 SHARDKIT_FAULT_STEP=3");
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto [r, seconds] = run_with_fault_at_step_3(dir, "SHARDKIT_FAULT=step-error");
   EXPECT_EQ(r.code, 1) << r.err;
   EXPECT_NE(r.err.find("shardkit: error (rank 1 of 2): step 3: injected failure"), std::string::npos) << r.err;
-  EXPECT_LT(seconds, 120.0);
+  EXPECT_LT(seconds, 60.0);
   EXPECT_EQ(latest_of(dir / "run"), "step-00000002") << "the checkpoint before the failure is intact";
+}
+
+// One rank stalls (alive, asleep) outside the collectives while the other waits in the step's first
+// collective for it: once SHARDKIT_COLLECTIVE_TIMEOUT passes, the waiting rank's watchdog ends the job
+// with a line naming it, the collective and the wait.
+TEST(Faults, ARankThatStallsIsEndedByTheCollectiveWatchdogWithinTheTimeout) {
+  testing::TempDir dir;
+  const auto [r, seconds] = run_with_fault_at_step_3(dir, "SHARDKIT_FAULT=stall SHARDKIT_COLLECTIVE_TIMEOUT=10");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("shardkit: rank 0 of 2: collective watchdog: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("for the other ranks (SHARDKIT_COLLECTIVE_TIMEOUT 10 s): a rank stalled or died"),
+            std::string::npos)
+      << r.err;
+  EXPECT_LT(seconds, 60.0) << "the job hung until the test's own timeout killed it";
+  EXPECT_EQ(latest_of(dir / "run"), "step-00000002") << "the checkpoint before the stall is intact";
+}
+
+// One rank is killed (SIGKILL, as by the OOM killer) as a step starts: the job ends with an error
+// instead of leaving the other rank in the step's collectives.
+TEST(Faults, ARankKilledMidRunEndsTheJobInsteadOfHangingIt) {
+  testing::TempDir dir;
+  const auto [r, seconds] = run_with_fault_at_step_3(dir, "SHARDKIT_FAULT=step-kill");
+  EXPECT_NE(r.code, 0) << "the fault did not fire";
+  EXPECT_LT(seconds, 60.0) << "the job hung until the test's own timeout killed it";
+  EXPECT_EQ(latest_of(dir / "run"), "step-00000002") << "the checkpoint before the kill is intact";
 }
 
 TEST(Faults, ASecondJobOnTheSameSaveDirectoryIsRefusedAndAStaleLockIsTakenOver) {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "ckpt/text_format.hpp"
+#include "comm/watchdog.hpp"
 
 namespace shardkit::trainer::cuda {
 
@@ -50,15 +51,6 @@ namespace {
 std::mutex aborted_mutex;
 std::set<ncclComm_t> aborted;  // communicators freed by ncclCommAbort
 
-double nccl_timeout_seconds() {
-  static const double seconds = [] {
-    const char* text = std::getenv("SHARDKIT_NCCL_TIMEOUT");
-    const double value = text ? std::strtod(text, nullptr) : 0.0;
-    return value > 0 ? value : 600.0;
-  }();
-  return seconds;
-}
-
 }  // namespace
 
 void wait_checking_nccl(cudaStream_t stream, ncclComm_t comm) {
@@ -70,7 +62,7 @@ void wait_checking_nccl(cudaStream_t stream, ncclComm_t comm) {
     ncclResult_t async = ncclSuccess;
     NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if ((async != ncclSuccess && async != ncclInProgress) || waited > nccl_timeout_seconds()) {
+    if ((async != ncclSuccess && async != ncclInProgress) || waited > comm::collective_timeout_seconds()) {
       // Aborted here, before anything frees device memory: cudaFree would wait for the collectives
       // that never complete.
       const std::string detail = ncclGetLastError(comm) ? ncclGetLastError(comm) : "";
@@ -90,7 +82,7 @@ void wait_checking_nccl(cudaStream_t stream, ncclComm_t comm) {
                                ? std::string("NCCL failed during a collective: ") + ncclGetErrorString(async) +
                                      (detail.empty() ? "" : " (" + detail + ")")
                                : "no progress on the GPU for " + std::to_string(static_cast<int>(waited)) +
-                                     " s (SHARDKIT_NCCL_TIMEOUT): a rank stalled or died inside a collective");
+                                     " s (SHARDKIT_COLLECTIVE_TIMEOUT): a rank stalled or died inside a collective");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }

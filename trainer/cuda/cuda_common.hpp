@@ -25,8 +25,8 @@ enum class Memory { kDevice, kPinnedHost };
 // Blocks until `stream` has finished, checking `comm` meanwhile: NCCL reports a failed peer or
 // network asynchronously and leaves collectives waiting forever, and a rank that stalls leaves the
 // others waiting too. On an asynchronous NCCL error, or when the stream makes no progress for
-// SHARDKIT_NCCL_TIMEOUT seconds (default 600), the communicator is aborted and Error(kIo) says why;
-// the command line then ends the job on every rank instead of hanging.
+// comm::collective_timeout_seconds() (SHARDKIT_COLLECTIVE_TIMEOUT, default 600), the communicator is
+// aborted and Error(kIo) says why; the command line then ends the job on every rank instead of hanging.
 void wait_checking_nccl(cudaStream_t stream, ncclComm_t comm);
 // Whether wait_checking_nccl aborted `comm` (then it must not be destroyed again).
 bool nccl_aborted(ncclComm_t comm);
