@@ -52,8 +52,9 @@ nlohmann::json read_json_file(const std::filesystem::path& path, const JsonLimit
 // An untrusted string for a message: quoted, control bytes as \xNN, at most 160 bytes of it shown
 // ("'abc...'..."), so that the message stays one short line whatever a file holds.
 std::string quoted_excerpt(std::string_view text);
-// A JSON value for a message: numbers, booleans and null as JSON writes them, strings as
-// quoted_excerpt, objects and arrays by their type name.
+// A JSON value for a message: numbers, booleans, null and strings as JSON writes them (so control
+// bytes appear as escapes), a string cut after 160 bytes ("..." follows), objects and arrays by
+// their type name.
 std::string value_excerpt(const nlohmann::json& value);
 
 // The integer `value` (field `key` of `where`) checked to lie in [lo, hi] before any narrowing:
