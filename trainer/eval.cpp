@@ -1,7 +1,5 @@
 #include "trainer/eval.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <thread>
 
@@ -14,15 +12,12 @@
 #include "trainer/dense_params.hpp"
 #include "trainer/gemm.hpp"
 #include "trainer/gpt2.hpp"
+#include "trainer/host_memory.hpp"
 
 namespace shardkit::trainer {
 namespace {
 
 constexpr int kBatch = 8;  // windows scored per forward pass
-
-double physical_memory_bytes() {
-  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-}
 
 // The manifest's model config decides what evaluate allocates: a crafted one must be refused before
 // the allocation, not by the out-of-memory killer after it.

@@ -4,8 +4,10 @@
 #include <chrono>
 
 #include "ckpt/error.hpp"
+#include "ckpt/text_format.hpp"
 #include "trainer/cpu_ops.hpp"
 #include "trainer/gpt2_groups.hpp"
+#include "trainer/host_memory.hpp"
 
 namespace shardkit::trainer {
 namespace {
@@ -29,6 +31,15 @@ Gpt2::Gpt2(const model::GptConfig& config, int batch, int seq_len)
     fail(ErrorKind::kInvalidInput, "batch " + std::to_string(batch) + " x sequence " + std::to_string(seq_len) +
                                        " does not fit the model (n_positions " + std::to_string(config.n_positions) +
                                        ")");
+  }
+  // The batch and sequence come from a config or a checkpoint: refused here rather than by the
+  // out-of-memory killer.
+  const double needed = activation_bytes(config, batch, seq_len);
+  if (needed > physical_memory_bytes()) {
+    fail(ErrorKind::kInvalidInput, "model " + config.name + ": a batch of " + std::to_string(batch) + " x " +
+                                       std::to_string(seq_len) + " tokens needs " + ckpt::format_bytes(needed) +
+                                       " of activations, more than this machine's " +
+                                       ckpt::format_bytes(physical_memory_bytes()) + " of memory");
   }
   const int L = config.n_layer;
   groups_ = gpt2_groups(config);

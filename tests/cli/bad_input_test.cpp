@@ -36,6 +36,7 @@ TEST(BadInput, EachIsRefusedWithOneLineNamingTheProblem) {
   auto path = [&](const std::string& name) { return (dir / name).string(); };
   write(dir / "bad.json", "{\"train_batch_size\": 4,");
   write(dir / "inconsistent.json", R"({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 3})");
+  write(dir / "huge_batch.json", R"({"train_micro_batch_size_per_gpu": 1073741824})");
   write(dir / "odd.bin", "abc");
   write(dir / "short.bin", std::string(20, 'a'));
   write(dir / "heads.json", R"({"n_layer": 1, "n_head": 3, "n_embd": 64, "vocab_size": 256, "n_positions": 64})");
@@ -70,6 +71,9 @@ TEST(BadInput, EachIsRefusedWithOneLineNamingTheProblem) {
       {"inconsistent batch sizes",
        train + path("inconsistent.json") + " --model gpt2-tiny --data " + data + " --steps 1", 2, "inconsistent.json",
        "train_batch_size 10 != train_micro_batch_size_per_gpu 3"},
+      {"micro-batch larger than the machine",
+       train + path("huge_batch.json") + " --model gpt2-tiny --data " + data + " --steps 1", 2,
+       "a batch of 1073741824 x 64 tokens", "of activations, more than this machine's"},
       {"missing data", train + tiny + " --model gpt2-tiny --data " + path("none.bin") + " --steps 1", 2, "none.bin",
        "no such file"},
       {"odd-length data", train + tiny + " --model gpt2-tiny --data " + path("odd.bin") + " --steps 1", 2, "odd.bin",
