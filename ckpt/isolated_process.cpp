@@ -171,9 +171,10 @@ std::string frame(int64_t first, std::string_view body) {
   return out;
 }
 
-// One child serving the requests of one entry point, one at a time. A child that answered a request
-// with an error, crashed or ran out of time is ended: the next request gets a fresh one, so nothing a
-// damaged file left in the child's memory meets another file.
+// One child serving the requests of one entry point, one at a time. A child that crashed, ran out of
+// time or broke the protocol is ended and the next request gets a fresh one. One that refused a file
+// stays: whatever a file does to the child's memory, the caller checks every chunk it reads against
+// checksums the manifest's digest covers, so a child can fail a later file but never pass bad data.
 class Server {
  public:
   explicit Server(std::string entry) : entry_(std::move(entry)) {}
@@ -316,7 +317,6 @@ std::string Server::call(std::string_view request, int file_fd, const std::strin
         const Transfer rest = receive_exact(socket_.get(), body.data(), body.size(), deadline);
         if (rest != Transfer::kDone) fail_child(where, what, seconds, rest == Transfer::kTimedOut);
         if (status == kOk) return body;
-        stop();
         Wire error(body);
         const int64_t kind = error.get_i64();
         if (kind < static_cast<int64_t>(ErrorKind::kInvalidInput) ||

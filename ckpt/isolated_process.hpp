@@ -7,9 +7,8 @@
 // (SCM_RIGHTS), so the child reads exactly the file the caller opened.
 //
 // Starting the child costs tens of milliseconds (the executable and its libraries load), so it stays
-// to serve the next requests while they succeed; one that answered with an error, crashed or ran out
-// of time is ended, and the next request starts a fresh one: what a damaged file did to the child's
-// memory never meets another file. Requests of one entry point are served one at a time.
+// to serve the next requests; one that crashed or ran out of time is ended, and the next request
+// starts a fresh one. Requests of one entry point are served one at a time.
 #pragma once
 
 #include <cstdint>
