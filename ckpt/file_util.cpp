@@ -136,12 +136,12 @@ const char* file_type_name(mode_t mode) {
 
 }  // namespace
 
-FileDescriptor open_input_file(const std::filesystem::path& path) {
+FileDescriptor open_input_file(const std::filesystem::path& path, ErrorKind kind) {
   FileDescriptor fd(path, O_RDONLY | O_NONBLOCK);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) fail_errno(path.string() + ": fstat", errno);
   if (!S_ISREG(st.st_mode)) {
-    fail(ErrorKind::kInvalidInput, path.string() + ": not a regular file (" + file_type_name(st.st_mode) + ")");
+    fail(kind, path.string() + ": not a regular file (" + file_type_name(st.st_mode) + ")");
   }
   const int flags = ::fcntl(fd.get(), F_GETFL);
   if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) fail_errno(path.string() + ": fcntl", errno);
@@ -149,7 +149,7 @@ FileDescriptor open_input_file(const std::filesystem::path& path) {
 }
 
 std::string read_small_file(const std::filesystem::path& path, size_t max_bytes, ErrorKind kind) {
-  const FileDescriptor fd = open_input_file(path);
+  const FileDescriptor fd = open_input_file(path, kind);
   const int64_t size = fd.size();
   if (size < 0 || static_cast<uint64_t>(size) > max_bytes) {
     fail(kind, path.string() + ": " + std::to_string(size) + " bytes, larger than the " + std::to_string(max_bytes) +

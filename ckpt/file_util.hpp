@@ -61,7 +61,9 @@ void write_file_durable(const std::filesystem::path& path, std::string_view cont
 // FIFO blocks the open and every read forever, a device streams without end, and a directory fails
 // later with a puzzling message. The open itself never blocks (O_NONBLOCK, cleared once fstat(2) has
 // seen a regular file).
-FileDescriptor open_input_file(const std::filesystem::path& path);
+// Anything but a regular file is Error(`kind`): kCorrupt where the file belongs to a checkpoint (a
+// resume then moves past it like any damaged one).
+FileDescriptor open_input_file(const std::filesystem::path& path, ErrorKind kind = ErrorKind::kInvalidInput);
 
 // Reads a whole input file (open_input_file) of at most `max_bytes`; a larger one is Error(`kind`)
 // before anything is allocated for it.

@@ -28,7 +28,7 @@ namespace shardkit::ckpt::isolated {
 namespace {
 
 constexpr char kChildFlag[] = "--shardkit-isolated-child";
-constexpr int kChildSocketFd = 4;
+constexpr int kChildSocketFd = 3;  // the first after stdin, stdout and stderr: nothing else stays open
 constexpr int64_t kOk = 0;
 constexpr int64_t kFailed = 1;
 // The largest request a child accepts (they are a few kilobytes: expectations, names).
@@ -210,6 +210,9 @@ void Server::start(const std::string& where) {
   posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_adddup2(&actions, child_end.get(), kChildSocketFd);
+  // Nothing else of the caller's: libhdf5 opens files without O_CLOEXEC, and a child that kept one
+  // would hold its flock (a writer reopening the file fails with EAGAIN) and its disk space.
+  posix_spawn_file_actions_addclosefrom_np(&actions, kChildSocketFd + 1);
   posix_spawnattr_t attributes;
   posix_spawnattr_init(&attributes);
   sigset_t none;

@@ -15,10 +15,10 @@ namespace shardkit::ckpt {
 ShardReader::ShardReader(const std::filesystem::path& path, const ShardExpectation& expect)
     : where_(path.string()), table_(expect.table), states_(expect.states) {
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
+  if (!std::filesystem::exists(path, ec)) {
     fail(ErrorKind::kCorrupt, where_ + ": shard file is missing (the manifest lists it)");
   }
-  fd_ = FileDescriptor(path, O_RDONLY);
+  fd_ = open_input_file(path, ErrorKind::kCorrupt);
   const int64_t size = fd_.size();
   if (size != expect.bytes) {
     fail(ErrorKind::kCorrupt, where_ + ": " + std::to_string(size) + " bytes, the manifest expects " +
