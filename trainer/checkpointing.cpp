@@ -10,6 +10,7 @@
 
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/json_input.hpp"
 #include "ckpt/run_dir.hpp"
 #include "ckpt/save.hpp"
 #include "ckpt/shard_format.hpp"
@@ -218,7 +219,16 @@ nlohmann::json load_checkpoint(const std::filesystem::path& path, const ckpt::Te
     }
   });
   if (failure) throw *failure;
-  return reader.manifest().trainer_state;
+  // Inside the damage check of the caller: a trainer state that contradicts its checkpoint (a step
+  // other than the one the manifest and the directory name carry) is a damaged checkpoint.
+  const ckpt::Manifest& manifest = reader.manifest();
+  const int64_t step = ckpt::integer_field(manifest.trainer_state, "step", where + ": trainer_state", 0, ckpt::kMaxStep,
+                                           ErrorKind::kCorrupt);
+  if (step != manifest.step) {
+    fail(ErrorKind::kCorrupt, where + ": trainer_state.step is " + std::to_string(step) +
+                                  ", but the checkpoint is of step " + std::to_string(manifest.step));
+  }
+  return manifest.trainer_state;
 }
 
 }  // namespace shardkit::trainer

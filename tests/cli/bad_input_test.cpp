@@ -188,6 +188,14 @@ TEST(BadInput, CheckpointNumbersBeyondTheirRangesAreRefused) {
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("trainer_state: step = -2 is not an integer in [0, 999999999999]"), std::string::npos) << r.err;
   EXPECT_FALSE(std::filesystem::exists(dir / "run2" / "step--0000001"));
+  // In range, but not the checkpoint's step: the run would go on from the wrong place.
+  manifest.trainer_state["step"] = 1000;
+  ckpt::write_manifest(step, manifest);
+  r = run("train --config " + tiny + " --model gpt2-tiny --data " + data + " --steps 2 --resume " + step.string() +
+          " --save-dir " + path("run2"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("trainer_state.step is 1000, but the checkpoint is of step 1"), std::string::npos) << r.err;
+  manifest.trainer_state["step"] = 1;
 
   // The largest model the config checks admit: 1024 layers of width 65536, some 200 TB to evaluate.
   model::GptConfig huge{1024, 64, 65536, 65536, 1024, "huge"};
