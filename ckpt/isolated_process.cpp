@@ -22,6 +22,8 @@
 #include <thread>
 #include <utility>
 
+#include "ckpt/sanitizers.hpp"
+
 extern char** environ;
 
 namespace shardkit::ckpt::isolated {
@@ -34,17 +36,6 @@ constexpr int64_t kFailed = 1;
 // The largest request a child accepts (they are a few kilobytes: expectations, names).
 constexpr uint64_t kMaxRequestBytes = uint64_t{64} << 20;
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kUnderAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kUnderAddressSanitizer = true;
-#else
-constexpr bool kUnderAddressSanitizer = false;
-#endif
-#else
-constexpr bool kUnderAddressSanitizer = false;
-#endif
 // The child's address space: the executable and its libraries take a few hundred megabytes; what a
 // parser allocates beyond this for one file's metadata is an attack, not a shard.
 constexpr rlim_t kChildAddressSpace = rlim_t{8} << 30;

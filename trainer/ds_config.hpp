@@ -1,6 +1,6 @@
-// The DeepSpeed-style JSON training config, accepted as DeepSpeed accepts it (see
-// ../shared/reference/formats.md §2 for the key list and defaults; where DeepSpeed versions differ,
-// shardkit follows DeepSpeed 0.19 and says so in README's compatibility table).
+// The DeepSpeed-style JSON training config, accepted as DeepSpeed accepts it (the keys and defaults
+// of DeepSpeed 0.19's config classes; where DeepSpeed versions differ, shardkit follows 0.19 and says
+// so in README's compatibility table).
 #pragma once
 
 #include <cstdint>

@@ -9,23 +9,12 @@
 #include <vector>
 
 #include "ckpt/manifest.hpp"
+#include "ckpt/sanitizers.hpp"
 #include "model/gpt2_config.hpp"
 #include "tests/cli/cli_support.hpp"
 
 namespace shardkit {
 namespace {
-
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kUnderAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kUnderAddressSanitizer = true;
-#else
-constexpr bool kUnderAddressSanitizer = false;
-#endif
-#else
-constexpr bool kUnderAddressSanitizer = false;
-#endif
 
 using namespace testing::cli;
 
