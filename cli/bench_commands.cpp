@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/ckpt_bench.hpp"
+#include "ckpt/shard_format.hpp"
 #include "cli/commands.hpp"
 #include "cli/console.hpp"
 #include "cli/ranks.hpp"
@@ -119,7 +120,7 @@ void add_bench_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
       ->check(CLI::Range(0, 256));
   ckpt->add_option("--chunk-elems", o->chunk_elems,
                    "fp32 elements per HDF5 chunk, each with its own checksum (default 0: 262144 = 1 MiB)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 28));
+      ->check(CLI::Range(int64_t{0}, ckpt::kMaxChunkElems));
   ckpt->add_flag("--no-fsync", o->no_fsync, "Skip fsync: measures the write into the page cache, not the disk");
   ckpt->add_flag("--json", o->json,
                  "Print {\"bytes\", \"seconds\", \"gb_per_s\", \"durable\", ...} on one line instead of a table");
