@@ -3,7 +3,7 @@
 GPT2LMHeadModel math, written out here in plain torch), in float64 from the same fp32 weights.
 
 Checks, to 1e-5 relative:
-  1. the forward loss and every gradient of gpt2-tiny on a batch (gpt2_golden_dump), element-wise
+  1. the forward loss and every gradient of gpt2-tiny on a batch (golden_dump), element-wise
      (per tensor: max |ours - torch| <= 1e-5 * max |torch|);
   2. three training steps of `shardkit train` (AdamW with weight decay, gradient clipping, gradient
      accumulation over 2 micro-batches): the loss and gradient norm of each step element-wise, and
@@ -92,7 +92,7 @@ with tempfile.TemporaryDirectory() as tmp:
     data = os.path.join(tmp, "tokens.bin")
     tokens.tofile(data)
     dump = os.path.join(tmp, "dump")
-    subprocess.run([args.dump, data, str(SEED), dump], check=True)
+    subprocess.run([args.dump, "gpt2-tiny", data, str(SEED), dump], check=True)
     with open(os.path.join(dump, "loss.json")) as f:
         info = json.load(f)
     cfg = info["model"]
