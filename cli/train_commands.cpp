@@ -64,7 +64,8 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
       ->check(CLI::NonNegativeNumber);
   train
       ->add_option("--data", o->data,
-                   "Token file: little-endian uint16 ids (nanoGPT's train.bin, or llm.c's format with its header); "
+                   "Token file of 16- or 32-bit ids, format told by its first bytes: raw little-endian uint16 "
+                   "(nanoGPT's train.bin), llm.c's (uint16 GPT-2 or uint32 Llama 3), or NumPy .npy of <u2 or <u4; "
                    "'shardkit data encode' makes one from a text")
       ->required();
   train->add_option("--steps", o->options.steps, "Total optimizer steps; a resumed run continues to this number")
@@ -127,7 +128,8 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
   CLI::App* eval =
       app.add_subcommand("eval", "Mean next-token cross-entropy of a checkpoint's weights over a token file");
   eval->add_option("CKPT", e->checkpoint, "Step directory, or run directory (follows 'latest')")->required();
-  eval->add_option("--data", e->data, "Token file (uint16 ids, as for train), every id within the model's vocabulary")
+  eval->add_option("--data", e->data,
+                   "Token file (raw, llm.c or .npy, as for train), every id within the model's vocabulary")
       ->required();
   eval->add_option("--windows", e->windows,
                    "Windows of --seq-len tokens to score, from the start of the file (default 0: every full "

@@ -76,16 +76,9 @@ EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesyst
   for (int64_t k0 = 0; k0 < windows; k0 += kBatch) {
     const int rows = static_cast<int>(std::min<int64_t>(kBatch, windows - k0));
     for (int r = 0; r < rows; ++r) {
-      const uint16_t* w = tokens.tokens() + (k0 + r) * T;
-      for (int t = 0; t < T; ++t) {
-        if (w[t + 1] >= m->vocab_size() || w[t] >= m->vocab_size()) {
-          fail(ErrorKind::kInvalidInput, data.string() + ": token id outside the model's vocabulary of " +
-                                             std::to_string(m->vocab_size()) + " near position " +
-                                             std::to_string((k0 + r) * T + t));
-        }
-        in[static_cast<size_t>(r) * T + t] = w[t];
-        out[static_cast<size_t>(r) * T + t] = w[t + 1];
-      }
+      const int64_t start = (k0 + r) * T;
+      tokens.read(start, T, m->vocab_size(), in.data() + static_cast<size_t>(r) * T);
+      tokens.read(start + 1, T, m->vocab_size(), out.data() + static_cast<size_t>(r) * T);
     }
     total += cpu->forward(params, in.data(), out.data(), rows, T) * rows * T;
     if (progress) progress((k0 + rows) * T, windows * T);

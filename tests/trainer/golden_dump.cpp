@@ -48,11 +48,8 @@ int main(int argc, char** argv) {
   const int T = model->max_seq_len();
   const int B = static_cast<int>((tokens.size() - 1) / T);
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(static_cast<size_t>(B) * T);
-  for (int i = 0; i < B * T; ++i) {
-    const int64_t pos = (i / T) * T + i % T;
-    inputs[static_cast<size_t>(i)] = tokens.tokens()[pos];
-    targets[static_cast<size_t>(i)] = tokens.tokens()[pos + 1];
-  }
+  tokens.read(0, int64_t{B} * T, model->vocab_size(), inputs.data());
+  tokens.read(1, int64_t{B} * T, model->vocab_size(), targets.data());
   const auto cpu = model->make_cpu_model(B, T);
   const double loss = cpu->forward_backward(params, inputs.data(), targets.data(), B, T, 1.0f);
   const double eval_loss = cpu->forward(params, inputs.data(), targets.data(), B, T);
