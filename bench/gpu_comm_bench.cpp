@@ -26,10 +26,9 @@
 #include <vector>
 
 #include "comm/mpi.hpp"
-#include "model/gpt2_config.hpp"
+#include "model/gpt2/model.hpp"
 #include "trainer/cuda/device_context.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
-#include "trainer/gpt2_groups.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {
@@ -141,7 +140,7 @@ Options parse(int argc, char** argv) {
 // gradients (the final LayerNorm after the head, block l after its products, the embeddings last).
 class BackwardStandIn {
  public:
-  BackwardStandIn(const model::GptConfig& c, int tokens, cublasHandle_t cublas)
+  BackwardStandIn(const model::gpt2::GptConfig& c, int tokens, cublasHandle_t cublas)
       : c_(c), n_(tokens), vp_(padded_vocab(c.vocab_size)), cublas_(cublas) {
     const size_t C = static_cast<size_t>(c.n_embd), N = static_cast<size_t>(tokens);
     for (auto* b : {&a_, &b_, &out_}) {  // the largest operand: the logits' gradient, N x Vp
@@ -171,7 +170,7 @@ class BackwardStandIn {
                out_.data(), n);
   }
 
-  model::GptConfig c_;
+  model::gpt2::GptConfig c_;
   int n_, vp_;
   cublasHandle_t cublas_;
   DeviceBuffer<T> a_, b_, out_;
@@ -203,9 +202,12 @@ int run(int argc, char** argv) {
   const Options o = parse(argc, argv);
   comm::MpiCollective world(MPI_COMM_WORLD);
   DeviceContext context(world);
-  const model::GptConfig config = model::resolve_model(o.model);
-  const ckpt::TensorTable table = model::gpt2_tensor_table(config);
-  const std::vector<TensorGroup> groups = gpt2_groups(config);
+  const std::shared_ptr<const model::Model> m = model::resolve_model(o.model);
+  const model::gpt2::GptConfig* gpt2 = model::gpt2::config_of(*m);
+  if (!gpt2) fail(ErrorKind::kInvalidInput, "--model " + o.model + ": the backward pass stood in for is GPT-2's");
+  const model::gpt2::GptConfig& config = *gpt2;
+  const ckpt::TensorTable& table = m->table();
+  const std::vector<model::TensorGroup>& groups = m->groups();
   const int last = static_cast<int>(groups.size()) - 1;
   cudaStream_t stream = context.stream();
   Timer timer(world, stream, o.reps);

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "model/gpt2_config.hpp"
+#include "model/gpt2/model.hpp"
 #include "trainer/cuda/cuda_common.hpp"
 #include "trainer/cuda/encoder_backward.cuh"
 #include "trainer/cuda/gpu_model.cuh"
@@ -75,7 +75,12 @@ int run(int argc, char** argv) {
       return 2;
     }
   }
-  const model::GptConfig cfg = model::resolve_model(model_name);
+  const std::shared_ptr<const model::Model> spec = model::resolve_model(model_name);
+  if (!model::gpt2::config_of(*spec)) {
+    std::fprintf(stderr, "--model %s: these are GPT-2's kernels\n", model_name.c_str());
+    return 2;
+  }
+  const model::gpt2::GptConfig& cfg = *model::gpt2::config_of(*spec);
   const int C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size, L = cfg.n_layer, N = B * S;
   const size_t NC = size_t{1} * N * C;
   Stream stream;
@@ -99,7 +104,7 @@ int run(int argc, char** argv) {
   auto gwte = filled<float>(size_t{1} * V * C, st), losses = filled<float>(N, st);
   DeviceBuffer<int32_t> targets(N);
   CUDA_CHECK(cudaMemsetAsync(targets.data(), 0, targets.bytes(), st));
-  const int64_t P = model::parameter_count(cfg);
+  const int64_t P = spec->table().total_elements();
   auto master = filled<float>(P, st), m = filled<float>(P, st), v = filled<float>(P, st), g = filled<float>(P, st);
   auto params = filled<T>(P, st);
   CUDA_CHECK(cudaMemsetAsync(master.data(), 0, master.bytes(), st));

@@ -148,7 +148,8 @@ void add_convert_commands(CLI::App& app, Action& action) {
       ->required();
   consolidate
       ->add_option("--format", c->format,
-                   "safetensors (default: model.safetensors + config.json, GPT2LMHeadModel.from_pretrained loads it), "
+                   "safetensors (default: model.safetensors + config.json, which the family's from_pretrained loads: "
+                   "GPT2LMHeadModel, LlamaForCausalLM), "
                    "hdf5 (model.h5, one dataset per tensor), or hdf5-virtual (view.h5: virtual datasets over "
                    "the shard files, no copy)")
       ->check(CLI::IsMember({"safetensors", "hdf5", "hdf5-virtual"}));
@@ -168,7 +169,9 @@ void add_convert_commands(CLI::App& app, Action& action) {
 
   auto i = std::make_shared<ImportCli>();
   CLI::App* import = convert->add_subcommand(
-      "import", "Turn Hugging Face GPT-2 safetensors (+ config.json) into a checkpoint at step 0 to fine-tune from");
+      "import",
+      "Turn Hugging Face safetensors (+ config.json; GPT-2 or Llama family) into a checkpoint at step 0 to fine-tune "
+      "from");
   import
       ->add_option("WEIGHTS", i->weights,
                    "A .safetensors file (config.json beside it) or a folder with model.safetensors or "

@@ -11,6 +11,7 @@
 #include "cli/commands.hpp"
 #include "cli/console.hpp"
 #include "cli/ranks.hpp"
+#include "model/registry.hpp"
 #include "trainer/byte_tokens.hpp"
 #include "trainer/eval.hpp"
 #include "trainer/trainer.hpp"
@@ -43,7 +44,9 @@ int run_train(TrainCli& o, int* argc, char*** argv) {
 void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) {
   auto o = std::make_shared<TrainCli>();
   CLI::App* train =
-      app.add_subcommand("train", "Train GPT-2 with ZeRO (stages 0-3) on MPI ranks, saving sharded checkpoints");
+      app.add_subcommand("train",
+                         "Train a model (GPT-2 or Llama family) with ZeRO (stages 0-3) on MPI ranks, saving "
+                         "sharded checkpoints");
   train
       ->add_option("--config", o->config,
                    "DeepSpeed JSON config: batch sizes, ZeRO stage, optimizer, scheduler, fp16/bf16 (examples in "
@@ -51,12 +54,18 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
       ->required();
   train
       ->add_option("--model", o->options.model,
-                   "Preset (gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl) or a JSON file with n_layer, n_head, "
-                   "n_embd, vocab_size, n_positions")
+                   "Preset (" + model::preset_list() +
+                       "), a Hugging Face config.json (GPT2LMHeadModel or LlamaForCausalLM), or a JSON model file "
+                       "(docs/FORMAT.md)")
       ->required();
   train
+      ->add_option("--seq-len", o->options.seq_len,
+                   "Tokens per sample (default: the model's longest, n_positions or max_position_embeddings)")
+      ->check(CLI::NonNegativeNumber);
+  train
       ->add_option("--data", o->data,
-                   "Token file: little-endian uint16 ids (nanoGPT's train.bin, or llm.c's format with its header); "
+                   "Token file of 16- or 32-bit ids, format told by its first bytes: raw little-endian uint16 "
+                   "(nanoGPT's train.bin), llm.c's (uint16 GPT-2 or uint32 Llama 3), or NumPy .npy of <u2 or <u4; "
                    "'shardkit data encode' makes one from a text")
       ->required();
   train->add_option("--steps", o->options.steps, "Total optimizer steps; a resumed run continues to this number")
@@ -95,7 +104,8 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
                     "Append one JSON object per step and per checkpoint to this file (rank 0)");
   train->add_option("--seed", o->options.seed, "Seed of initialisation and data order (default 1234)");
   train->add_option("--init-from", o->init_from,
-                    "Start from Hugging Face GPT-2 weights (.safetensors file or folder, with config.json) instead "
+                    "Start from Hugging Face weights of the same model (.safetensors file or folder, with config.json) "
+                    "instead "
                     "of a random initialisation; ignored when a checkpoint is resumed");
   train->add_option("--threads", o->options.threads, "Compute threads per rank (default: cores / ranks per node)")
       ->check(CLI::NonNegativeNumber);
@@ -109,6 +119,7 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
   struct EvalCli {
     std::string checkpoint, data;
     int64_t windows = 0;
+    int seq_len = 0;
     int threads = 0;
     bool json = false;
     bool quiet = false;
@@ -117,11 +128,14 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
   CLI::App* eval =
       app.add_subcommand("eval", "Mean next-token cross-entropy of a checkpoint's weights over a token file");
   eval->add_option("CKPT", e->checkpoint, "Step directory, or run directory (follows 'latest')")->required();
-  eval->add_option("--data", e->data, "Token file (uint16 ids, as for train), every id within the model's vocabulary")
+  eval->add_option("--data", e->data,
+                   "Token file (raw, llm.c or .npy, as for train), every id within the model's vocabulary")
       ->required();
   eval->add_option("--windows", e->windows,
-                   "Windows of n_positions tokens to score, from the start of the file (default 0: every full "
+                   "Windows of --seq-len tokens to score, from the start of the file (default 0: every full "
                    "window, at most 64)")
+      ->check(CLI::NonNegativeNumber);
+  eval->add_option("--seq-len", e->seq_len, "Tokens per window (default: the model's longest sequence)")
       ->check(CLI::NonNegativeNumber);
   eval->add_option("--threads", e->threads, "Compute threads (default: all cores)")->check(CLI::NonNegativeNumber);
   eval->add_flag("--json", e->json, "Print {\"loss\", \"tokens\"} on one line instead of a sentence");
@@ -130,7 +144,7 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
   eval->callback([&action, e] {
     action = [e] {
       Progress progress("eval", e->quiet, "tokens");
-      const trainer::EvalResult r = trainer::evaluate(e->checkpoint, e->data, e->windows, e->threads,
+      const trainer::EvalResult r = trainer::evaluate(e->checkpoint, e->data, e->windows, e->seq_len, e->threads,
                                                       [&](int64_t d, int64_t t) { progress.update(d, t); });
       progress.finish();
       if (e->json) {

@@ -15,7 +15,7 @@
 #include "ckpt/thread_pool.hpp"
 #include "ckpt/virtual_view.hpp"
 #include "convert/staging.hpp"
-#include "model/hf_gpt2.hpp"
+#include "model/registry.hpp"
 
 namespace shardkit::convert {
 namespace {
@@ -37,14 +37,15 @@ const char* torch_dtype(ExportDtype d) {
   return d == ExportDtype::kF32 ? "float32" : d == ExportDtype::kBF16 ? "bfloat16" : "float16";
 }
 
-// The checkpoint's GPT-2 configuration; its tensor table must be exactly GPT-2's.
-model::GptConfig gpt2_of(const ckpt::CheckpointReader& reader) {
+// The checkpoint's model, whose tensor table must be exactly the checkpoint's.
+std::shared_ptr<const model::Model> model_of(const ckpt::CheckpointReader& reader) {
   const std::string where = reader.step_dir().string();
-  const model::GptConfig config = model::gpt_config_from_json(reader.manifest().model, where + " (model)");
-  if (!(reader.tensors() == model::gpt2_tensor_table(config))) {
-    fail(ErrorKind::kInvalidInput, where + ": its tensors do not fit GPT-2 with its model configuration");
+  std::shared_ptr<const model::Model> m = model::model_from_manifest(reader.manifest().model, where);
+  if (!(reader.tensors() == m->table())) {
+    fail(ErrorKind::kInvalidInput,
+         where + ": its tensors do not fit its model (" + m->family() + ", " + m->name() + ")");
   }
-  return config;
+  return m;
 }
 
 std::vector<Item> export_items(const ckpt::CheckpointReader& reader, ExportDtype dtype, bool with_optimizer) {
@@ -84,7 +85,7 @@ std::span<const std::byte> encode(std::span<const float> values, ExportDtype dty
 std::vector<std::string> write_safetensors(const ConsolidateRequest& request, const ConvertOptions& options,
                                            const std::filesystem::path& dir, const std::filesystem::path& source) {
   const ckpt::CheckpointReader probe(source);
-  const model::GptConfig config = gpt2_of(probe);
+  const std::shared_ptr<const model::Model> m = model_of(probe);
   const std::vector<Item> items = export_items(probe, request.dtype, request.with_optimizer);
   std::vector<st::TensorSpec> specs;
   std::map<std::string, const Item*> by_name;
@@ -143,8 +144,7 @@ std::vector<std::string> write_safetensors(const ConsolidateRequest& request, co
     ckpt::write_file_durable(dir / st::kIndexFileName, st::index_json(total_size, weight_map));
     files.emplace_back(st::kIndexFileName);
   }
-  ckpt::write_file_durable(dir / "config.json",
-                           model::hf_config_json(config, torch_dtype(request.dtype)).dump(2) + "\n");
+  ckpt::write_file_durable(dir / "config.json", m->hf_config(torch_dtype(request.dtype)).dump(2) + "\n");
   files.emplace_back("config.json");
   progress.finish();
   return files;
@@ -156,14 +156,21 @@ std::vector<std::string> write_hdf5(const ConsolidateRequest& request, const Con
     fail(ErrorKind::kInvalidInput, "--format hdf5 writes fp32 (HDF5 1.10 has no bf16/fp16 type); use safetensors");
   }
   ckpt::CheckpointReader reader(source);
-  const model::GptConfig config = gpt2_of(reader);
+  // Any tensor table exports; a model the registry knows is described as its Hugging Face config,
+  // another as the manifest has it.
+  std::string description = reader.manifest().model.dump();
+  try {
+    description = model_of(reader)->hf_config("float32").dump();
+  } catch (const Error&) {
+    // Not a model of a known family: the tensors still export, described by the manifest.
+  }
   const std::vector<Item> items = export_items(reader, request.dtype, request.with_optimizer);
   const StreamPlan plan = plan_stream(options, 1, reader.manifest().chunk_elems);
   const std::filesystem::path path = dir / "model.h5";
   const std::string where = path.string();
   ckpt::h5::Id file = ckpt::h5::create_file(path);
   ckpt::h5::write_attribute(file.get(), "format", std::string("shardkit-consolidated"), where);
-  ckpt::h5::write_attribute(file.get(), "model", model::hf_config_json(config, "float32").dump(), where);
+  ckpt::h5::write_attribute(file.get(), "model", description, where);
   ckpt::h5::write_attribute(file.get(), "step", reader.manifest().step, where);
   ckpt::h5::write_attribute(file.get(), "checkpoint_uid", reader.manifest().checkpoint_uid, where);
   int64_t total = 0;

@@ -1,8 +1,9 @@
 // `shardkit convert consolidate`: full weights out of a sharded checkpoint, streamed.
-//   safetensors:   Hugging Face GPT-2 names and orientations, the tied output projection once,
-//                  {"format": "pt"}, config.json for GPT2LMHeadModel.from_pretrained, sharded with an
+//   safetensors:   the family's Hugging Face names and orientations, a tied output projection once,
+//                  {"format": "pt"}, config.json for its from_pretrained, sharded with an
 //                  index above max_shard_bytes; fp32, or bf16/fp16 rounded to nearest even.
-//   hdf5:          model.h5, one fp32 dataset per tensor in its full shape, the model config in attributes.
+//   hdf5:          model.h5, one fp32 dataset per tensor in its full shape, the model config in attributes
+//                  (any tensor table, a model shardkit knows or not).
 //   hdf5-virtual:  view.h5, HDF5 virtual datasets that present every full tensor straight out of the
 //                  shard files (no copy; see ckpt/virtual_view.hpp).
 // With with_optimizer, the Adam moments are exported too, as tensors named

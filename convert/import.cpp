@@ -30,7 +30,7 @@ std::filesystem::path import_weights(const ImportRequest& request, const Convert
                         {"optimizer_steps", 0},
                         {"lr_scheduler", {{"last_batch_iteration", -1}}},
                         {"imported_from", request.weights.string()}};
-  meta.model = model::to_json(weights.config());
+  meta.model = weights.model()->to_json();
 
   // The weights, and for a single file the config.json beside it that HfWeights read.
   std::vector<std::filesystem::path> inputs = {request.weights};

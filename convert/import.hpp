@@ -1,6 +1,7 @@
-// `shardkit convert import`: Hugging Face GPT-2 weights (safetensors file or folder, single or sharded,
-// with config.json) become a committed checkpoint at step 0 with zeroed Adam moments, laid out for
-// any world size and ZeRO stage; `shardkit train --resume` fine-tunes from it.
+// `shardkit convert import`: Hugging Face weights of any family shardkit knows (safetensors file or
+// folder, single or sharded, with the config.json that names the family) become a committed checkpoint
+// at step 0 with zeroed Adam moments, laid out for any world size and ZeRO stage; `shardkit train
+// --resume` fine-tunes from it.
 #pragma once
 
 #include <filesystem>

@@ -7,7 +7,7 @@
 #include "ckpt/dtype_convert.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/json_input.hpp"
-#include "model/hf_gpt2.hpp"
+#include "model/registry.hpp"
 
 namespace shardkit::model {
 namespace {
@@ -56,23 +56,25 @@ std::filesystem::path config_file(const std::filesystem::path& path) {
 
 HfWeights::HfWeights(const std::filesystem::path& path) : path_(path) {
   const std::filesystem::path cfg = config_file(path);
-  config_ = gpt_config_from_hf(ckpt::read_json_file(cfg, ckpt::json_limits::kHfConfig, ErrorKind::kInvalidInput),
-                               cfg.string());
-  table_ = gpt2_tensor_table(config_);
-  sources_.resize(table_.size());
+  model_ = model_from_hf_config(ckpt::read_json_file(cfg, ckpt::json_limits::kHfConfig, ErrorKind::kInvalidInput),
+                                cfg.string());
+  const ckpt::TensorTable& table = model_->table();
+  sources_.resize(table.size());
   for (const std::filesystem::path& file : weight_files(path)) {
     files_.push_back(std::make_unique<ckpt::safetensors::Reader>(file));
     const ckpt::safetensors::Reader& reader = *files_.back();
     for (const auto& info : reader.header().tensors) {
       const std::string where = file.string() + ": tensor " + ckpt::quoted_excerpt(info.name);
-      const auto kind = classify_hf_name(info.name);
-      // Skipped: the tied copy of wte, mask buffers, and exported Adam moments (an import starts with
-      // zeroed moments).
+      const auto kind = model_->classify_hf_name(info.name);
+      // Skipped: a tied output projection (a copy of the embedding), buffers, and exported Adam moments
+      // (an import starts with zeroed moments).
       if (kind && kind->kind != HfName::kParameter) continue;
-      const int t = kind ? table_.find(kind->name) : -1;
-      if (t < 0) fail(ErrorKind::kInvalidInput, where + " does not fit GPT-2 (" + config_.name + ")");
-      if (info.shape != table_[static_cast<size_t>(t)].shape) {
-        fail(ErrorKind::kInvalidInput, where + " has the wrong shape for this GPT-2 configuration");
+      const int t = kind ? table.find(kind->name) : -1;
+      if (t < 0) {
+        fail(ErrorKind::kInvalidInput, where + " is no tensor of " + model_->family() + " (" + cfg.string() + ")");
+      }
+      if (info.shape != table[static_cast<size_t>(t)].shape) {
+        fail(ErrorKind::kInvalidInput, where + " has the wrong shape for the configuration in " + cfg.string());
       }
       if (info.dtype != "F32" && info.dtype != "BF16" && info.dtype != "F16") {
         fail(ErrorKind::kInvalidInput, where + " has dtype " + info.dtype + " (expected F32, BF16 or F16)");
@@ -81,8 +83,8 @@ HfWeights::HfWeights(const std::filesystem::path& path) : path_(path) {
       sources_[static_cast<size_t>(t)] = {&reader, &info};
     }
   }
-  for (size_t t = 0; t < table_.size(); ++t) {
-    if (!sources_[t].info) fail(ErrorKind::kInvalidInput, path.string() + ": tensor " + table_[t].name + " is missing");
+  for (size_t t = 0; t < table.size(); ++t) {
+    if (!sources_[t].info) fail(ErrorKind::kInvalidInput, path.string() + ": tensor " + table[t].name + " is missing");
   }
 }
 

@@ -1,4 +1,4 @@
-// Pretrained GPT-2 weights in Hugging Face's safetensors layout — one file, or a folder with
+// Pretrained weights of any family in Hugging Face's safetensors layout — one file, or a folder with
 // model.safetensors or model.safetensors.index.json and its shards, plus config.json — read as fp32
 // tensors of shardkit's table, in any piece. Used by `convert import` and `train --init-from`.
 #pragma once
@@ -10,21 +10,21 @@
 
 #include "ckpt/safetensors.hpp"
 #include "ckpt/tensor_table.hpp"
-#include "model/gpt2_config.hpp"
+#include "model/model.hpp"
 
 namespace shardkit::model {
 
 class HfWeights {
  public:
-  // Opens and validates everything up front: config.json (in the folder, or beside the file), every
-  // file's header, names that fit GPT-2 (prefix "transformer." optional; lm_head.weight and old
-  // attention-mask buffers are skipped), each table tensor present once with its shape and an F32, BF16
-  // or F16 dtype. Error(kInvalidInput) naming the file and tensor otherwise.
+  // Opens and validates everything up front: config.json (in the folder, or beside the file) names the
+  // family; every file's header; names that fit the family (a tied output projection and buffers are
+  // skipped); each table tensor present once with its shape and an F32, BF16 or F16 dtype.
+  // Error(kInvalidInput) naming the file and tensor otherwise.
   explicit HfWeights(const std::filesystem::path& path);
   ~HfWeights();
 
-  const GptConfig& config() const noexcept { return config_; }
-  const ckpt::TensorTable& table() const noexcept { return table_; }
+  const std::shared_ptr<const Model>& model() const noexcept { return model_; }
+  const ckpt::TensorTable& table() const noexcept { return model_->table(); }
   // Where the weights came from (for messages and manifests).
   const std::filesystem::path& path() const noexcept { return path_; }
 
@@ -38,8 +38,7 @@ class HfWeights {
     const ckpt::safetensors::TensorInfo* info = nullptr;
   };
   std::filesystem::path path_;
-  GptConfig config_;
-  ckpt::TensorTable table_;
+  std::shared_ptr<const Model> model_;
   std::vector<std::unique_ptr<ckpt::safetensors::Reader>> files_;
   std::vector<Source> sources_;  // per table tensor
 };

@@ -1,7 +1,7 @@
 // The device side of training: where parameters, gradients and optimizer states live, and how a
-// micro-batch, the gradient reduction and the optimizer step run. The CPU backend (Gpt2 + ZeroEngine on
-// MPI) and the CUDA backend (kernels + NCCL) implement it; the training loop, the loss scaler, the
-// schedule, checkpointing and metrics are shared.
+// micro-batch, the gradient reduction and the optimizer step run. The CPU backend (the family's CPU
+// model + ZeroEngine on MPI) and the CUDA backend (kernels + NCCL) implement it; the training loop, the loss scaler,
+// the schedule, checkpointing and metrics are shared.
 #pragma once
 
 #include <algorithm>
@@ -17,16 +17,14 @@
 #include "ckpt/layout.hpp"
 #include "ckpt/tensor_table.hpp"
 #include "comm/mpi.hpp"
-#include "model/gpt2_config.hpp"
+#include "model/model.hpp"
 #include "trainer/ds_config.hpp"
-#include "trainer/gpt2.hpp"
 #include "trainer/zero_engine.hpp"
 
 namespace shardkit::trainer {
 
 struct BackendOptions {
-  const model::GptConfig* model = nullptr;
-  const ckpt::TensorTable* table = nullptr;
+  const model::Model* model = nullptr;
   const DsConfig* config = nullptr;
   int micro_batch = 1;
   int seq_len = 1;
@@ -86,7 +84,7 @@ class Backend {
   // Micro-batch of micro_batch x seq_len tokens; returns its mean loss and accumulates the gradient
   // of grad_scale * loss.
   virtual double forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
-                                  PassTimes* times) = 0;
+                                  model::PassTimes* times) = 0;
   virtual void reduce_grads() = 0;
   // Sum over ranks of the squares of the (summed, still scaled) gradients, in double: non-finite
   // exactly when some gradient is (the loss scaler's overflow test).

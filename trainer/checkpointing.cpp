@@ -15,6 +15,7 @@
 #include "ckpt/save.hpp"
 #include "ckpt/shard_format.hpp"
 #include "ckpt/thread_pool.hpp"
+#include "model/registry.hpp"
 
 namespace shardkit::trainer {
 namespace {
@@ -187,15 +188,29 @@ std::string set_aside(const std::filesystem::path& step_dir) {
   return "moved " + step_dir.string() + " aside to " + target.filename().string();
 }
 
-nlohmann::json load_checkpoint(const std::filesystem::path& path, const ckpt::TensorTable& table, Backend& backend) {
+nlohmann::json load_checkpoint(const std::filesystem::path& path, const model::Model& model, Backend& backend) {
   // Every chunk is read, decoded and checked on several threads, in file order: a resume reads at the
   // disk's speed.
   ckpt::CheckpointReader reader(path, ckpt::ThreadPool::default_threads(0) + 1);
   const std::string where = reader.step_dir().string();
+  const ckpt::TensorTable& table = model.table();
   if (!(reader.tensors() == table)) {
     fail(ErrorKind::kInvalidInput, where + " holds another model (" + std::to_string(reader.tensors().size()) +
                                        " tensors; this model has " + std::to_string(table.size()) +
                                        " or different shapes)");
+  }
+  // The same tensors can belong to another function of them (another rotary base, norm epsilon or
+  // family): what the manifest says the model is must be this one.
+  std::shared_ptr<const model::Model> saved;
+  try {
+    saved = model::model_from_manifest(reader.manifest().model, where);
+  } catch (const Error&) {
+    // No model the registry knows (a checkpoint written by a tool other than `train` or `import`):
+    // the tensor table above is all there is to compare.
+  }
+  if (saved && saved->architecture() != model.architecture()) {
+    fail(ErrorKind::kInvalidInput,
+         where + " holds model " + saved->architecture().dump() + ", not " + model.architecture().dump());
   }
   int states[3];
   for (int s = 0; s < 3; ++s) {

@@ -97,9 +97,10 @@ ResumeCandidates resume_candidates(const std::string& resume, const std::filesys
 std::string set_aside(const std::filesystem::path& step_dir);
 
 // Restores the backend's master weights and Adam moments from `path` (any world size and stage) and
-// returns the manifest's trainer_state. Error(kInvalidInput) when the checkpoint holds another model;
+// returns the manifest's trainer_state. Error(kInvalidInput) when the checkpoint holds another model (other
+// tensors, or a manifest that describes another architecture);
 // Error(kCorrupt) when this rank's part is damaged, thrown only after the backend's collectives, so
 // that ranks whose parts are sound do not wait for it. Collective (every rank reads its part).
-nlohmann::json load_checkpoint(const std::filesystem::path& path, const ckpt::TensorTable& table, Backend& backend);
+nlohmann::json load_checkpoint(const std::filesystem::path& path, const model::Model& model, Backend& backend);
 
 }  // namespace shardkit::trainer

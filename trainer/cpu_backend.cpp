@@ -1,9 +1,9 @@
-// The CPU backend: the fp32 GPT-2 of gpt2.hpp over the ZeRO engine of zero_engine.hpp, on MPI ranks.
+// The CPU backend: the family's fp32 CPU model over the ZeRO engine of zero_engine.hpp, on MPI ranks.
 #include <algorithm>
 #include <vector>
 
+#include "model/cpu/gemm.hpp"
 #include "trainer/backend.hpp"
-#include "trainer/gemm.hpp"
 
 namespace shardkit::trainer {
 namespace {
@@ -12,13 +12,15 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& o)
       : options_(o),
-        model_(*o.model, o.micro_batch, o.seq_len),
-        engine_(*o.table, model_.groups(), o.config->zero, comm_dtype(*o.config), *o.comm) {}
+        model_(o.model->make_cpu_model(o.micro_batch, o.seq_len)),
+        engine_(o.model->table(), o.model->groups(), o.config->zero, comm_dtype(*o.config), *o.comm) {}
 
   const ckpt::Layout& layout() const override { return engine_.layout(); }
-  std::string describe() const override { return std::string("CPU, fp32, matrix products: ") + gemm_backend(); }
+  std::string describe() const override {
+    return std::string("CPU, fp32, matrix products: ") + model::cpu::gemm_backend();
+  }
   MemoryReport memory() const override { return engine_.memory(); }
-  int64_t activation_bytes() const override { return model_.activation_bytes(); }
+  int64_t activation_bytes() const override { return model_->activation_bytes(); }
 
   void initialize(const InitFn& init) override { engine_.initialize(init); }
 
@@ -29,8 +31,10 @@ class CpuBackend final : public Backend {
   }
 
   void zero_grads() override { engine_.zero_grads(); }
-  double forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale, PassTimes* times) override {
-    return model_.forward_backward(engine_, inputs, targets, options_.micro_batch, options_.seq_len, grad_scale, times);
+  double forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
+                          model::PassTimes* times) override {
+    return model_->forward_backward(engine_, inputs, targets, options_.micro_batch, options_.seq_len, grad_scale,
+                                    times);
   }
   void reduce_grads() override { engine_.reduce_grads(); }
   double global_grad_sq() override { return engine_.global_grad_sq(); }
@@ -53,7 +57,7 @@ class CpuBackend final : public Backend {
 
  private:
   BackendOptions options_;
-  Gpt2 model_;
+  std::unique_ptr<model::CpuModel> model_;
   ZeroEngine engine_;
   ckpt::LargeVector<float> snapshot_[3];
 };

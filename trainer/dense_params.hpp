@@ -5,11 +5,11 @@
 #include <vector>
 
 #include "ckpt/tensor_table.hpp"
-#include "trainer/param_store.hpp"
+#include "model/param_store.hpp"
 
 namespace shardkit::trainer {
 
-class DenseParams final : public ParameterStore {
+class DenseParams final : public model::ParameterStore {
  public:
   explicit DenseParams(const ckpt::TensorTable& table);
 

@@ -13,10 +13,10 @@ struct EvalResult {
   int64_t windows = 0;
 };
 
-// Windows k = 0 .. windows-1 of T = n_positions tokens: inputs tokens[kT, kT+T), targets
-// tokens[kT+1, kT+T+1). windows = 0 means every full window, at most 64. One process. `progress`, if
-// set, is called after each batch of windows with (tokens scored, tokens to score).
+// Windows k = 0 .. windows-1 of T tokens (seq_len, or the model's longest sequence when 0): inputs tokens[kT, kT+T),
+// targets tokens[kT+1, kT+T+1). windows = 0 means every full window, at most 64. One process. `progress`, if set, is
+// called after each batch of windows with (tokens scored, tokens to score).
 EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesystem::path& data, int64_t windows,
-                    int threads, const std::function<void(int64_t done, int64_t total)>& progress = {});
+                    int seq_len, int threads, const std::function<void(int64_t done, int64_t total)>& progress = {});
 
 }  // namespace shardkit::trainer

@@ -16,13 +16,13 @@
 #include "ckpt/shard_format.hpp"
 #include "ckpt/text_format.hpp"
 #include "ckpt/write_target.hpp"
-#include "model/gpt2_config.hpp"
+#include "model/cpu/gemm.hpp"
 #include "model/hf_weights.hpp"
+#include "model/registry.hpp"
 #include "trainer/backend.hpp"
 #include "trainer/checkpointing.hpp"
 #include "trainer/data.hpp"
 #include "trainer/ds_config.hpp"
-#include "trainer/gemm.hpp"
 #include "trainer/init.hpp"
 #include "trainer/loss_scaler.hpp"
 #include "trainer/lr_schedule.hpp"
@@ -47,8 +47,9 @@ struct Trainer::State {
   comm::MpiCollective& comm;
   TrainOptions options;
   DsConfig config;
-  model::GptConfig model_config;
+  std::shared_ptr<const model::Model> model;
   ckpt::TensorTable table;
+  int seq_len = 0;  // tokens per sample: --seq-len, or the model's longest
   std::unique_ptr<Backend> backend;
   std::unique_ptr<LrSchedule> schedule;
   std::unique_ptr<LossScaler> scaler;
@@ -93,7 +94,7 @@ nlohmann::json Trainer::State::trainer_state() const {
           {"optimizer_steps", optimizer_steps},
           {"lr_scheduler", {{"last_batch_iteration", last_batch_iteration}}},
           {"loss_scaler", scaler->to_json()},
-          {"data", {{"seed", data_seed}, {"seq_len", model_config.n_positions}, {"file", options.data.string()}}},
+          {"data", {{"seed", data_seed}, {"seq_len", seq_len}, {"file", options.data.string()}}},
           {"world_size", comm.size()},
           {"zero_stage", config.zero.stage},
           {"train_batch_size", config.train_batch_size}};
@@ -129,8 +130,8 @@ void Trainer::State::restore(const nlohmann::json& s, const std::string& where) 
 Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(std::make_unique<State>(comm, options)) {
   State& s = *s_;
   if (options.steps < 1) fail(ErrorKind::kInvalidInput, "--steps must be at least 1");
-  s.model_config = model::resolve_model(options.model);
-  s.config = load_ds_config(options.config, comm.size(), {s.model_config.n_embd});
+  s.model = model::resolve_model(options.model);
+  s.config = load_ds_config(options.config, comm.size(), {s.model->hidden_size()});
   for (const std::string& w : s.config.warnings) s.log("warning: " + options.config.string() + ": " + w);
   const bool cpu = options.device != "cuda";
   if (cpu && (s.config.fp16.enabled || s.config.bf16)) {
@@ -141,14 +142,19 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
     s.log(
         "notice: offload_optimizer/offload_param have no effect on CPU ranks (the states are already in host memory)");
   }
-  set_compute_threads(options.threads > 0 ? options.threads : default_threads(comm));
+  model::cpu::set_compute_threads(options.threads > 0 ? options.threads : default_threads(comm));
 
-  s.table = model::gpt2_tensor_table(s.model_config);
-  const int T = s.model_config.n_positions;
+  s.table = s.model->table();
+  if (options.seq_len < 0 || options.seq_len > s.model->max_seq_len()) {
+    fail(ErrorKind::kInvalidInput, "--seq-len " + std::to_string(options.seq_len) + " is outside [1, " +
+                                       std::to_string(s.model->max_seq_len()) + "], the sequence lengths model " +
+                                       s.model->name() + " supports");
+  }
+  s.seq_len = options.seq_len > 0 ? options.seq_len : s.model->max_seq_len();
+  const int T = s.seq_len;
   const int micro = static_cast<int>(s.config.micro_batch_per_gpu);
   BackendOptions bo;
-  bo.model = &s.model_config;
-  bo.table = &s.table;
+  bo.model = s.model.get();
   bo.config = &s.config;
   bo.micro_batch = micro;
   bo.seq_len = T;
@@ -174,19 +180,16 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   const bool resumed = s.resume();
   if (!resumed && !options.init_from.empty()) {
     const model::HfWeights weights(options.init_from);
-    if (!(weights.config() == s.model_config)) {
+    if (weights.model()->architecture() != s.model->architecture()) {
       fail(ErrorKind::kInvalidInput,
-           options.init_from.string() + ": its config.json describes another model than " + s.model_config.name);
+           options.init_from.string() + ": its config.json describes another model than " + s.model->name());
     }
     s.backend->initialize([&](int t, int64_t offset, std::span<float> out) { weights.read(t, offset, out); });
     s.log("initialised from " + options.init_from.string());
   } else if (!resumed) {
-    const model::GptConfig& mc = s.model_config;
-    const ckpt::TensorTable& table = s.table;
+    const model::Model& m = *s.model;
     const uint64_t seed = options.seed;
-    s.backend->initialize([&](int t, int64_t offset, std::span<float> out) {
-      init_gpt2_values(mc, table[static_cast<size_t>(t)], seed, offset, out);
-    });
+    s.backend->initialize([&](int t, int64_t offset, std::span<float> out) { init_values(m, t, seed, offset, out); });
   }
   s.order = std::make_unique<SampleOrder>(*s.tokens, T, s.data_seed);
 
@@ -205,9 +208,9 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   const std::string wire = comm.size() > 1 && comm_type != ckpt::DType::kF32
                                ? std::string(", gradients reduced in ") + comm_dtype_name(comm_type)
                                : "";
-  s.log("model " + s.model_config.name + ": " + std::to_string(s.table.total_elements()) + " parameters; " +
-        std::to_string(comm.size()) + " ranks, ZeRO stage " + std::to_string(s.config.zero.stage) + wire + "; batch " +
-        std::to_string(s.config.train_batch_size) + " = " + std::to_string(micro) + " x " +
+  s.log("model " + s.model->name() + " (" + s.model->family() + "): " + std::to_string(s.table.total_elements()) +
+        " parameters; " + std::to_string(comm.size()) + " ranks, ZeRO stage " + std::to_string(s.config.zero.stage) +
+        wire + "; batch " + std::to_string(s.config.train_batch_size) + " = " + std::to_string(micro) + " x " +
         std::to_string(s.config.gradient_accumulation_steps) + " accumulation x " + std::to_string(comm.size()) +
         " ranks, sequence " + std::to_string(T) + "; " + s.backend->describe());
   for (const std::string& line : all) s.log("  " + line);
@@ -225,7 +228,7 @@ Trainer::~Trainer() = default;
 
 StepRecord Trainer::State::train_step() {
   const auto start = Clock::now();
-  const int T = model_config.n_positions;
+  const int T = seq_len;
   const int micro = static_cast<int>(config.micro_batch_per_gpu);
   const int64_t gas = config.gradient_accumulation_steps;
   const int W = comm.size();
@@ -244,10 +247,10 @@ StepRecord Trainer::State::train_step() {
     // Global sample indices of this step: micro-step m, rank r, row i -> consumed + (m * W + r) * micro + i.
     for (int i = 0; i < micro; ++i) {
       const int64_t g = consumed_samples + (m * W + comm.rank()) * micro + i;
-      order->fill(g, model_config.vocab_size, inputs.data() + static_cast<size_t>(i) * T,
+      order->fill(g, model->vocab_size(), inputs.data() + static_cast<size_t>(i) * T,
                   targets.data() + static_cast<size_t>(i) * T);
     }
-    PassTimes times;
+    model::PassTimes times;
     loss_sum += backend->forward_backward(inputs.data(), targets.data(), grad_scale, &times);
     fwd_ms += times.forward_ms;
     bwd_ms += times.backward_ms;
@@ -322,7 +325,7 @@ void Trainer::State::write_metrics(const nlohmann::json& record) {
 }
 
 void Trainer::State::save() {
-  checkpointer->save(step, table, *backend, trainer_state(), to_json(model_config), to_json(config));
+  checkpointer->save(step, table, *backend, trainer_state(), model->to_json(), to_json(config));
 }
 
 bool Trainer::State::resume() {
@@ -358,7 +361,7 @@ bool Trainer::State::resume() {
     nlohmann::json state;
     std::string error;
     try {
-      state = load_checkpoint(path, table, *backend);
+      state = load_checkpoint(path, *model, *backend);
     } catch (const Error& e) {
       // Damage (a flipped bit, a truncated or missing shard) moves on to an older checkpoint; a
       // checkpoint of another model, or one the user named, is the user's to sort out.

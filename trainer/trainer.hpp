@@ -14,7 +14,8 @@ namespace shardkit::trainer {
 
 struct TrainOptions {
   std::filesystem::path config;  // DeepSpeed JSON
-  std::string model;             // preset or JSON model file
+  std::string model;             // preset, JSON model file or Hugging Face config.json
+  int seq_len = 0;               // tokens per sample; 0: the model's longest
   std::filesystem::path data;    // token file
   int64_t steps = 0;             // total optimizer steps (a resumed run continues to this number)
   std::filesystem::path save_dir;
@@ -25,7 +26,7 @@ struct TrainOptions {
   std::string resume = "auto";      // auto | none | PATH
   std::filesystem::path metrics;
   uint64_t seed = 1234;
-  std::filesystem::path init_from;  // Hugging Face GPT-2 weights to start from (when not resuming)
+  std::filesystem::path init_from;  // Hugging Face weights to start from (when not resuming)
   std::string device = "cpu";       // cpu | cuda
   int threads = 0;                  // compute threads per rank; 0: cores / ranks on this node
   bool quiet = false;               // no console lines (metrics and errors still written)

@@ -8,7 +8,7 @@
 
 namespace shardkit::trainer {
 
-ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<TensorGroup> groups, const ZeroConfig& config,
+ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const ZeroConfig& config,
                        ckpt::DType wire, comm::MpiCollective& comm)
     : table_(table),
       groups_(std::move(groups)),
@@ -110,12 +110,12 @@ void ZeroEngine::acquire(int group) {
 void ZeroEngine::release(int group) {
   if (stage() != 3) return;
   if (--acquired_count_[static_cast<size_t>(group)] > 0) return;
-  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) ckpt::LargeVector<float>().swap(gathered_[static_cast<size_t>(t)]);
 }
 
 void ZeroEngine::gather_stage3(int group) {
-  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   int a = g.first;
   while (a < g.last) {
     // A bucket: consecutive tensors whose slots together fit allgather_bucket_size (at least one).
@@ -151,7 +151,7 @@ const float* ZeroEngine::param(int tensor) const {
 
 void ZeroEngine::open_grads(int group) {
   if (stage() <= 1) return;
-  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) grad_buffers_[static_cast<size_t>(t)].assign(static_cast<size_t>(numel(t)), 0);
   ++open_groups_;
 }
@@ -165,14 +165,14 @@ void ZeroEngine::close_grads(int group) {
   if (stage() <= 1) return;
   --open_groups_;
   pending_groups_.push_back(group);
-  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) pending_elems_ += numel(t);
   // Reduce a bucket once it is full, and whatever waits once the backward pass has closed every group.
   if (pending_elems_ >= config_.reduce_bucket_size || open_groups_ == 0) flush_pending_grads();
 }
 
 void ZeroEngine::flush_pending_grads() {
-  std::vector<TensorGroup> closed;
+  std::vector<model::TensorGroup> closed;
   for (int g : pending_groups_) closed.push_back(groups_[static_cast<size_t>(g)]);
   std::sort(closed.begin(), closed.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
   // Contiguous runs of tensors are reduced with one collective each.

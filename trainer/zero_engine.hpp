@@ -21,9 +21,9 @@
 #include "ckpt/huge_pages.hpp"
 #include "ckpt/layout.hpp"
 #include "comm/mpi.hpp"
+#include "model/param_store.hpp"
 #include "trainer/adamw.hpp"
 #include "trainer/ds_config.hpp"
-#include "trainer/param_store.hpp"
 
 namespace shardkit::trainer {
 
@@ -36,10 +36,10 @@ struct MemoryReport {
   int64_t host_optimizer_states = 0;  // the same, where offloaded to host memory (GPU ranks)
 };
 
-class ZeroEngine final : public ParameterStore {
+class ZeroEngine final : public model::ParameterStore {
  public:
   // `wire`: communication_data_type (grad_wire.hpp).
-  ZeroEngine(const ckpt::TensorTable& table, std::vector<TensorGroup> groups, const ZeroConfig& config,
+  ZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const ZeroConfig& config,
              ckpt::DType wire, comm::MpiCollective& comm);
 
   const ckpt::Layout& layout() const noexcept { return layout_; }
@@ -94,7 +94,7 @@ class ZeroEngine final : public ParameterStore {
   int64_t slot_end(int last_tensor) const;
 
   const ckpt::TensorTable& table_;
-  std::vector<TensorGroup> groups_;
+  std::vector<model::TensorGroup> groups_;
   ZeroConfig config_;
   ckpt::DType wire_;  // communication_data_type; fp32 on one rank
   comm::MpiCollective& comm_;

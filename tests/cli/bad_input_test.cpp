@@ -10,7 +10,7 @@
 
 #include "ckpt/manifest.hpp"
 #include "ckpt/sanitizers.hpp"
-#include "model/gpt2_config.hpp"
+#include "model/gpt2/config.hpp"
 #include "tests/cli/cli_support.hpp"
 
 namespace shardkit {
@@ -199,9 +199,9 @@ TEST(BadInput, CheckpointNumbersBeyondTheirRangesAreRefused) {
   manifest.trainer_state["step"] = 1;
 
   // The largest model the config checks admit: 1024 layers of width 65536, some 200 TB to evaluate.
-  model::GptConfig huge{1024, 64, 65536, 65536, 1024, "huge"};
-  manifest.model = model::to_json(huge);
-  manifest.tensors = model::gpt2_tensor_table(huge);
+  model::gpt2::GptConfig huge{1024, 64, 65536, 65536, 1024, "huge"};
+  manifest.model = model::gpt2::to_json(huge);
+  manifest.tensors = model::gpt2::tensor_table(huge);
   ckpt::write_manifest(step, manifest);
   // (The address-space limit makes the code before the check fail fast instead of filling the machine;
   // AddressSanitizer reserves terabytes of shadow at start-up and brings a limit of its own.)

@@ -18,8 +18,8 @@
 #include "convert/consolidate.hpp"
 #include "convert/import.hpp"
 #include "convert/reshard.hpp"
-#include "model/gpt2_config.hpp"
-#include "model/hf_gpt2.hpp"
+#include "model/gpt2/config.hpp"
+#include "model/gpt2/hf.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace shardkit {
@@ -38,19 +38,19 @@ convert::ConvertOptions small_pieces(int threads = 2) {
 }
 
 // A GPT-2 checkpoint of synthetic values (small custom config) laid out by `spec`.
-model::GptConfig small_gpt2() {
-  model::GptConfig c{2, 2, 32, 97, 24, "test"};
+model::gpt2::GptConfig small_gpt2() {
+  model::gpt2::GptConfig c{2, 2, 32, 97, 24, "test"};
   return c;
 }
 
 std::filesystem::path gpt2_checkpoint(const std::filesystem::path& run_dir, const ckpt::LayoutSpec& spec,
                                       int compression = 0) {
-  const model::GptConfig c = small_gpt2();
+  const model::gpt2::GptConfig c = small_gpt2();
   ckpt::ShardOptions options;
   options.chunk_elems = 333;
   options.compression_level = compression;
-  return testing::write_synthetic_checkpoint(run_dir, model::gpt2_tensor_table(c), spec, options, kSeed, 7,
-                                             model::to_json(c));
+  return testing::write_synthetic_checkpoint(run_dir, model::gpt2::tensor_table(c), spec, options, kSeed, 7,
+                                             model::gpt2::to_json(c));
 }
 
 void expect_identical(const std::filesystem::path& a, const std::filesystem::path& b) {
@@ -127,8 +127,8 @@ std::map<std::string, std::vector<std::byte>> tensor_bytes(const std::filesystem
 TEST(Consolidate, SafetensorsHaveGpt2NamesShapesAndCorrectlyRoundedValues) {
   TempDir dir;
   const auto source = gpt2_checkpoint(dir / "src", {3, 3, 16}, 2);
-  const model::GptConfig c = small_gpt2();
-  const ckpt::TensorTable table = model::gpt2_tensor_table(c);
+  const model::gpt2::GptConfig c = small_gpt2();
+  const ckpt::TensorTable table = model::gpt2::tensor_table(c);
   for (auto dtype : {convert::ExportDtype::kF32, convert::ExportDtype::kBF16, convert::ExportDtype::kF16}) {
     convert::ConsolidateRequest r;
     r.source = source;
@@ -159,7 +159,7 @@ TEST(Consolidate, SafetensorsHaveGpt2NamesShapesAndCorrectlyRoundedValues) {
     }
     std::ifstream cfg(r.output / "config.json");
     const nlohmann::json config = nlohmann::json::parse(cfg);
-    EXPECT_EQ(model::gpt_config_from_hf(config, "config.json"), c);
+    EXPECT_EQ(model::gpt2::config_from_hf(config, "config.json"), c);
     EXPECT_EQ(config["architectures"][0], "GPT2LMHeadModel");
   }
 }
@@ -193,7 +193,7 @@ TEST(Consolidate, ShardedOutputMatchesTheSingleFile) {
   EXPECT_EQ(index["metadata"]["total_size"], total);
   EXPECT_EQ(pieces, whole);
   // The optimizer's moments are there under their own names.
-  const int t = model::gpt2_tensor_table(small_gpt2()).find("transformer.h.1.mlp.c_fc.weight");
+  const int t = model::gpt2::tensor_table(small_gpt2()).find("transformer.h.1.mlp.c_fc.weight");
   const auto& m = whole.at("optimizer.exp_avg.transformer.h.1.mlp.c_fc.weight");
   float v;
   std::memcpy(&v, m.data() + 4 * 5, 4);
@@ -238,8 +238,8 @@ TEST(Import, ThenConsolidateGivesBackTheSameBytesAndResumesFromZeroMoments) {
 
 TEST(Import, RejectsWhatIsNotGpt2) {
   TempDir dir;
-  const model::GptConfig c = small_gpt2();
-  std::ofstream(dir / "config.json") << model::hf_config_json(c, "float32").dump();
+  const model::gpt2::GptConfig c = small_gpt2();
+  std::ofstream(dir / "config.json") << model::gpt2::hf_config_json(c, "float32").dump();
   auto import_file = [&](const std::vector<st::TensorSpec>& specs) {
     {
       st::Writer w(dir / "w.safetensors", specs, {{"format", "pt"}});
@@ -251,7 +251,7 @@ TEST(Import, RejectsWhatIsNotGpt2) {
     convert::import_weights(r, small_pieces());
   };
   std::vector<st::TensorSpec> good;
-  for (const auto& t : model::gpt2_tensor_table(c)) good.push_back({t.name, "F32", t.shape});
+  for (const auto& t : model::gpt2::tensor_table(c)) good.push_back({t.name, "F32", t.shape});
   auto expect_error = [&](std::vector<st::TensorSpec> specs, const std::string& fragment) {
     try {
       import_file(specs);
@@ -264,7 +264,7 @@ TEST(Import, RejectsWhatIsNotGpt2) {
   };
   auto extra = good;
   extra.push_back({"transformer.h.9.attn.c_attn.weight", "F32", {32, 96}});
-  expect_error(extra, "does not fit GPT-2");
+  expect_error(extra, "is no tensor of gpt2");
   auto ints = good;
   ints[3].dtype = "I32";
   expect_error(ints, "dtype I32");
@@ -294,7 +294,7 @@ TEST(Consolidate, Hdf5HoldsEveryTensorInItsShape) {
   r.format = convert::ExportFormat::kHdf5;
   convert::consolidate(r, small_pieces());
   ckpt::h5::Id file = ckpt::h5::open_file(r.output / "model.h5");
-  const ckpt::TensorTable table = model::gpt2_tensor_table(small_gpt2());
+  const ckpt::TensorTable table = model::gpt2::tensor_table(small_gpt2());
   for (size_t t = 0; t < table.size(); ++t) {
     ckpt::h5::Id ds = ckpt::h5::open_dataset(file.get(), ("model/" + table[t].name).c_str(), "model.h5");
     const auto dims = ckpt::h5::dataset_dims(ds.get(), "model.h5");

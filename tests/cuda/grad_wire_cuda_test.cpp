@@ -30,7 +30,7 @@ std::vector<float> gradient(int rank, int t, int64_t n) {
 // as the model does; stages 2-3 reduce each micro-batch, the second adding to the first), reduces them
 // and returns the global squared norm. `fill(t, values)` writes tensor t's gradient.
 template <typename Engine, typename Fill>
-double reduced_sq(Engine& engine, const ckpt::TensorTable& table, const std::vector<trainer::TensorGroup>& groups,
+double reduced_sq(Engine& engine, const ckpt::TensorTable& table, const std::vector<model::TensorGroup>& groups,
                   int rank, Fill fill) {
   engine.zero_grads();
   for (int micro = 0; micro < 2; ++micro) {
@@ -53,7 +53,7 @@ TEST(GradWireCuda, NcclReductionsInEveryCommunicationTypeGiveWhatCpuRanksGive) {
   // Sizes that split unevenly over the ranks, and bucket sizes that make several reductions a step.
   const ckpt::TensorTable table(
       {{"a", {1037}, DType::kF32}, {"b", {50, 9}, DType::kF32}, {"c", {4096}, DType::kF32}, {"d", {3}, DType::kF32}});
-  const std::vector<trainer::TensorGroup> groups = {{0, 2}, {2, 4}};
+  const std::vector<model::TensorGroup> groups = {{0, 2}, {2, 4}};
   for (const DType wire : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (int stage = 0; stage <= 3; ++stage) {
       trainer::ZeroConfig config;

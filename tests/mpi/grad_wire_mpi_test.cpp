@@ -47,7 +47,7 @@ TEST(GradWireMpi, ReducedGradientsAreRoundedToTheCommunicationTypeAtEveryStage) 
   comm::MpiCollective world(MPI_COMM_WORLD);
   const ckpt::TensorTable table(
       {{"a", {37}, DType::kF32}, {"b", {5, 9}, DType::kF32}, {"c", {64}, DType::kF32}, {"d", {3}, DType::kF32}});
-  const std::vector<trainer::TensorGroup> groups = {{0, 2}, {2, 4}};
+  const std::vector<model::TensorGroup> groups = {{0, 2}, {2, 4}};
   for (const DType wire : {DType::kF32, DType::kBF16, DType::kF16}) {
     const double want = expected_sq(table, world.size(), wire);
     for (int stage = 0; stage <= 3; ++stage) {

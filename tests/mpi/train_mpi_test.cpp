@@ -1,6 +1,6 @@
-// The trainer on MPI ranks: every ZeRO stage at this world size trains exactly like one rank at stage
-// 0; a resumed run reproduces the uninterrupted one bit for bit at the same world size and stage, and
-// to 1e-5 at another world size and stage. Run at 1-4 ranks.
+// The trainer on MPI ranks, for each model family: every ZeRO stage at this world size trains exactly
+// like one rank at stage 0; a resumed run reproduces the uninterrupted one bit for bit at the same
+// world size and stage, and to 1e-5 at another world size and stage. Run at 1-4 ranks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,7 +23,31 @@ using trainer::TrainOptions;
 // run in many pieces.
 class Workspace : public testing::SharedDir {
  public:
-  explicit Workspace(comm::MpiCollective& world) : SharedDir(world) { write_tokens("tokens.bin", 6000); }
+  explicit Workspace(comm::MpiCollective& world) : SharedDir(world) {
+    write_tokens("tokens.bin", 6000);
+    // llama-tiny with its head tied to the embedding: the embedding's group is then used at both ends
+    // of the pass, its gradients open throughout the backward pass.
+    write_json("llama-tied.json", {{"family", "llama"},
+                                   {"num_hidden_layers", 2},
+                                   {"hidden_size", 64},
+                                   {"intermediate_size", 160},
+                                   {"num_attention_heads", 4},
+                                   {"num_key_value_heads", 1},
+                                   {"head_dim", 16},
+                                   {"vocab_size", 256},
+                                   {"max_position_embeddings", 64},
+                                   {"rms_norm_eps", 1e-5},
+                                   {"rope_theta", 10000.0},
+                                   {"rope_scaling", nullptr},
+                                   {"tie_word_embeddings", true}});
+  }
+
+  // The models every test runs: one of each family, and the tied Llama for the stage comparison.
+  std::vector<std::string> models(bool with_tied = false) {
+    std::vector<std::string> m = {"gpt2-tiny", "llama-tiny"};
+    if (with_tied) m.push_back((*this / "llama-tied.json").string());
+    return m;
+  }
 
   std::filesystem::path config(int stage, const std::string& name) {
     return write_json(
@@ -40,10 +64,11 @@ class Workspace : public testing::SharedDir {
   }
 };
 
-TrainOptions options(const std::filesystem::path& config, const std::filesystem::path& data, int64_t steps) {
+TrainOptions options(const std::filesystem::path& config, const std::filesystem::path& data, int64_t steps,
+                     const std::string& model) {
   TrainOptions o;
   o.config = config;
-  o.model = "gpt2-tiny";
+  o.model = model;
   o.data = data;
   o.steps = steps;
   o.resume = "none";
@@ -70,69 +95,79 @@ void expect_losses_close(const std::vector<StepRecord>& got, const std::vector<S
 TEST(TrainMpi, EveryStageMatchesOneRankAtStage0) {
   comm::MpiCollective world(MPI_COMM_WORLD);
   Workspace ws(world);
-  // The reference: one rank, stage 0.
-  const std::vector<StepRecord> reference =
-      testing::train_on_rank0(world, options(ws.config(0, "s0"), ws / "tokens.bin", 6));
-  ASSERT_EQ(reference.size(), 6u);
-  EXPECT_LT(reference.back().loss, reference.front().loss) << "the model does not learn";
-  for (int stage = 0; stage <= 3; ++stage) {
-    const auto records = train(world, options(ws.config(stage, "s" + std::to_string(stage)), ws / "tokens.bin", 6));
-    expect_losses_close(records, reference, 0, 1e-5,
-                        "stage " + std::to_string(stage) + " on " + std::to_string(world.size()) + " ranks");
+  for (const std::string& model : ws.models(true)) {
+    // The reference: one rank, stage 0.
+    const std::vector<StepRecord> reference =
+        testing::train_on_rank0(world, options(ws.config(0, "s0"), ws / "tokens.bin", 6, model));
+    ASSERT_EQ(reference.size(), 6u);
+    EXPECT_LT(reference.back().loss, reference.front().loss) << model << " does not learn";
+    for (int stage = 0; stage <= 3; ++stage) {
+      const auto records =
+          train(world, options(ws.config(stage, "s" + std::to_string(stage)), ws / "tokens.bin", 6, model));
+      expect_losses_close(
+          records, reference, 0, 1e-5,
+          model + ", stage " + std::to_string(stage) + " on " + std::to_string(world.size()) + " ranks");
+    }
   }
 }
 
 TEST(TrainMpi, ResumeAtTheSameWorldSizeAndStageIsBitExact) {
   comm::MpiCollective world(MPI_COMM_WORLD);
   Workspace ws(world);
-  for (int stage : {1, 3}) {
-    const auto config = ws.config(stage, "resume" + std::to_string(stage));
-    TrainOptions full = options(config, ws / "tokens.bin", 6);
-    full.save_dir = ws / ("full" + std::to_string(stage));
-    full.save_interval = 3;
-    const auto uninterrupted = train(world, full);
+  for (const std::string& model : ws.models()) {
+    for (int stage : {1, 3}) {
+      const auto config = ws.config(stage, "resume" + std::to_string(stage));
+      TrainOptions full = options(config, ws / "tokens.bin", 6, model);
+      full.save_dir = ws / (model + "-full" + std::to_string(stage));
+      full.save_interval = 3;
+      const auto uninterrupted = train(world, full);
 
-    TrainOptions resumed = full;
-    resumed.save_dir = ws / ("resumed" + std::to_string(stage));
-    resumed.resume = (full.save_dir / "step-00000003").string();
-    const auto continued = train(world, resumed);
-    ASSERT_EQ(continued.size(), 3u);
-    for (size_t i = 0; i < 3; ++i) {
-      EXPECT_EQ(continued[i].step, uninterrupted[i + 3].step);
-      EXPECT_EQ(continued[i].loss, uninterrupted[i + 3].loss) << "stage " << stage << " step " << continued[i].step;
-      EXPECT_EQ(continued[i].grad_norm, uninterrupted[i + 3].grad_norm);
+      TrainOptions resumed = full;
+      resumed.save_dir = ws / (model + "-resumed" + std::to_string(stage));
+      resumed.resume = (full.save_dir / "step-00000003").string();
+      const auto continued = train(world, resumed);
+      ASSERT_EQ(continued.size(), 3u);
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(continued[i].step, uninterrupted[i + 3].step);
+        EXPECT_EQ(continued[i].loss, uninterrupted[i + 3].loss)
+            << model << " stage " << stage << " step " << continued[i].step;
+        EXPECT_EQ(continued[i].grad_norm, uninterrupted[i + 3].grad_norm);
+      }
+      // The final states are identical, bit for bit.
+      ckpt::CheckpointReader a(full.save_dir), b(resumed.save_dir);
+      const ckpt::DiffReport diff = ckpt::diff_checkpoints(a, b);
+      for (const auto& e : diff.entries) EXPECT_EQ(e.differing, 0) << e.tensor << " " << e.state;
+      EXPECT_EQ(b.manifest().step, 6);
     }
-    // The final states are identical, bit for bit.
-    ckpt::CheckpointReader a(full.save_dir), b(resumed.save_dir);
-    const ckpt::DiffReport diff = ckpt::diff_checkpoints(a, b);
-    for (const auto& e : diff.entries) EXPECT_EQ(e.differing, 0) << e.tensor << " " << e.state;
-    EXPECT_EQ(b.manifest().step, 6);
   }
 }
 
 TEST(TrainMpi, ResumeAtAnotherWorldSizeAndStageContinuesTheRun) {
   comm::MpiCollective world(MPI_COMM_WORLD);
   Workspace ws(world);
-  // This world at stage 2 -> one rank at stage 3.
-  TrainOptions full = options(ws.config(2, "w_s2"), ws / "tokens.bin", 13);
-  full.save_dir = ws / "world";
-  full.save_interval = 3;
-  const auto uninterrupted = train(world, full);
-  TrainOptions to_one = options(ws.config(3, "one_s3"), ws / "tokens.bin", 13);
-  to_one.resume = (full.save_dir / "step-00000003").string();
-  expect_losses_close(testing::train_on_rank0(world, to_one), uninterrupted, 3, 1e-5,
-                      "W ranks stage 2 -> 1 rank stage 3");
+  for (const std::string& model : ws.models()) {
+    // This world at stage 2 -> one rank at stage 3.
+    TrainOptions full = options(ws.config(2, "w_s2"), ws / "tokens.bin", 13, model);
+    full.save_dir = ws / (model + "-world");
+    full.save_interval = 3;
+    const auto uninterrupted = train(world, full);
+    TrainOptions to_one = options(ws.config(3, "one_s3"), ws / "tokens.bin", 13, model);
+    to_one.resume = (full.save_dir / "step-00000003").string();
+    expect_losses_close(testing::train_on_rank0(world, to_one), uninterrupted, 3, 1e-5,
+                        model + ": W ranks stage 2 -> 1 rank stage 3");
 
-  // One rank at stage 1 -> this world at stage 0 and at stage 3.
-  TrainOptions single = options(ws.config(1, "one_s1"), ws / "tokens.bin", 13);
-  single.save_dir = ws / "single";
-  single.save_interval = 3;
-  const std::vector<StepRecord> reference = testing::train_on_rank0(world, single);
-  for (int stage : {0, 3}) {
-    TrainOptions resumed = options(ws.config(stage, "w_from_one" + std::to_string(stage)), ws / "tokens.bin", 13);
-    resumed.resume = (single.save_dir / "step-00000003").string();
-    expect_losses_close(train(world, resumed), reference, 3, 1e-5,
-                        "1 rank stage 1 -> W ranks stage " + std::to_string(stage));
+    // One rank at stage 1 -> this world at stage 0 and at stage 3.
+    TrainOptions single = options(ws.config(1, "one_s1"), ws / "tokens.bin", 13, model);
+    single.save_dir = ws / (model + "-single");
+    single.save_interval = 3;
+    const std::vector<StepRecord> reference = testing::train_on_rank0(world, single);
+    for (int stage : {0, 3}) {
+      TrainOptions resumed =
+          options(ws.config(stage, "w_from_one" + std::to_string(stage)), ws / "tokens.bin", 13, model);
+      resumed.resume = (single.save_dir / "step-00000003").string();
+      expect_losses_close(train(world, resumed), reference, 3, 1e-5,
+                          model + ": 1 rank stage 1 -> W ranks stage " + std::to_string(stage));
+    }
   }
 }
 

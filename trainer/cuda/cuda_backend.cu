@@ -1,5 +1,5 @@
 // The CUDA backend: one GPU per MPI rank (the node-local rank picks the device), NCCL communicators
-// bootstrapped over MPI, the GPT-2 of gpu_model.cuh over the ZeRO engine of gpu_engine.cuh. The
+// bootstrapped over MPI, the family's GPU model (gpu_model.cuh) over the ZeRO engine of gpu_engine.cuh. The
 // compute type follows the config: bf16, fp16, or fp32 when neither is enabled.
 #include <cstdio>
 #include <string>
@@ -19,8 +19,8 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const BackendOptions& o)
       : options_(o),
         context_(*o.comm),
-        model_(*o.model, o.micro_batch, o.seq_len, context_.cublas(), context_.stream()),
-        engine_(*o.table, model_.groups(), o.config->zero, comm_dtype(*o.config), *o.comm, context_.nccl(),
+        model_(make_gpu_model<T>(*o.model, o.micro_batch, o.seq_len, context_.cublas(), context_.stream())),
+        engine_(o.model->table(), o.model->groups(), o.config->zero, comm_dtype(*o.config), *o.comm, context_.nccl(),
                 context_.stream()),
         inputs_(static_cast<size_t>(o.micro_batch) * o.seq_len),
         targets_(static_cast<size_t>(o.micro_batch) * o.seq_len),
@@ -34,13 +34,14 @@ class CudaBackend final : public Backend {
            DeviceType<T>::kName + " compute with fp32 master weights, cuBLAS, NCCL " + std::to_string(nccl);
   }
   MemoryReport memory() const override { return engine_.memory(); }
-  int64_t activation_bytes() const override { return model_.activation_bytes(); }
+  int64_t activation_bytes() const override { return model_->activation_bytes(); }
 
   void initialize(const InitFn& init) override { engine_.initialize(init); }
   void load(const LoadFn& read) override { engine_.load(read); }
   void zero_grads() override { engine_.zero_grads(); }
 
-  double forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale, PassTimes* times) override {
+  double forward_backward(const int32_t* inputs, const int32_t* targets, float grad_scale,
+                          model::PassTimes* times) override {
     const size_t bytes = inputs_.bytes();
     CUDA_CHECK(cudaMemcpyAsync(inputs_.data(), inputs, bytes, cudaMemcpyHostToDevice, context_.stream()));
     CUDA_CHECK(cudaMemcpyAsync(targets_.data(), targets, bytes, cudaMemcpyHostToDevice, context_.stream()));
@@ -51,15 +52,15 @@ class CudaBackend final : public Backend {
     // is captured again whenever the loss scale, a kernel argument, changes.
     if (!replay_ || !warm_) {
       warm_ = true;
-      return model_.forward_backward(engine_, inputs_.data(), targets_.data(), grad_scale, times);
+      return model_->forward_backward(engine_, inputs_.data(), targets_.data(), grad_scale, times);
     }
     if (!graph_.ready() || graph_scale_ != grad_scale) {
       graph_.capture(context_.stream(),
-                     [&] { model_.queue(engine_, inputs_.data(), targets_.data(), grad_scale, nullptr); });
+                     [&] { model_->queue(engine_, inputs_.data(), targets_.data(), grad_scale, nullptr); });
       graph_scale_ = grad_scale;
     }
     graph_.launch(context_.stream());
-    return model_.finish(engine_, nullptr);
+    return model_->finish(engine_, nullptr);
   }
   void reduce_grads() override { engine_.reduce_grads(); }
   double global_grad_sq() override { return engine_.global_grad_sq(); }
@@ -82,7 +83,7 @@ class CudaBackend final : public Backend {
  private:
   BackendOptions options_;
   DeviceContext context_;
-  GpuGpt2<T> model_;
+  std::unique_ptr<GpuModel<T>> model_;
   GpuZeroEngine<T> engine_;
   DeviceBuffer<int32_t> inputs_, targets_;
   PinnedBuffer<float> snapshot_[3];
@@ -96,10 +97,6 @@ class CudaBackend final : public Backend {
 }  // namespace cuda
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
-  const model::GptConfig& m = *options.model;
-  if (const std::string why = cuda::unsupported_shape(m.n_embd, m.n_head); !why.empty()) {
-    fail(ErrorKind::kInvalidInput, "model " + m.name + ": " + why + " (--device cpu trains any shape)");
-  }
   const ZeroConfig& z = options.config->zero;
   if (z.offload_optimizer.device == "nvme" || z.offload_param.device == "nvme") {
     fail(ErrorKind::kInvalidInput,

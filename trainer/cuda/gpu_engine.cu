@@ -12,7 +12,7 @@
 namespace shardkit::trainer::cuda {
 
 template <typename T>
-GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<TensorGroup> groups,
+GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups,
                                 const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& mpi, ncclComm_t nccl,
                                 cudaStream_t stream)
     : table_(table),
@@ -238,7 +238,7 @@ void GpuZeroEngine<T>::acquire(int group) {
   const int next = last_acquired_ < 0 ? -1 : group + (group > last_acquired_ ? 1 : -1);
   last_acquired_ = group;
   if (!config_.overlap_comm || next < 0 || next >= static_cast<int>(groups_.size())) return;
-  const TensorGroup& n = groups_[static_cast<size_t>(next)];
+  const model::TensorGroup& n = groups_[static_cast<size_t>(next)];
   int64_t elements = 0;
   for (int t = n.first; t < n.last; ++t) elements += numel(t);
   if (acquired_count_[static_cast<size_t>(next)] == 0 && !prefetched_[static_cast<size_t>(next)] &&
@@ -250,7 +250,7 @@ void GpuZeroEngine<T>::acquire(int group) {
 
 template <typename T>
 void GpuZeroEngine<T>::gather(int group) {
-  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   cudaStream_t st = comm();
   // The partition is current: the optimizer step wrote it on the compute stream (the host optimizer
   // into host memory: before this call).
@@ -289,7 +289,7 @@ void GpuZeroEngine<T>::release(int group) {
   if (layout_.stage() != 3 || --acquired_count_[static_cast<size_t>(group)] > 0) return;
   // Back to the pool as soon as the kernels that read them are queued: the next gather into the same
   // memory waits for them on the device, not here.
-  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) gather_pool_.give(std::move(gathered_[static_cast<size_t>(t)]), stream_);
 }
 
@@ -298,7 +298,7 @@ void GpuZeroEngine<T>::drop_prefetched() {
   for (size_t group = 0; group < groups_.size(); ++group) {
     if (!prefetched_[group]) continue;
     prefetched_[group] = 0;
-    const TensorGroup& g = groups_[group];
+    const model::TensorGroup& g = groups_[group];
     for (int t = g.first; t < g.last; ++t) gather_pool_.give(std::move(gathered_[static_cast<size_t>(t)]), comm());
   }
   last_acquired_ = -1;
@@ -317,7 +317,7 @@ const T* GpuZeroEngine<T>::param(int tensor) const {
 template <typename T>
 void GpuZeroEngine<T>::open_grads(int group) {
   if (layout_.stage() <= 1) return;
-  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) {
     DeviceBuffer<float>& b = grad_buffers_[static_cast<size_t>(t)];
     b = grad_pool_.take(static_cast<size_t>(numel(t)), stream_);
@@ -337,7 +337,7 @@ void GpuZeroEngine<T>::close_grads(int group) {
   if (layout_.stage() <= 1) return;
   --open_groups_;
   pending_groups_.push_back(group);
-  const TensorGroup& g = groups_[static_cast<size_t>(group)];
+  const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) pending_elems_ += numel(t);
   if (pending_elems_ >= config_.reduce_bucket_size || open_groups_ == 0) flush_pending_grads();
   if (open_groups_ == 0) grads_reduced_ = true;  // this micro-batch is reduced: later ones add to it
@@ -345,7 +345,7 @@ void GpuZeroEngine<T>::close_grads(int group) {
 
 template <typename T>
 void GpuZeroEngine<T>::flush_pending_grads() {
-  std::vector<TensorGroup> closed;
+  std::vector<model::TensorGroup> closed;
   for (int g : pending_groups_) closed.push_back(groups_[static_cast<size_t>(g)]);
   std::sort(closed.begin(), closed.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
   wait(comm(), stream_);  // the closed groups' gradients are complete

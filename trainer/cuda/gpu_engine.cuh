@@ -28,7 +28,7 @@ template <typename T>
 class GpuZeroEngine final : public GpuParamStore<T> {
  public:
   // `wire`: communication_data_type, the type gradients are reduced in (grad_wire.cuh).
-  GpuZeroEngine(const ckpt::TensorTable& table, std::vector<TensorGroup> groups, const ZeroConfig& config,
+  GpuZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const ZeroConfig& config,
                 ckpt::DType wire, comm::MpiCollective& mpi, ncclComm_t nccl, cudaStream_t stream);
 
   const ckpt::Layout& layout() const noexcept { return layout_; }
@@ -98,7 +98,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   void wait(cudaStream_t waiter, cudaStream_t producer);  // waiter waits for what producer queued so far
 
   const ckpt::TensorTable& table_;
-  std::vector<TensorGroup> groups_;
+  std::vector<model::TensorGroup> groups_;
   ZeroConfig config_;
   ckpt::DType wire_;  // communication_data_type; fp32 on one rank
   comm::MpiCollective& mpi_;

@@ -1,23 +1,17 @@
-// GPT-2 on one GPU: the same computation as trainer/gpt2.hpp (Hugging Face's GPT2LMHeadModel, no
-// dropout), with activations and parameters in T (float, bf16 or fp16), fp32 accumulation, fp32
-// parameter gradients, cuBLAS matrix products and the kernels of kernels.cuh. Parameters and
-// gradients come from a GpuParamStore: the model knows nothing of ZeRO.
+// What the CUDA backend needs of a family's GPU model (model/<family>/cuda/): the interface, the
+// parameter store it works through, and the pieces every family's model shares (matrix products, the
+// output projection's padded logits).
 #pragma once
 
 #include <cublas_v2.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+#include <memory>
 
-#include "model/gpt2_config.hpp"
+#include "model/model.hpp"
 #include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/encoder_backward.cuh"
-#include "trainer/cuda/matmul.cuh"
-#include "trainer/gpt2.hpp"
-#include "trainer/param_store.hpp"
 
 namespace shardkit::trainer::cuda {
 
@@ -61,53 +55,30 @@ inline int head_block_rows(int padded_vocab, size_t element_bytes, int rows) {
 template <typename T>
 void head_weight_grad(cublasHandle_t handle, float* dwte, const T* logits, int ld, const T* x, int V, int C, int rows);
 
+// A family's forward and backward passes on one GPU, in T with fp32 accumulation, for micro-batches of
+// the batch and sequence length it was made for.
 template <typename T>
-class GpuGpt2 {
+class GpuModel {
  public:
-  GpuGpt2(const model::GptConfig& config, int batch, int seq_len, cublasHandle_t cublas, cudaStream_t stream);
-
-  // Parameter groups: 0 = embeddings, 1..L = blocks, L+1 = final LayerNorm (as the CPU model).
-  const std::vector<TensorGroup>& groups() const noexcept { return groups_; }
-  int64_t activation_bytes() const noexcept { return activation_bytes_; }
+  virtual ~GpuModel() = default;
+  virtual int64_t activation_bytes() const = 0;
 
   // A micro-batch of device token ids (batch x seq_len): adds the gradient of grad_scale * loss into
   // the store's gradient buffers and returns the mean loss (the one host synchronisation of the pass).
-  double forward_backward(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets, float grad_scale,
-                          PassTimes* times);
+  virtual double forward_backward(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets,
+                                  float grad_scale, model::PassTimes* times) = 0;
   // forward_backward in two halves: queue() puts the passes and the copy of the loss on the stream
   // without waiting (what a CUDA graph captures: the same kernels on the same memory every time, when
   // the store's buffers do not move); finish() waits for them and returns the mean loss.
-  void queue(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets, float grad_scale,
-             PassTimes* times);
-  double finish(GpuParamStore<T>& params, PassTimes* times);
-
- private:
-  void forward_blocks(GpuParamStore<T>& p, const int32_t* inputs);
-  void backward_blocks(GpuParamStore<T>& p, const int32_t* inputs);
-  int block_tensor(int layer, int k) const noexcept { return 2 + model::kTensorsPerBlock * layer + k; }
-
-  model::GptConfig config_;
-  int B_, S_;
-  cublasHandle_t cublas_;
-  cudaStream_t stream_;
-  Matmul matmul_;
-  EncoderBackward encoder_backward_;
-  std::vector<TensorGroup> groups_;
-  int head_rows_;  // rows of logits computed at once
-  int logits_ld_;  // row stride of the logits (the vocabulary size rounded up)
-  int64_t activation_bytes_ = 0;
-  std::chrono::steady_clock::time_point backward_start_;  // PassTimes::backward_ms runs from here to finish()
-
-  // Activations: per layer l and N = B*S rows.
-  DeviceBuffer<T> encoded_, ln1_, qkv_, atty_, res2_, ln2_, fch_, fch_gelu_, res3_, lnf_, logits_, wte_padded_;
-  DeviceBuffer<float> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_, lnf_mean_, lnf_rstd_, lse_, losses_;
-  // Backward scratch.
-  DeviceBuffer<T> dres_, dbuf_c_, dbuf_c2_, dbuf_3c_, dbuf_4c2_;
-  DeviceBuffer<float> delta_, scratch_;
-  DeviceBuffer<double> loss_sum_;
-  // Where the host reads it: pinned, so the copy is queued and the wait is wait_checking_nccl's (a
-  // copy into pageable memory would block inside CUDA, where no NCCL watchdog can see a stall).
-  PinnedBuffer<double> loss_host_;
+  virtual void queue(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets, float grad_scale,
+                     model::PassTimes* times) = 0;
+  virtual double finish(GpuParamStore<T>& params, model::PassTimes* times) = 0;
 };
+
+// The CUDA model of `model`'s family. Error(kInvalidInput) naming the model when its family has no
+// CUDA kernels or its shape is one they do not support.
+template <typename T>
+std::unique_ptr<GpuModel<T>> make_gpu_model(const model::Model& model, int batch, int seq_len, cublasHandle_t cublas,
+                                            cudaStream_t stream);
 
 }  // namespace shardkit::trainer::cuda

@@ -1,9 +1,9 @@
-// Single-precision matrix products for the CPU model: row-major C = alpha * op(A) * op(B) + beta * C.
+// Single-precision matrix products for the CPU models: row-major C = alpha * op(A) * op(B) + beta * C.
 // Backed by the system's CBLAS (OpenBLAS) when the build found one, else by a cache-blocked,
 // OpenMP-parallel fallback.
 #pragma once
 
-namespace shardkit::trainer {
+namespace shardkit::model::cpu {
 
 // op(A) is M x K (A is K x M when trans_a), op(B) is K x N (B is N x K when trans_b); lda, ldb, ldc
 // are row strides in elements.
@@ -15,4 +15,4 @@ void set_compute_threads(int threads);
 // What the build uses for matrix products ("OpenBLAS 0.3.21", "built-in").
 const char* gemm_backend();
 
-}  // namespace shardkit::trainer
+}  // namespace shardkit::model::cpu

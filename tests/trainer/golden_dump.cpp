@@ -1,9 +1,9 @@
-// Writes what the PyTorch reference (golden_pytorch.py) checks: gpt2-tiny's initial weights for a seed,
-// and the loss and every gradient of one forward/backward pass over the windows of a token file,
-// computed by the C++ model. Files: OUT/init/<tensor>.f32, OUT/grad/<tensor>.f32 (raw little-endian
-// fp32, row-major in the tensor table's shapes) and OUT/loss.json.
+// Writes what the PyTorch references (golden_pytorch.py, llama_golden.py) check: a model's initial
+// weights for a seed, and the loss and every gradient of one forward/backward pass over the windows of
+// a token file, computed by the family's CPU model. Files: OUT/init/<tensor>.f32, OUT/grad/<tensor>.f32 (raw
+// little-endian fp32, row-major in the tensor table's shapes) and OUT/loss.json.
 //
-// Usage: gpt2_golden_dump TOKENS.bin SEED OUT_DIR
+// Usage: golden_dump MODEL TOKENS.bin SEED OUT_DIR (MODEL: a preset or a JSON model file)
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -12,11 +12,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/gpt2_config.hpp"
+#include "model/cpu/gemm.hpp"
+#include "model/registry.hpp"
 #include "trainer/data.hpp"
 #include "trainer/dense_params.hpp"
-#include "trainer/gemm.hpp"
-#include "trainer/gpt2.hpp"
 #include "trainer/init.hpp"
 
 namespace {
@@ -31,33 +30,29 @@ void write_raw(const std::filesystem::path& path, const std::vector<float>& valu
 
 int main(int argc, char** argv) {
   using namespace shardkit::trainer;
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: %s TOKENS.bin SEED OUT_DIR\n", argv[0]);
+  if (argc != 5) {
+    std::fprintf(stderr, "usage: %s MODEL TOKENS.bin SEED OUT_DIR\n", argv[0]);
     return 2;
   }
-  const std::filesystem::path out_dir = argv[3];
-  const uint64_t seed = std::stoull(argv[2]);
-  set_compute_threads(1);
-  const shardkit::model::GptConfig config = shardkit::model::resolve_model("gpt2-tiny");
-  const auto table = shardkit::model::gpt2_tensor_table(config);
+  const std::filesystem::path out_dir = argv[4];
+  const uint64_t seed = std::stoull(argv[3]);
+  shardkit::model::cpu::set_compute_threads(1);
+  const auto model = shardkit::model::resolve_model(argv[1]);
+  const auto& table = model->table();
   DenseParams params(table);
-  for (size_t t = 0; t < table.size(); ++t) {
-    init_gpt2_values(config, table[t], seed, 0, params.values(static_cast<int>(t)));
-  }
+  for (size_t t = 0; t < table.size(); ++t)
+    init_values(*model, static_cast<int>(t), seed, 0, params.values(static_cast<int>(t)));
 
   // Every window of the file, in order, as one batch.
-  const TokenFile tokens(argv[1]);
-  const int T = config.n_positions;
+  const TokenFile tokens(argv[2]);
+  const int T = model->max_seq_len();
   const int B = static_cast<int>((tokens.size() - 1) / T);
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(static_cast<size_t>(B) * T);
-  for (int i = 0; i < B * T; ++i) {
-    const int64_t pos = (i / T) * T + i % T;
-    inputs[static_cast<size_t>(i)] = tokens.tokens()[pos];
-    targets[static_cast<size_t>(i)] = tokens.tokens()[pos + 1];
-  }
-  Gpt2 gpt2(config, B, T);
-  const double loss = gpt2.forward_backward(params, inputs.data(), targets.data(), B, T, 1.0f);
-  const double eval_loss = gpt2.forward(params, inputs.data(), targets.data(), B, T);
+  tokens.read(0, int64_t{B} * T, model->vocab_size(), inputs.data());
+  tokens.read(1, int64_t{B} * T, model->vocab_size(), targets.data());
+  const auto cpu = model->make_cpu_model(B, T);
+  const double loss = cpu->forward_backward(params, inputs.data(), targets.data(), B, T, 1.0f);
+  const double eval_loss = cpu->forward(params, inputs.data(), targets.data(), B, T);
 
   std::filesystem::create_directories(out_dir / "init");
   std::filesystem::create_directories(out_dir / "grad");
@@ -69,7 +64,7 @@ int main(int argc, char** argv) {
                                                          {"eval_loss", eval_loss},
                                                          {"batch", B},
                                                          {"seq_len", T},
-                                                         {"model", shardkit::model::to_json(config)}}
+                                                         {"model", model->to_json()}}
                                               .dump()
                                        << "\n";
   return 0;

@@ -1,9 +1,9 @@
-#include "model/hf_gpt2.hpp"
+#include "model/gpt2/hf.hpp"
 
 #include "ckpt/error.hpp"
 #include "ckpt/json_input.hpp"
 
-namespace shardkit::model {
+namespace shardkit::model::gpt2 {
 namespace {
 
 bool starts_with(std::string_view s, std::string_view p) {
@@ -42,7 +42,7 @@ nlohmann::json hf_config_json(const GptConfig& c, const std::string& torch_dtype
           {"torch_dtype", torch_dtype}};
 }
 
-GptConfig gpt_config_from_hf(const nlohmann::json& j, const std::string& where) {
+GptConfig config_from_hf(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) fail(ErrorKind::kInvalidInput, where + ": not a JSON object");
   if (j.contains("model_type") && j["model_type"] != "gpt2") {
     fail(ErrorKind::kInvalidInput,
@@ -50,7 +50,7 @@ GptConfig gpt_config_from_hf(const nlohmann::json& j, const std::string& where) 
   }
   nlohmann::json fields = j;
   if (!fields.contains("n_positions") && fields.contains("n_ctx")) fields["n_positions"] = fields["n_ctx"];
-  GptConfig c = gpt_config_from_json(fields, where);
+  GptConfig c = config_from_json(fields, where);
   const auto inner = j.find("n_inner");
   if (inner != j.end() && !inner->is_null() && *inner != 4 * c.n_embd) {
     fail(ErrorKind::kInvalidInput, where + ": n_inner other than 4 * n_embd is not supported");
@@ -74,4 +74,4 @@ std::optional<HfName> classify_hf_name(std::string_view name) {
   return HfName{HfName::kParameter, "transformer." + std::string(rest)};
 }
 
-}  // namespace shardkit::model
+}  // namespace shardkit::model::gpt2

@@ -1,4 +1,4 @@
-#include "trainer/gemm.hpp"
+#include "model/cpu/gemm.hpp"
 
 #include <omp.h>
 
@@ -8,7 +8,7 @@
 #include <cblas.h>
 #endif
 
-namespace shardkit::trainer {
+namespace shardkit::model::cpu {
 
 #if SHARDKIT_HAVE_CBLAS
 
@@ -75,4 +75,4 @@ const char* gemm_backend() {
 
 #endif
 
-}  // namespace shardkit::trainer
+}  // namespace shardkit::model::cpu

@@ -1,21 +1,17 @@
-#include "trainer/gpt2.hpp"
+#include "model/gpt2/cpu_model.hpp"
 
 #include <algorithm>
 #include <chrono>
 
 #include "ckpt/error.hpp"
 #include "ckpt/text_format.hpp"
-#include "trainer/cpu_ops.hpp"
-#include "trainer/gpt2_groups.hpp"
-#include "trainer/host_memory.hpp"
+#include "model/cpu/host_memory.hpp"
+#include "model/cpu/ops.hpp"
+#include "model/gpt2/cpu_ops.hpp"
 
-namespace shardkit::trainer {
+namespace shardkit::model::gpt2 {
 namespace {
 
-// Tensor order inside a block (model_config.hpp).
-enum BlockTensor { kLn1W, kLn1B, kQkvW, kQkvB, kAttProjW, kAttProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB };
-constexpr int kWte = 0;
-constexpr int kWpe = 1;
 
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) {
@@ -24,25 +20,16 @@ double ms_since(Clock::time_point t) {
 
 }  // namespace
 
-Gpt2::Gpt2(const model::GptConfig& config, int batch, int seq_len)
+CpuGpt2::CpuGpt2(const GptConfig& config, int batch, int seq_len)
     : config_(config), max_batch_(batch), max_seq_(seq_len) {
-  model::validate(config, "model " + config.name);
+  validate(config, "model " + config.name);
   if (batch < 1 || seq_len < 1 || seq_len > config.n_positions) {
     fail(ErrorKind::kInvalidInput, "batch " + std::to_string(batch) + " x sequence " + std::to_string(seq_len) +
                                        " does not fit the model (n_positions " + std::to_string(config.n_positions) +
                                        ")");
   }
-  // The batch and sequence come from a config or a checkpoint: refused here rather than by the
-  // out-of-memory killer.
-  const double needed = activation_bytes(config, batch, seq_len);
-  if (needed > physical_memory_bytes()) {
-    fail(ErrorKind::kInvalidInput, "model " + config.name + ": a batch of " + std::to_string(batch) + " x " +
-                                       std::to_string(seq_len) + " tokens needs " + ckpt::format_bytes(needed) +
-                                       " of activations, more than this machine's " +
-                                       ckpt::format_bytes(physical_memory_bytes()) + " of memory");
-  }
+  cpu::require_activation_memory(config.name, batch, seq_len, activation_bytes(config, batch, seq_len));
   const int L = config.n_layer;
-  groups_ = gpt2_groups(config);
 
   const size_t N = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
   const size_t C = static_cast<size_t>(config.n_embd);
@@ -66,7 +53,7 @@ Gpt2::Gpt2(const model::GptConfig& config, int batch, int seq_len)
   lnf_.resize(N * C);
   lnf_mean_.resize(N);
   lnf_rstd_.resize(N);
-  logits_.resize(static_cast<size_t>(ops::kHeadBlockRows) * static_cast<size_t>(config.vocab_size));
+  logits_.resize(static_cast<size_t>(cpu::kHeadBlockRows) * static_cast<size_t>(config.vocab_size));
   dres_.resize(N * C);
   dbuf_c_.resize(N * C);
   dbuf_c2_.resize(N * C);
@@ -75,11 +62,11 @@ Gpt2::Gpt2(const model::GptConfig& config, int batch, int seq_len)
   dbuf_4c2_.resize(N * 4 * C);
 }
 
-int64_t Gpt2::activation_bytes() const noexcept {
+int64_t CpuGpt2::activation_bytes() const {
   return static_cast<int64_t>(activation_bytes(config_, max_batch_, max_seq_));
 }
 
-double Gpt2::activation_bytes(const model::GptConfig& config, int batch, int seq_len) noexcept {
+double CpuGpt2::activation_bytes(const GptConfig& config, int batch, int seq_len) noexcept {
   // The buffers the constructor sizes: per layer 16 N x C (ln1, qkv 3, atty, res2, ln2, fch 4,
   // fch_gelu 4, res3), 4 N statistics and the attention; outside the layers 16 N x C (encoded, lnf,
   // dres, dbuf_c, dbuf_c2, dbuf_3c 3, dbuf_4c 4, dbuf_4c2 4), 2 N statistics and a block of logits.
@@ -88,11 +75,11 @@ double Gpt2::activation_bytes(const model::GptConfig& config, int batch, int seq
   const double attention = static_cast<double>(batch) * config.n_head * seq_len * seq_len;
   const double per_layer = 16 * n * c + 4 * n + attention;
   const double floats =
-      config.n_layer * per_layer + 16 * n * c + 2 * n + static_cast<double>(ops::kHeadBlockRows) * config.vocab_size;
+      config.n_layer * per_layer + 16 * n * c + 2 * n + static_cast<double>(cpu::kHeadBlockRows) * config.vocab_size;
   return floats * sizeof(float);
 }
 
-void Gpt2::forward_blocks(ParameterStore& p, const int32_t* inputs, int B, int T) {
+void CpuGpt2::forward_blocks(ParameterStore& p, const int32_t* inputs, int B, int T) {
   if (B < 1 || B > max_batch_ || T < 1 || T > max_seq_) {
     fail(ErrorKind::kInternal, "batch " + std::to_string(B) + "x" + std::to_string(T) + " exceeds the allocated " +
                                    std::to_string(max_batch_) + "x" + std::to_string(max_seq_));
@@ -125,38 +112,38 @@ void Gpt2::forward_blocks(ParameterStore& p, const int32_t* inputs, int B, int T
 
     ops::layernorm_forward(ln1, ln1_mean_.data() + ln, ln1_rstd_.data() + ln, residual, w(kLn1W), w(kLn1B), N, C);
     ops::matmul_forward(qkv, ln1, w(kQkvW), w(kQkvB), N, C, 3 * C);
-    ops::attention_forward(atty, att, qkv, B, T, C, NH);
+    cpu::attention_forward(atty, att, qkv, qkv + C, qkv + 2 * C, attention_shape(B, T));
     ops::matmul_forward(tmp, atty, w(kAttProjW), w(kAttProjB), N, C, C);
-    ops::residual_forward(res2, residual, tmp, NC);
+    cpu::residual_forward(res2, residual, tmp, NC);
     ops::layernorm_forward(ln2, ln2_mean_.data() + ln, ln2_rstd_.data() + ln, res2, w(kLn2W), w(kLn2B), N, C);
     ops::matmul_forward(fch, ln2, w(kFcW), w(kFcB), N, C, 4 * C);
     ops::gelu_forward(fch_gelu, fch, 4 * NC);
     ops::matmul_forward(tmp, fch_gelu, w(kFcProjW), w(kFcProjB), N, 4 * C, C);
-    ops::residual_forward(res3, res2, tmp, NC);
+    cpu::residual_forward(res3, res2, tmp, NC);
     p.release(1 + l);
     residual = res3;
   }
 
   const int lnf_group = L + 1;
-  const int lnf_w = groups_[static_cast<size_t>(lnf_group)].first;
+  const int lnf_w = block_tensor(L, 0);
   p.acquire(lnf_group);
   ops::layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, p.param(lnf_w), p.param(lnf_w + 1),
                          N, C);
   p.release(lnf_group);
 }
 
-double Gpt2::forward(ParameterStore& p, const int32_t* inputs, const int32_t* targets, int B, int T) {
+double CpuGpt2::forward(ParameterStore& p, const int32_t* inputs, const int32_t* targets, int B, int T) {
   forward_blocks(p, inputs, B, T);
   const int N = B * T;
   p.acquire(0);
-  const double loss = ops::head_forward_backward(nullptr, nullptr, logits_.data(), lnf_.data(), p.param(kWte), targets,
+  const double loss = cpu::head_forward_backward(nullptr, nullptr, logits_.data(), lnf_.data(), p.param(kWte), targets,
                                                  N, config_.n_embd, config_.vocab_size, 0.0f, N);
   p.release(0);
   return loss / N;
 }
 
-double Gpt2::forward_backward(ParameterStore& p, const int32_t* inputs, const int32_t* targets, int B, int T,
-                              float grad_scale, PassTimes* times) {
+double CpuGpt2::forward_backward(ParameterStore& p, const int32_t* inputs, const int32_t* targets, int B, int T,
+                                 float grad_scale, PassTimes* times) {
   const auto start = Clock::now();
   forward_blocks(p, inputs, B, T);
   const int N = B * T;
@@ -165,7 +152,7 @@ double Gpt2::forward_backward(ParameterStore& p, const int32_t* inputs, const in
   // projection's gradient first and the token embedding's last (the weights are tied).
   p.open_grads(0);
   p.acquire(0);
-  const double loss = ops::head_forward_backward(dbuf_c_.data(), p.grad(kWte), logits_.data(), lnf_.data(),
+  const double loss = cpu::head_forward_backward(dbuf_c_.data(), p.grad(kWte), logits_.data(), lnf_.data(),
                                                  p.param(kWte), targets, N, C, config_.vocab_size, grad_scale, N);
   p.release(0);
   if (times) times->forward_ms = ms_since(start);
@@ -175,7 +162,7 @@ double Gpt2::forward_backward(ParameterStore& p, const int32_t* inputs, const in
   return loss / N;
 }
 
-void Gpt2::backward_blocks(ParameterStore& p, const int32_t* inputs, int B, int T) {
+void CpuGpt2::backward_blocks(ParameterStore& p, const int32_t* inputs, int B, int T) {
   const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
   const int N = B * T;
   const int64_t NC = int64_t{N} * C;
@@ -185,7 +172,7 @@ void Gpt2::backward_blocks(ParameterStore& p, const int32_t* inputs, int B, int 
 
   // Final LayerNorm: dbuf_c_ holds d(lnf) from the output projection.
   const int lnf_group = L + 1;
-  const int lnf_w = groups_[static_cast<size_t>(lnf_group)].first;
+  const int lnf_w = block_tensor(L, 0);
   std::fill(dres_.begin(), dres_.begin() + NC, 0.0f);
   p.acquire(lnf_group);
   p.open_grads(lnf_group);
@@ -212,8 +199,10 @@ void Gpt2::backward_blocks(ParameterStore& p, const int32_t* inputs, int B, int 
                             ln2_mean_.data() + ln, ln2_rstd_.data() + ln, N, C);
     // res2 = input + attproj(attention(qkv(ln1(input))))
     ops::matmul_backward(dbuf_c_.data(), g(kAttProjW), g(kAttProjB), dres, atty_.data() + lc, w(kAttProjW), N, C, C);
-    ops::attention_backward(dbuf_3c_.data(), dbuf_c_.data(), qkv_.data() + 3 * lc, att_.data() + l * att_stride, B, T,
-                            C, NH);
+    const float* qkv = qkv_.data() + 3 * lc;
+    float* dqkv = dbuf_3c_.data();
+    cpu::attention_backward(dqkv, dqkv + C, dqkv + 2 * C, dbuf_c_.data(), qkv, qkv + C, qkv + 2 * C,
+                            att_.data() + l * att_stride, attention_shape(B, T));
     ops::matmul_backward(dbuf_c2_.data(), g(kQkvW), g(kQkvB), dbuf_3c_.data(), ln1_.data() + lc, w(kQkvW), N, C, 3 * C);
     ops::layernorm_backward(dres, g(kLn1W), g(kLn1B), dbuf_c2_.data(), block_output(l - 1), w(kLn1W),
                             ln1_mean_.data() + ln, ln1_rstd_.data() + ln, N, C);
@@ -225,4 +214,4 @@ void Gpt2::backward_blocks(ParameterStore& p, const int32_t* inputs, int B, int 
   p.close_grads(0);
 }
 
-}  // namespace shardkit::trainer
+}  // namespace shardkit::model::gpt2

@@ -1,9 +1,9 @@
-#include "model/gpt2_config.hpp"
+#include "model/gpt2/config.hpp"
 
 #include "ckpt/error.hpp"
 #include "ckpt/json_input.hpp"
 
-namespace shardkit::model {
+namespace shardkit::model::gpt2 {
 namespace {
 
 struct Preset {
@@ -38,39 +38,25 @@ void validate(const GptConfig& c, const std::string& where) {
   if (c.n_layer > 1024 || c.n_embd > 65536 || c.vocab_size > (1 << 24) || c.n_positions > (1 << 20)) {
     bad("model dimensions are implausibly large");
   }
-  if (c.vocab_size > 65536) bad("vocab_size " + std::to_string(c.vocab_size) + " exceeds uint16 token ids");
 }
 
-GptConfig resolve_model(const std::string& model) {
-  for (const Preset& p : kPresets) {
-    if (model == p.name) return p.config;
-  }
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(model, ec)) {
-    std::string names;
-    for (const Preset& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
-    fail(ErrorKind::kInvalidInput, "model '" + model + "' is neither a preset (" + names + ") nor a JSON model file");
-  }
-  const nlohmann::json j = ckpt::read_json_file(model, ckpt::json_limits::kConfig, ErrorKind::kInvalidInput);
-  if (!j.is_object()) fail(ErrorKind::kInvalidInput, model + ": not a JSON object");
-  GptConfig c = gpt_config_from_json(j, model);
-  c.name = model;
-  return c;
+const std::vector<GptConfig>& presets() {
+  static const std::vector<GptConfig> all = [] {
+    std::vector<GptConfig> v;
+    for (const Preset& p : kPresets) v.push_back(p.config);
+    return v;
+  }();
+  return all;
 }
 
 nlohmann::json to_json(const GptConfig& c) {
-  return {{"model_type", "gpt2"},
-          {"n_layer", c.n_layer},
-          {"n_head", c.n_head},
-          {"n_embd", c.n_embd},
-          {"vocab_size", c.vocab_size},
-          {"n_positions", c.n_positions},
-          {"activation_function", "gelu_new"},
-          {"layer_norm_epsilon", 1e-5},
-          {"tie_word_embeddings", true}};
+  return {{"family", "gpt2"},           {"model_type", "gpt2"},         {"name", c.name},
+          {"n_layer", c.n_layer},       {"n_head", c.n_head},           {"n_embd", c.n_embd},
+          {"vocab_size", c.vocab_size}, {"n_positions", c.n_positions}, {"activation_function", "gelu_new"},
+          {"layer_norm_epsilon", 1e-5}, {"tie_word_embeddings", true}};
 }
 
-GptConfig gpt_config_from_json(const nlohmann::json& j, const std::string& where) {
+GptConfig config_from_json(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) fail(ErrorKind::kInvalidInput, where + ": model configuration is not a JSON object");
   GptConfig c;
   c.n_layer = field(j, "n_layer", where);
@@ -83,12 +69,12 @@ GptConfig gpt_config_from_json(const nlohmann::json& j, const std::string& where
     fail(ErrorKind::kInvalidInput,
          where + ": model field 'name' is " + ckpt::value_excerpt(*name) + ", expected a string of at most 256 bytes");
   }
-  c.name = name != j.end() ? name->get<std::string>() : "custom";
+  c.name = name != j.end() ? name->get<std::string>() : where;
   validate(c, where);
   return c;
 }
 
-ckpt::TensorTable gpt2_tensor_table(const GptConfig& c) {
+ckpt::TensorTable tensor_table(const GptConfig& c) {
   const int64_t C = c.n_embd;
   std::vector<ckpt::TensorInfo> t;
   t.reserve(static_cast<size_t>(2 + kTensorsPerBlock * c.n_layer + 2));
@@ -117,8 +103,11 @@ ckpt::TensorTable gpt2_tensor_table(const GptConfig& c) {
   return ckpt::TensorTable(std::move(t));
 }
 
-int64_t parameter_count(const GptConfig& c) {
-  return gpt2_tensor_table(c).total_elements();
+std::vector<TensorGroup> groups(const GptConfig& c) {
+  std::vector<TensorGroup> g = {{0, block_tensor(0, 0)}};
+  for (int l = 0; l < c.n_layer; ++l) g.push_back({block_tensor(l, 0), block_tensor(l + 1, 0)});
+  g.push_back({block_tensor(c.n_layer, 0), block_tensor(c.n_layer, 0) + 2});
+  return g;
 }
 
-}  // namespace shardkit::model
+}  // namespace shardkit::model::gpt2

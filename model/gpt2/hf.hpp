@@ -9,22 +9,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/gpt2_config.hpp"
+#include "model/gpt2/config.hpp"
+#include "model/model.hpp"
 
-namespace shardkit::model {
+namespace shardkit::model::gpt2 {
 
 // config.json for GPT2LMHeadModel; `torch_dtype` is "float32", "bfloat16" or "float16".
 nlohmann::json hf_config_json(const GptConfig& config, const std::string& torch_dtype);
 
 // The GPT-2 configuration of a Hugging Face config.json (model_type gpt2; n_layer, n_head, n_embd,
 // vocab_size, n_positions or n_ctx). Error(kInvalidInput) naming `where` otherwise.
-GptConfig gpt_config_from_hf(const nlohmann::json& config, const std::string& where);
+GptConfig config_from_hf(const nlohmann::json& config, const std::string& where);
 
-// What a tensor name of a Hugging Face GPT-2 file is to shardkit.
-struct HfName {
-  enum Kind { kParameter, kTiedOutput, kBuffer, kOptimizer } kind;
-  std::string name;  // kParameter: the table name; otherwise empty
-};
 // "h.0.ln_1.weight" and "transformer.h.0.ln_1.weight" -> parameter "transformer.h.0.ln_1.weight";
 // "lm_head.weight" -> the tied output projection (a copy of wte); "h.0.attn.bias" /
 // "h.0.attn.masked_bias" -> attention-mask buffers of older files; "optimizer.exp_avg.<name>" and
@@ -32,4 +28,4 @@ struct HfName {
 // nullopt: not a GPT-2 name.
 std::optional<HfName> classify_hf_name(std::string_view name);
 
-}  // namespace shardkit::model
+}  // namespace shardkit::model::gpt2

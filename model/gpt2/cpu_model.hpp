@@ -1,56 +1,49 @@
 // GPT-2 exactly as Hugging Face's GPT2LMHeadModel computes it (learned position embeddings,
 // pre-LayerNorm blocks with eps 1e-5, causal multi-head attention, MLP of width 4C with gelu_new,
 // final LayerNorm, output projection tied to the token embedding; no dropout), in fp32 on the CPU.
-// Parameters and gradients come from a ParameterStore: this class knows nothing of ZeRO.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "model/gpt2_config.hpp"
-#include "trainer/param_store.hpp"
+#include "model/gpt2/config.hpp"
+#include "model/cpu/ops.hpp"
+#include "model/model.hpp"
 
-namespace shardkit::trainer {
+namespace shardkit::model::gpt2 {
 
-// Wall-clock split of one forward_backward call, in milliseconds.
-struct PassTimes {
-  double forward_ms = 0;   // embeddings, blocks, final LayerNorm, output projection + loss (+ its gradient)
-  double backward_ms = 0;  // the rest of the backward pass
-};
-
-class Gpt2 {
+class CpuGpt2 final : public CpuModel {
  public:
   // Activation buffers for batches of up to `batch` sequences of `seq_len` <= n_positions tokens.
-  Gpt2(const model::GptConfig& config, int batch, int seq_len);
-
-  const model::GptConfig& config() const noexcept { return config_; }
-  // Parameter groups: 0 = embeddings (wte, wpe), 1..L = blocks, L+1 = final LayerNorm.
-  const std::vector<TensorGroup>& groups() const noexcept { return groups_; }
+  CpuGpt2(const GptConfig& config, int batch, int seq_len);
 
   // Mean next-token cross-entropy of a batch (B sequences of T tokens), no gradients.
-  double forward(ParameterStore& params, const int32_t* inputs, const int32_t* targets, int B, int T);
+  double forward(ParameterStore& params, const int32_t* inputs, const int32_t* targets, int B, int T) override;
 
   // Forward and backward: returns the mean cross-entropy and adds the gradient of
   // grad_scale * loss into the store's gradient buffers.
   double forward_backward(ParameterStore& params, const int32_t* inputs, const int32_t* targets, int B, int T,
-                          float grad_scale, PassTimes* times = nullptr);
+                          float grad_scale, PassTimes* times = nullptr) override;
 
   // Bytes of activation buffers held.
-  int64_t activation_bytes() const noexcept;
+  int64_t activation_bytes() const override;
   // Bytes of activation buffers a model of `config` holds for `batch` x `seq_len` tokens, known before
   // any is allocated (in double: a crafted configuration's figure may not fit an int64).
-  static double activation_bytes(const model::GptConfig& config, int batch, int seq_len) noexcept;
+  static double activation_bytes(const GptConfig& config, int batch, int seq_len) noexcept;
 
  private:
   // Forward through the blocks into lnf_; gradients only when training.
   void forward_blocks(ParameterStore& params, const int32_t* inputs, int B, int T);
   void backward_blocks(ParameterStore& params, const int32_t* inputs, int B, int T);
-  int block_tensor(int layer, int k) const noexcept { return 2 + model::kTensorsPerBlock * layer + k; }
+  // Multi-head attention over the packed q, k, v of rows of 3C.
+  cpu::AttentionShape attention_shape(int B, int T) const noexcept {
+    return {B, T, config_.n_head, config_.n_head, config_.n_embd / config_.n_head, 3 * int64_t{config_.n_embd},
+            3 * int64_t{config_.n_embd}};
+  }
 
-  model::GptConfig config_;
+  GptConfig config_;
   int max_batch_;
   int max_seq_;
-  std::vector<TensorGroup> groups_;
 
   // Activations, per layer l with N = B*T rows (shapes for the maximum batch):
   std::vector<float> encoded_;                    // (N, C)  block 0 input
@@ -74,4 +67,4 @@ class Gpt2 {
   std::vector<float> dbuf_4c2_;  // (N, 4C)
 };
 
-}  // namespace shardkit::trainer
+}  // namespace shardkit::model::gpt2

@@ -1,0 +1,29 @@
+// The machine's physical memory, against which allocations sized by an input (a checkpoint's model,
+// a config's micro-batch) are checked before they are made: beyond it they would not fail at once
+// but fill the machine until the out-of-memory killer ends the process.
+#pragma once
+
+#include <unistd.h>
+
+#include <string>
+
+#include "ckpt/error.hpp"
+#include "ckpt/text_format.hpp"
+
+namespace shardkit::model::cpu {
+
+inline double physical_memory_bytes() {
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+// Error(kInvalidInput) when a CPU model of `model` for batch x seq_len tokens would need `bytes` of
+// activations, more than the machine has: the batch and sequence come from a config or a checkpoint.
+inline void require_activation_memory(const std::string& model, int batch, int seq_len, double bytes) {
+  if (bytes <= physical_memory_bytes()) return;
+  fail(ErrorKind::kInvalidInput, "model " + model + ": a batch of " + std::to_string(batch) + " x " +
+                                     std::to_string(seq_len) + " tokens needs " + ckpt::format_bytes(bytes) +
+                                     " of activations, more than this machine's " +
+                                     ckpt::format_bytes(physical_memory_bytes()) + " of memory");
+}
+
+}  // namespace shardkit::model::cpu

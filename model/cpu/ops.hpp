@@ -1,0 +1,39 @@
+// fp32 CPU kernels every family's CPU model shares: attention, residual additions and the output
+// projection fused with the loss. N rows of C channels, V the vocabulary; buffers row-major and contiguous. Loops run
+// on OpenMP threads; matrix products go to sgemm.
+#pragma once
+
+#include <cstdint>
+
+namespace shardkit::model::cpu {
+
+// Causal attention with grouped-query heads (NKV = NH: multi-head): rows of B sequences of T tokens;
+// query head h (D channels at h * D of its row) reads kv head h / (NH / NKV). q, k, v and their
+// gradients are read and written with their rows' strides, so that a packed QKV buffer serves too;
+// out and dout are (N, NH * D).
+struct AttentionShape {
+  int B, T, NH, NKV, D;
+  int64_t q_stride;   // elements between rows of q (and dq)
+  int64_t kv_stride;  // elements between rows of k, v (and dk, dv)
+};
+// att (B, NH, T, T) saves the probabilities (zero above the diagonal).
+void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
+                       const AttentionShape& shape);
+// dq, dk, dv overwritten at their rows' positions (the rest of a packed buffer untouched).
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                        const float* v, const float* att, const AttentionShape& shape);
+
+// out = a + b
+void residual_forward(float* out, const float* a, const float* b, int64_t n);
+// y += x
+void add_inplace(float* y, const float* x, int64_t n);
+
+// The output projection (weight [V, C], y = x W^T: an untied head or the tied token embedding) fused with softmax
+// cross-entropy, in blocks of rows so that no (N, V) logits matrix is ever held. Returns the summed (not averaged)
+// cross-entropy over the N rows, in double. When dinp is non-null it also computes the gradient of grad_scale * (sum /
+// N_total): dinp (N, C) overwritten, dw (V, C) accumulated. `logits` holds kHeadBlockRows * V floats.
+inline constexpr int kHeadBlockRows = 64;
+double head_forward_backward(float* dinp, float* dw, float* logits, const float* inp, const float* w,
+                             const int32_t* targets, int N, int C, int V, float grad_scale, int64_t n_total);
+
+}  // namespace shardkit::model::cpu
