@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (fuzz/, Clang with ASan + UBSan) in build-fuzz and runs each for a
 # bounded time, starting from the seed corpus in fuzz/corpus/ (new inputs go to a scratch copy, not
-# into the repository; the shard target writes its seed shards there itself). Usage: scripts/fuzz.sh
-# [SECONDS per target, default 30]. A crash, leak, UB or timeout of a target fails the script;
+# into the repository; the shard and token file targets write their seeds there themselves).
+# Usage: scripts/fuzz.sh [SECONDS per target, default 30]. A crash, leak, UB or timeout of a target fails the script;
 # libFuzzer writes the input that did it to build-fuzz/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -DSHARDKIT_FUZZ=ON -DSHARDKIT_CUDA
 cmake --build build-fuzz -j"$(nproc)" > /dev/null
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-for target in manifest ds_config safetensors_header shard; do
+for target in manifest ds_config safetensors_header token_file shard; do
   rm -rf "${work:?}"/*
   if [ -d "fuzz/corpus/$target" ]; then cp -r "fuzz/corpus/$target/." "$work/"; fi
   echo "-- fuzz_$target: ${seconds} s"
