@@ -93,4 +93,20 @@ std::vector<float> rope_inv_freq(const LlamaConfig& c) {
   return inv;
 }
 
+RopeTables rope_tables(const LlamaConfig& config, int seq_len) {
+  const std::vector<float> inv_freq = rope_inv_freq(config);
+  const size_t half = inv_freq.size();
+  RopeTables r;
+  r.cos.resize(static_cast<size_t>(seq_len) * half);
+  r.sin.resize(r.cos.size());
+  for (int t = 0; t < seq_len; ++t) {
+    for (size_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(t) * inv_freq[i];
+      r.cos[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      r.sin[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+  }
+  return r;
+}
+
 }  // namespace shardkit::model::llama

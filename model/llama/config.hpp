@@ -68,6 +68,13 @@ inline int head_tensor(const LlamaConfig& c) {
 // them in fp32: theta^(-2i/D), then the llama3 scaling when configured.
 std::vector<float> rope_inv_freq(const LlamaConfig& config);
 
+// The rotation's cosines and sines for positions [0, seq_len): (seq_len, head_dim / 2) each, the
+// angles t * inv_freq[i] formed in fp32 as Hugging Face forms them. The CPU and GPU models share them.
+struct RopeTables {
+  std::vector<float> cos, sin;
+};
+RopeTables rope_tables(const LlamaConfig& config, int seq_len);
+
 // Validates sizes and ratios; `where` starts the error message (Error(kInvalidInput)).
 void validate(const LlamaConfig& config, const std::string& where);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <utility>
 
 #include "ckpt/error.hpp"
 #include "ckpt/text_format.hpp"
@@ -31,18 +32,9 @@ CpuLlama::CpuLlama(const LlamaConfig& config, int batch, int seq_len)
   cpu::require_activation_memory(config.name, batch, seq_len, activation_bytes(config, batch, seq_len));
   final_group_ = config.n_layer + 1;
 
-  // The rotation angles t * inv_freq[i], products in fp32 as Hugging Face forms them.
-  const std::vector<float> inv_freq = rope_inv_freq(config);
-  const size_t half = inv_freq.size();
-  cos_.resize(static_cast<size_t>(seq_len) * half);
-  sin_.resize(cos_.size());
-  for (int t = 0; t < seq_len; ++t) {
-    for (size_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(t) * inv_freq[i];
-      cos_[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-      sin_[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
-    }
-  }
+  RopeTables rope = rope_tables(config, seq_len);
+  cos_ = std::move(rope.cos);
+  sin_ = std::move(rope.sin);
 
   const size_t N = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
   const size_t L = static_cast<size_t>(config.n_layer), H = static_cast<size_t>(config.hidden_size);
@@ -231,8 +223,8 @@ void CpuLlama::backward_layers(ParameterStore& p, const int32_t* inputs, int B, 
                           H);
     // res2 = input + o(attention(rope(q(xn1)), rope(k(xn1)), v(xn1))), xn1 = norm(input)
     ops::linear_backward(datty_.data(), g(kO), dres, atty_.data() + at * QW, w(kO), N, QW, H, false);
-    cpu::attention_backward(dq_.data(), dk_.data(), dv_.data(), datty_.data(), q_.data() + at * QW,
-                            k_.data() + at * KW, v_.data() + at * KW, att_.data() + l * att_stride,
+    cpu::attention_backward(dq_.data(), dk_.data(), dv_.data(), datty_.data(), q_.data() + at * QW, k_.data() + at * KW,
+                            v_.data() + at * KW, att_.data() + l * att_stride,
                             {B, T, c.n_head, c.n_kv_head, D, QW, KW});
     ops::rope_backward(dq_.data(), cos_.data(), sin_.data(), B, T, c.n_head, D);
     ops::rope_backward(dk_.data(), cos_.data(), sin_.data(), B, T, c.n_kv_head, D);

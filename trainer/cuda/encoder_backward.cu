@@ -92,6 +92,7 @@ void EncoderBackward::run(float* dwte, float* dwpe, const T* dout, const int32_t
                                              positions_.data(), sorted_positions_.data(), N, 0, key_bits_, st));
   wte_grad_kernel<<<N, kWteWarps * 32, 0, st>>>(dwte, dout, sorted_tokens_.data(), sorted_positions_.data(), N, C);
   CUDA_CHECK(cudaGetLastError());
+  if (!dwpe) return;
   const int64_t total = int64_t{S} * C;
   const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 4096));
   wpe_grad_kernel<<<blocks, 256, 0, st>>>(dwpe, dout, B, S, C);

@@ -17,7 +17,8 @@ class EncoderBackward {
   // For steps of `tokens` token positions over a vocabulary of `vocab_size`.
   EncoderBackward(int tokens, int vocab_size);
 
-  // dwte (V, C) += rows of dout (N, C) by token; dwpe (S, C) += dout summed over the batch.
+  // dwte (V, C) += rows of dout (N, C) by token; dwpe (S, C) += dout summed over the batch, unless
+  // dwpe is null (a model without learned positions).
   template <typename T>
   void run(float* dwte, float* dwpe, const T* dout, const int32_t* inputs, int B, int S, int C, cudaStream_t st);
 

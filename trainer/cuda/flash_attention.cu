@@ -1,4 +1,5 @@
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 #include "trainer/cuda/cuda_common.hpp"
@@ -134,16 +135,16 @@ __device__ __forceinline__ void for_each_tile(int first, int last, Fetch&& fetch
   }
 }
 
-// The forward and dq kernels' walk over the key/value tiles of keys [0, key_end) of one head (q_base:
-// the head's first query element; keys and values follow at + C and + 2C), double-buffered in
-// k_tiles / v_tiles (2 tiles each): body(k0, ks, vs) for each tile.
+// The forward and dq kernels' walk over the key/value tiles of keys [0, key_end) of one kv head (k_base,
+// v_base: its first key and value element, rows ld apart), double-buffered in k_tiles / v_tiles (2
+// tiles each): body(k0, ks, vs) for each tile.
 template <typename T, int HS, int kBk, typename Body>
-__device__ __forceinline__ void for_each_kv_tile(T* k_tiles, T* v_tiles, const T* q_base, int C, int S, int64_t ld,
-                                                 int key_end, Body&& body) {
+__device__ __forceinline__ void for_each_kv_tile(T* k_tiles, T* v_tiles, const T* k_base, const T* v_base, int S,
+                                                 int64_t ld, int key_end, Body&& body) {
   constexpr int kTile = kBk * (HS + kPad);
   const auto fetch = [&](int tile) {
-    load_rows_async<T, kBk, HS>(k_tiles + (tile % 2) * kTile, q_base + C, tile * kBk, S, ld);
-    load_rows_async<T, kBk, HS>(v_tiles + (tile % 2) * kTile, q_base + 2 * C, tile * kBk, S, ld);
+    load_rows_async<T, kBk, HS>(k_tiles + (tile % 2) * kTile, k_base, tile * kBk, S, ld);
+    load_rows_async<T, kBk, HS>(v_tiles + (tile % 2) * kTile, v_base, tile * kBk, S, ld);
     cp_async_commit();
   };
   for_each_tile(0, (key_end + kBk - 1) / kBk, fetch,
@@ -242,19 +243,20 @@ __device__ void store_rows(T* dst, const float (&acc)[HS / 8][4], int row0, int 
 // rows pass through shared memory.
 template <typename T, int HS, int kBq, int kBk, int kMinBlocks>
 __global__ void __launch_bounds__(kBq * 2, kMinBlocks)
-    flash_forward_kernel(T* out, float* lse, const T* qkv, int S, int C, int NH, float scale_log2) {
+    flash_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v, AttentionShape a, float scale_log2) {
   constexpr int kTile = kBk * (HS + kPad);
   __shared__ __align__(16) T k_tiles[2 * kTile];  // double-buffered: the next tile loads during this one
   __shared__ __align__(16) T v_tiles[2 * kTile];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int S = a.S, NH = a.NH, C = NH * HS;
+  const int b = blockIdx.y / NH, h = blockIdx.y % NH, kvh = h / (NH / a.NKV);
   const int q0 = (gridDim.x - 1 - blockIdx.x) * kBq;  // the longest rows (most keys) start first
-  const int64_t ld = 3 * int64_t{C};
-  const T* q_base = qkv + int64_t{b} * S * ld + h * HS;
+  const T* q_base = q + int64_t{b} * S * a.ld_q + h * HS;
+  const int64_t kv_offset = int64_t{b} * S * a.ld_kv + kvh * HS;
   const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
   const int warp_last = q0 + warp * 16 + 15;
   uint32_t qa[HS / 16][4];
-  load_a_fragments<T, HS>(qa, q_base, row0, S, ld);
+  load_a_fragments<T, HS>(qa, q_base, row0, S, a.ld_q);
   float o[HS / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
   auto tile = [&](int k0, const T* ks, const T* vs) {
@@ -306,7 +308,7 @@ __global__ void __launch_bounds__(kBq * 2, kMinBlocks)
     }
     mma_pb<T, HS, kBk>(o, s, vs);
   };
-  for_each_kv_tile<T, HS, kBk>(k_tiles, v_tiles, q_base, C, S, ld, min(S, q0 + kBq), tile);
+  for_each_kv_tile<T, HS, kBk>(k_tiles, v_tiles, k + kv_offset, v + kv_offset, S, a.ld_kv, min(S, q0 + kBq), tile);
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
   store_rows<T, HS>(out + int64_t{b} * S * C + h * HS, o, row0, S, C, 1.0f / l0, 1.0f / l1);
@@ -322,20 +324,21 @@ __global__ void __launch_bounds__(kBq * 2, kMinBlocks)
 // out for the dk/dv kernel.
 template <typename T, int HS, int kBq, int kBk, int kMinBlocks>
 __global__ void __launch_bounds__(kBq * 2, kMinBlocks)
-    flash_dq_kernel(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int S, int C,
-                    int NH, float scale, float scale_log2) {
+    flash_dq_kernel(T* dq_out, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v,
+                    const float* lse, AttentionShape a, float scale, float scale_log2) {
   constexpr int kTile = kBk * (HS + kPad);
   __shared__ __align__(16) T k_tiles[2 * kTile];
   __shared__ __align__(16) T v_tiles[2 * kTile];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int S = a.S, NH = a.NH, C = NH * HS;
+  const int b = blockIdx.y / NH, h = blockIdx.y % NH, kvh = h / (NH / a.NKV);
   const int q0 = (gridDim.x - 1 - blockIdx.x) * kBq;
-  const int64_t ld = 3 * int64_t{C};
-  const T* q_base = qkv + int64_t{b} * S * ld + h * HS;
+  const int64_t q_offset = int64_t{b} * S * a.ld_q + h * HS;
+  const int64_t kv_offset = int64_t{b} * S * a.ld_kv + kvh * HS;
   const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
   const int warp_last = q0 + warp * 16 + 15;
   uint32_t qa[HS / 16][4], da[HS / 16][4];
-  load_a_fragments<T, HS>(qa, q_base, row0, S, ld);
+  load_a_fragments<T, HS>(qa, q + q_offset, row0, S, a.ld_q);
   load_a_fragments<T, HS>(da, dout + int64_t{b} * S * C + h * HS, row0, S, C);
   const int64_t stats = (int64_t{b} * NH + h) * S;
   const float lse0 = row0 < S ? lse[stats + row0] * kLog2e : 0.0f;
@@ -382,80 +385,86 @@ __global__ void __launch_bounds__(kBq * 2, kMinBlocks)
     });
     mma_pb<T, HS, kBk>(dq, s, ks);
   };
-  for_each_kv_tile<T, HS, kBk>(k_tiles, v_tiles, q_base, C, S, ld, min(S, q0 + kBq), tile);
-  store_rows<T, HS>(dqkv + int64_t{b} * S * ld + h * HS, dq, row0, S, ld, scale, scale);
+  for_each_kv_tile<T, HS, kBk>(k_tiles, v_tiles, k + kv_offset, v + kv_offset, S, a.ld_kv, min(S, q0 + kBq), tile);
+  store_rows<T, HS>(dq_out + q_offset, dq, row0, S, a.ld_q, scale, scale);
 }
 
 // dv = P^T dO and dk = scale * dS^T Q: a block owns kBk key rows (a warp 16 of them) and walks the
 // query tiles at or after them through shared memory.
 template <typename T, int HS, int kBq, int kBk, int kMinBlocks>
 __global__ void __launch_bounds__(kBk * 2, kMinBlocks)
-    flash_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int S, int C, int NH,
-                     float scale, float scale_log2) {
+    flash_dkv_kernel(T* dk_out, T* dv_out, const T* dout, const T* q, const T* k, const T* v, const float* lse,
+                     const float* delta, AttentionShape a, float scale, float scale_log2) {
   constexpr int kTile = kBq * (HS + kPad);
   __shared__ __align__(16) T q_tiles[2 * kTile];
   __shared__ __align__(16) T do_tiles[2 * kTile];
   __shared__ float lse_tiles[2 * kBq], delta_tiles[2 * kBq];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int S = a.S, NH = a.NH, C = NH * HS, group = NH / a.NKV;
+  const int b = blockIdx.y / a.NKV, kvh = blockIdx.y % a.NKV;
   const int k0 = blockIdx.x * kBk;  // the first key tiles see the most queries and start first
-  const int64_t ld = 3 * int64_t{C};
-  const T* q_base = qkv + int64_t{b} * S * ld + h * HS;
-  const T* do_base = dout + int64_t{b} * S * C + h * HS;
-  const int64_t stats = (int64_t{b} * NH + h) * S;
+  const int64_t kv_offset = int64_t{b} * S * a.ld_kv + kvh * HS;
   const int key0 = k0 + warp * 16 + g, key1 = key0 + 8;
   const int warp_first = k0 + warp * 16;
   uint32_t ka[HS / 16][4], va[HS / 16][4];
-  load_a_fragments<T, HS>(ka, q_base + C, key0, S, ld);
-  load_a_fragments<T, HS>(va, q_base + 2 * C, key0, S, ld);
+  load_a_fragments<T, HS>(ka, k + kv_offset, key0, S, a.ld_kv);
+  load_a_fragments<T, HS>(va, v + kv_offset, key0, S, a.ld_kv);
   float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
+  // The query tiles at or after the keys, of each query head of the group in turn: dk and dv add up
+  // the heads in head order without atomics. With one head a group this is GPT-2's walk.
   const int first_tile = k0 / kBq, tiles = (S + kBq - 1) / kBq;
-  auto fetch = [&](int tile) {
-    const int q0 = tile * kBq, buf = tile % 2;
-    load_rows_async<T, kBq, HS>(q_tiles + buf * kTile, q_base, q0, S, ld);
-    load_rows_async<T, kBq, HS>(do_tiles + buf * kTile, do_base, q0, S, C);
-    cp_async_commit();
-    for (int i = threadIdx.x; i < kBq; i += blockDim.x) {
-      // A query past the end gets lse = inf: its probabilities are exactly 0.
-      lse_tiles[buf * kBq + i] = q0 + i < S ? lse[stats + q0 + i] * kLog2e : INFINITY;
-      delta_tiles[buf * kBq + i] = q0 + i < S ? delta[stats + q0 + i] : 0.0f;
-    }
-  };
-  for_each_tile(first_tile, tiles, fetch, [&](int tile) {
-    const int q0 = tile * kBq, buf = tile % 2;
-    const T* qs = q_tiles + buf * kTile;
-    const T* dos = do_tiles + buf * kTile;
-    const float* lse_s = lse_tiles + buf * kBq;
-    const float* delta_s = delta_tiles + buf * kBq;
-    if (q0 + kBq - 1 < warp_first) return;  // every query of the tile precedes every key of this warp
-    float pt[kBq / 8][4], dpt[kBq / 8][4];
-    mma_abt<T, HS, kBq / 8>(pt, ka, qs);
-    mma_abt<T, HS, kBq / 8>(dpt, va, dos);
-    with_causal_mask(q0 < warp_first + 15, [&](auto masked) {
-#pragma unroll
-      for (int n = 0; n < kBq / 8; ++n) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int col = n * 8 + 2 * t + i;
-          float p0 = exp2f(fmaf(pt[n][i], scale_log2, -lse_s[col]));
-          float p1 = exp2f(fmaf(pt[n][2 + i], scale_log2, -lse_s[col]));
-          if constexpr (masked()) {
-            if (q0 + col < key0) p0 = 0.0f;
-            if (q0 + col < key1) p1 = 0.0f;
-          }
-          pt[n][i] = p0;
-          pt[n][2 + i] = p1;
-          dpt[n][i] = p0 * (dpt[n][i] - delta_s[col]);
-          dpt[n][2 + i] = p1 * (dpt[n][2 + i] - delta_s[col]);
-        }
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+    const T* q_base = q + int64_t{b} * S * a.ld_q + h * HS;
+    const T* do_base = dout + int64_t{b} * S * C + h * HS;
+    const int64_t stats = (int64_t{b} * NH + h) * S;
+    auto fetch = [&](int tile) {
+      const int q0 = tile * kBq, buf = tile % 2;
+      load_rows_async<T, kBq, HS>(q_tiles + buf * kTile, q_base, q0, S, a.ld_q);
+      load_rows_async<T, kBq, HS>(do_tiles + buf * kTile, do_base, q0, S, C);
+      cp_async_commit();
+      for (int i = threadIdx.x; i < kBq; i += blockDim.x) {
+        // A query past the end gets lse = inf: its probabilities are exactly 0.
+        lse_tiles[buf * kBq + i] = q0 + i < S ? lse[stats + q0 + i] * kLog2e : INFINITY;
+        delta_tiles[buf * kBq + i] = q0 + i < S ? delta[stats + q0 + i] : 0.0f;
       }
+    };
+    // The next head's first fetch overwrites a buffer this head's last tile may still be reading.
+    __syncthreads();
+    for_each_tile(first_tile, tiles, fetch, [&](int tile) {
+      const int q0 = tile * kBq, buf = tile % 2;
+      const T* qs = q_tiles + buf * kTile;
+      const T* dos = do_tiles + buf * kTile;
+      const float* lse_s = lse_tiles + buf * kBq;
+      const float* delta_s = delta_tiles + buf * kBq;
+      if (q0 + kBq - 1 < warp_first) return;  // every query of the tile precedes every key of this warp
+      float pt[kBq / 8][4], dpt[kBq / 8][4];
+      mma_abt<T, HS, kBq / 8>(pt, ka, qs);
+      mma_abt<T, HS, kBq / 8>(dpt, va, dos);
+      with_causal_mask(q0 < warp_first + 15, [&](auto masked) {
+#pragma unroll
+        for (int n = 0; n < kBq / 8; ++n) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int col = n * 8 + 2 * t + i;
+            float p0 = exp2f(fmaf(pt[n][i], scale_log2, -lse_s[col]));
+            float p1 = exp2f(fmaf(pt[n][2 + i], scale_log2, -lse_s[col]));
+            if constexpr (masked()) {
+              if (q0 + col < key0) p0 = 0.0f;
+              if (q0 + col < key1) p1 = 0.0f;
+            }
+            pt[n][i] = p0;
+            pt[n][2 + i] = p1;
+            dpt[n][i] = p0 * (dpt[n][i] - delta_s[col]);
+            dpt[n][2 + i] = p1 * (dpt[n][2 + i] - delta_s[col]);
+          }
+        }
+      });
+      mma_pb<T, HS, kBq>(dv, pt, dos);
+      mma_pb<T, HS, kBq>(dk, dpt, qs);
     });
-    mma_pb<T, HS, kBq>(dv, pt, dos);
-    mma_pb<T, HS, kBq>(dk, dpt, qs);
-  });
-  T* dkv = dqkv + int64_t{b} * S * ld + h * HS;
-  store_rows<T, HS>(dkv + C, dk, key0, S, ld, scale, scale);
-  store_rows<T, HS>(dkv + 2 * C, dv, key0, S, ld, 1.0f, 1.0f);
+  }
+  store_rows<T, HS>(dk_out + kv_offset, dk, key0, S, a.ld_kv, scale, scale);
+  store_rows<T, HS>(dv_out + kv_offset, dv, key0, S, a.ld_kv, 1.0f, 1.0f);
 }
 
 // Tile sizes: every kernel owns 64 rows (a warp 16) and streams tiles of 32 rows past them. The
@@ -472,50 +481,65 @@ struct Tiles {
   static constexpr int kDkvBlocks = HS > 64 ? 1 : 3;
 };
 
+// Attention's operands are read through 16-byte copies and 4-byte fragment loads.
+void check_alignment(const void* p, int64_t ld, size_t element_bytes, const char* what) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0 || (ld * static_cast<int64_t>(element_bytes)) % 16 != 0) {
+    fail(ErrorKind::kInternal, std::string("flash attention: ") + what + " rows are not 16-byte aligned");
+  }
+}
+
 template <typename T, int HS>
-void forward_hs(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
+void forward_hs(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& a, cudaStream_t st) {
   constexpr int kBq = Tiles<HS>::kRows, kBk = Tiles<HS>::kStream;
-  const dim3 grid((S + kBq - 1) / kBq, B * NH);
+  const dim3 grid((a.S + kBq - 1) / kBq, a.B * a.NH);
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(HS));
   flash_forward_kernel<T, HS, kBq, kBk, Tiles<HS>::kForwardBlocks>
-      <<<grid, kBq * 2, 0, st>>>(out, lse, qkv, S, C, NH, scale_log2);
+      <<<grid, kBq * 2, 0, st>>>(out, lse, q, k, v, a, scale_log2);
   CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T, int HS>
-void backward_hs(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B, int S,
-                 int C, int NH, cudaStream_t st) {
+void backward_hs(T* dq, T* dk, T* dv, float* delta, const T* dout, const T* out, const T* q, const T* k, const T* v,
+                 const float* lse, const AttentionShape& a, cudaStream_t st) {
   constexpr int kRows = Tiles<HS>::kRows, kStream = Tiles<HS>::kStream;
   const float scale = 1.0f / sqrtf(static_cast<float>(HS)), scale_log2 = scale * kLog2e;
-  const dim3 grid((S + kRows - 1) / kRows, B * NH);
+  const int row_blocks = (a.S + kRows - 1) / kRows;
   flash_dq_kernel<T, HS, kRows, kStream, Tiles<HS>::kDqBlocks>
-      <<<grid, kRows * 2, 0, st>>>(dqkv, delta, dout, out, qkv, lse, S, C, NH, scale, scale_log2);
+      <<<dim3(row_blocks, a.B * a.NH), kRows * 2, 0, st>>>(dq, delta, dout, out, q, k, v, lse, a, scale, scale_log2);
   CUDA_CHECK(cudaGetLastError());
+  // A block per key tile of each kv head: the heads that share it are summed inside the block.
   flash_dkv_kernel<T, HS, kStream, kRows, Tiles<HS>::kDkvBlocks>
-      <<<grid, kRows * 2, 0, st>>>(dqkv, dout, qkv, lse, delta, S, C, NH, scale, scale_log2);
+      <<<dim3(row_blocks, a.B * a.NKV), kRows * 2, 0, st>>>(dk, dv, dout, q, k, v, lse, delta, a, scale, scale_log2);
   CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
 template <typename T>
-void flash_attention_forward(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
-  with_head_size(C / NH, [&](auto hs) { forward_hs<T, hs()>(out, lse, qkv, B, S, C, NH, st); });
+void flash_attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& a,
+                             cudaStream_t st) {
+  check_alignment(q, a.ld_q, sizeof(T), "query");
+  check_alignment(k, a.ld_kv, sizeof(T), "key");
+  check_alignment(v, a.ld_kv, sizeof(T), "value");
+  with_head_size(a.HS, [&](auto hs) { forward_hs<T, hs()>(out, lse, q, k, v, a, st); });
 }
 
 template <typename T>
-void flash_attention_backward(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B,
-                              int S, int C, int NH, cudaStream_t st) {
-  with_head_size(C / NH, [&](auto hs) { backward_hs<T, hs()>(dqkv, delta, dout, out, qkv, lse, B, S, C, NH, st); });
+void flash_attention_backward(T* dq, T* dk, T* dv, float* delta, const T* dout, const T* out, const T* q, const T* k,
+                              const T* v, const float* lse, const AttentionShape& a, cudaStream_t st) {
+  check_alignment(q, a.ld_q, sizeof(T), "query");
+  check_alignment(k, a.ld_kv, sizeof(T), "key");
+  check_alignment(v, a.ld_kv, sizeof(T), "value");
+  check_alignment(dout, int64_t{a.NH} * a.HS, sizeof(T), "output gradient");
+  with_head_size(a.HS, [&](auto hs) { backward_hs<T, hs()>(dq, dk, dv, delta, dout, out, q, k, v, lse, a, st); });
 }
 
-template void flash_attention_forward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*, int, int, int, int,
-                                                     cudaStream_t);
-template void flash_attention_forward<__half>(__half*, float*, const __half*, int, int, int, int, cudaStream_t);
-template void flash_attention_backward<__nv_bfloat16>(__nv_bfloat16*, float*, const __nv_bfloat16*,
-                                                      const __nv_bfloat16*, const __nv_bfloat16*, const float*, int,
-                                                      int, int, int, cudaStream_t);
-template void flash_attention_backward<__half>(__half*, float*, const __half*, const __half*, const __half*,
-                                               const float*, int, int, int, int, cudaStream_t);
+#define SHARDKIT_INSTANTIATE(T)                                                                                   \
+  template void flash_attention_forward<T>(T*, float*, const T*, const T*, const T*, const AttentionShape&,       \
+                                           cudaStream_t);                                                         \
+  template void flash_attention_backward<T>(T*, T*, T*, float*, const T*, const T*, const T*, const T*, const T*, \
+                                            const float*, const AttentionShape&, cudaStream_t);
+SHARDKIT_INSTANTIATE(__nv_bfloat16)
+SHARDKIT_INSTANTIATE(__half)
 
 }  // namespace shardkit::trainer::cuda

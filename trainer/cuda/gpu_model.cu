@@ -5,6 +5,8 @@
 #include "ckpt/error.hpp"
 #include "model/gpt2/cuda/gpu_model.cuh"
 #include "model/gpt2/model.hpp"
+#include "model/llama/cuda/gpu_model.cuh"
+#include "model/llama/model.hpp"
 #include "trainer/cuda/device_type.cuh"
 
 namespace shardkit::trainer::cuda {
@@ -50,6 +52,12 @@ std::unique_ptr<GpuModel<T>> make_gpu_model(const model::Model& m, int batch, in
       fail(ErrorKind::kInvalidInput, "model " + m.name() + ": " + why + " (--device cpu trains any shape)");
     }
     return std::make_unique<model::gpt2::GpuGpt2<T>>(*c, batch, seq_len, cublas, stream);
+  }
+  if (const model::llama::LlamaConfig* c = model::llama::config_of(m)) {
+    if (const std::string why = model::llama::cuda_unsupported(*c); !why.empty()) {
+      fail(ErrorKind::kInvalidInput, "model " + m.name() + ": " + why + " (--device cpu trains any shape)");
+    }
+    return std::make_unique<model::llama::GpuLlama<T>>(*c, batch, seq_len, cublas, stream);
   }
   fail(ErrorKind::kInvalidInput, "model " + m.name() + ": the " + m.family() +
                                      " family has no CUDA kernels in this version (--device cpu trains it)");

@@ -324,37 +324,39 @@ constexpr int tile_rows() {
   return HS > 64 ? 32 : 64;
 }
 
-// Key and value row k0 + threadIdx.x of the head at `base` into shared memory, zeros past S.
+// Key and value row k0 + threadIdx.x of the kv head at k_base, v_base into shared memory, zeros past S.
 template <typename T, int HS, int kRows>
-__device__ __forceinline__ void stage_key_value(float (&ks)[kRows][HS + 1], float (&vs)[kRows][HS + 1], const T* base,
-                                                int k0, int S, int64_t C3, int C) {
+__device__ __forceinline__ void stage_key_value(float (&ks)[kRows][HS + 1], float (&vs)[kRows][HS + 1], const T* k_base,
+                                                const T* v_base, int k0, int S, int64_t ld) {
   const int kr = k0 + threadIdx.x;
   for (int i = 0; i < HS; ++i) {
-    ks[threadIdx.x][i] = kr < S ? to_float(base[kr * C3 + C + i]) : 0.0f;
-    vs[threadIdx.x][i] = kr < S ? to_float(base[kr * C3 + 2 * C + i]) : 0.0f;
+    ks[threadIdx.x][i] = kr < S ? to_float(k_base[kr * ld + i]) : 0.0f;
+    vs[threadIdx.x][i] = kr < S ? to_float(v_base[kr * ld + i]) : 0.0f;
   }
 }
 
 template <typename T, int HS>
-__global__ void attention_forward_kernel(T* out, float* lse, const T* qkv, int S, int C, int NH, float scale) {
+__global__ void attention_forward_kernel(T* out, float* lse, const T* q_in, const T* k_in, const T* v_in,
+                                         AttentionShape a, float scale) {
   constexpr int kTileRows = tile_rows<HS>();
   __shared__ float ks[kTileRows][HS + 1];
   __shared__ float vs[kTileRows][HS + 1];
-  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int S = a.S, NH = a.NH, C = NH * HS;
+  const int b = blockIdx.y / NH, h = blockIdx.y % NH, kvh = h / (NH / a.NKV);
   const int q0 = blockIdx.x * kTileRows;
   const int t = q0 + threadIdx.x;
-  const int64_t C3 = 3 * int64_t{C};
-  const T* base = qkv + int64_t{b} * S * C3 + h * HS;
+  const T* q_base = q_in + int64_t{b} * S * a.ld_q + h * HS;
+  const int64_t kv_offset = int64_t{b} * S * a.ld_kv + kvh * HS;
   float q[HS], o[HS];
   for (int i = 0; i < HS; ++i) {
-    q[i] = t < S ? to_float(base[t * C3 + i]) * scale : 0.0f;
+    q[i] = t < S ? to_float(q_base[t * a.ld_q + i]) * scale : 0.0f;
     o[i] = 0.0f;
   }
   float m = -FLT_MAX, l = 0.0f;
   const int k_end = min(S, q0 + kTileRows);
   for (int k0 = 0; k0 < k_end; k0 += kTileRows) {
     __syncthreads();
-    stage_key_value<T, HS, kTileRows>(ks, vs, base, k0, S, C3, C);
+    stage_key_value<T, HS, kTileRows>(ks, vs, k_in + kv_offset, v_in + kv_offset, k0, S, a.ld_kv);
     __syncthreads();
     if (t >= S) continue;
     const int count = min(kTileRows, t - k0 + 1);  // causal: keys k0 .. t
@@ -404,20 +406,21 @@ __global__ void attention_delta_kernel(float* delta, const T* dout, const T* out
 
 // dq: a thread per query row; key/value tiles in shared memory.
 template <typename T, int HS>
-__global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int S,
-                                    int C, int NH, float scale) {
+__global__ void attention_dq_kernel(T* dq_out, const T* dout, const T* q_in, const T* k_in, const T* v_in,
+                                    const float* lse, const float* delta, AttentionShape a, float scale) {
   constexpr int kTileRows = tile_rows<HS>();
   __shared__ float ks[kTileRows][HS + 1];
   __shared__ float vs[kTileRows][HS + 1];
-  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int S = a.S, NH = a.NH, C = NH * HS;
+  const int b = blockIdx.y / NH, h = blockIdx.y % NH, kvh = h / (NH / a.NKV);
   const int q0 = blockIdx.x * kTileRows;
   const int t = q0 + threadIdx.x;
-  const int64_t C3 = 3 * int64_t{C};
-  const T* base = qkv + int64_t{b} * S * C3 + h * HS;
+  const T* q_base = q_in + int64_t{b} * S * a.ld_q + h * HS;
+  const int64_t kv_offset = int64_t{b} * S * a.ld_kv + kvh * HS;
   float q[HS], d[HS], dq[HS];
   const int64_t orow = (int64_t{b} * S + t) * C + h * HS;
   for (int i = 0; i < HS; ++i) {
-    q[i] = t < S ? to_float(base[t * C3 + i]) * scale : 0.0f;
+    q[i] = t < S ? to_float(q_base[t * a.ld_q + i]) * scale : 0.0f;
     d[i] = t < S ? to_float(dout[orow + i]) : 0.0f;
     dq[i] = 0.0f;
   }
@@ -427,7 +430,7 @@ __global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const 
   const int k_end = min(S, q0 + kTileRows);
   for (int k0 = 0; k0 < k_end; k0 += kTileRows) {
     __syncthreads();
-    stage_key_value<T, HS, kTileRows>(ks, vs, base, k0, S, C3, C);
+    stage_key_value<T, HS, kTileRows>(ks, vs, k_in + kv_offset, v_in + kv_offset, k0, S, a.ld_kv);
     __syncthreads();
     if (t >= S) continue;
     const int count = min(kTileRows, t - k0 + 1);
@@ -442,63 +445,66 @@ __global__ void attention_dq_kernel(T* dqkv, const T* dout, const T* qkv, const 
     }
   }
   if (t >= S) return;
-  T* dst = dqkv + int64_t{b} * S * C3 + t * C3 + h * HS;
+  T* dst = dq_out + int64_t{b} * S * a.ld_q + t * a.ld_q + h * HS;
   for (int i = 0; i < HS; ++i) dst[i] = from_float<T>(dq[i] * scale);
 }
 
-// dk, dv: a thread per key row (kept in shared memory); query tiles in shared memory.
+// dk, dv: a thread per key row of a kv head (kept in registers); query tiles of each of the heads
+// that read it, in head order, in shared memory -- the group's sum without atomics.
 template <typename T, int HS>
-__global__ void attention_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const float* lse, const float* delta, int S,
-                                     int C, int NH, float scale) {
+__global__ void attention_dkv_kernel(T* dk_out, T* dv_out, const T* dout, const T* q_in, const T* k_in, const T* v_in,
+                                     const float* lse, const float* delta, AttentionShape a, float scale) {
   constexpr int kTileRows = tile_rows<HS>();
   __shared__ float qs[kTileRows][HS + 1];
   __shared__ float ds_[kTileRows][HS + 1];
   __shared__ float stats[kTileRows][2];
-  const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+  const int S = a.S, NH = a.NH, C = NH * HS, group = NH / a.NKV;
+  const int b = blockIdx.y / a.NKV, kvh = blockIdx.y % a.NKV;
   const int k0 = blockIdx.x * kTileRows;
   const int u = k0 + threadIdx.x;
-  const int64_t C3 = 3 * int64_t{C};
-  const T* base = qkv + int64_t{b} * S * C3 + h * HS;
+  const int64_t kv_offset = int64_t{b} * S * a.ld_kv + kvh * HS;
   float k[HS], v[HS], dk[HS], dv[HS];
   for (int i = 0; i < HS; ++i) {
-    k[i] = u < S ? to_float(base[u * C3 + C + i]) : 0.0f;
-    v[i] = u < S ? to_float(base[u * C3 + 2 * C + i]) : 0.0f;
+    k[i] = u < S ? to_float(k_in[kv_offset + u * a.ld_kv + i]) : 0.0f;
+    v[i] = u < S ? to_float(v_in[kv_offset + u * a.ld_kv + i]) : 0.0f;
     dk[i] = dv[i] = 0.0f;
   }
-  for (int q0 = k0; q0 < S; q0 += kTileRows) {  // causal: queries t >= u
-    __syncthreads();
-    const int tr = q0 + threadIdx.x;
-    const int64_t orow = (int64_t{b} * S + tr) * C + h * HS;
-    for (int i = 0; i < HS; ++i) {
-      qs[threadIdx.x][i] = tr < S ? to_float(base[tr * C3 + i]) * scale : 0.0f;
-      ds_[threadIdx.x][i] = tr < S ? to_float(dout[orow + i]) : 0.0f;
-    }
-    const int64_t stat = (int64_t{b} * NH + h) * S + tr;
-    stats[threadIdx.x][0] = tr < S ? lse[stat] : 0.0f;
-    stats[threadIdx.x][1] = tr < S ? delta[stat] : 0.0f;
-    __syncthreads();
-    if (u >= S) continue;
-    const int first = max(0, u - q0);
-    const int last = min(kTileRows, S - q0);
-    for (int j = first; j < last; ++j) {
-      float s = 0.0f, dp = 0.0f;
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+    const T* q_base = q_in + int64_t{b} * S * a.ld_q + h * HS;
+    for (int q0 = k0; q0 < S; q0 += kTileRows) {  // causal: queries t >= u
+      __syncthreads();
+      const int tr = q0 + threadIdx.x;
+      const int64_t orow = (int64_t{b} * S + tr) * C + h * HS;
       for (int i = 0; i < HS; ++i) {
-        s += qs[j][i] * k[i];
-        dp += ds_[j][i] * v[i];
+        qs[threadIdx.x][i] = tr < S ? to_float(q_base[tr * a.ld_q + i]) * scale : 0.0f;
+        ds_[threadIdx.x][i] = tr < S ? to_float(dout[orow + i]) : 0.0f;
       }
-      const float p = __expf(s - stats[j][0]);
-      const float dscore = p * (dp - stats[j][1]);
-      for (int i = 0; i < HS; ++i) {
-        dv[i] += p * ds_[j][i];
-        dk[i] += dscore * qs[j][i];  // qs holds scale * q: this is scale * dscore * q
+      const int64_t stat = (int64_t{b} * NH + h) * S + tr;
+      stats[threadIdx.x][0] = tr < S ? lse[stat] : 0.0f;
+      stats[threadIdx.x][1] = tr < S ? delta[stat] : 0.0f;
+      __syncthreads();
+      if (u >= S) continue;
+      const int first = max(0, u - q0);
+      const int last = min(kTileRows, S - q0);
+      for (int j = first; j < last; ++j) {
+        float s = 0.0f, dp = 0.0f;
+        for (int i = 0; i < HS; ++i) {
+          s += qs[j][i] * k[i];
+          dp += ds_[j][i] * v[i];
+        }
+        const float p = __expf(s - stats[j][0]);
+        const float dscore = p * (dp - stats[j][1]);
+        for (int i = 0; i < HS; ++i) {
+          dv[i] += p * ds_[j][i];
+          dk[i] += dscore * qs[j][i];  // qs holds scale * q: this is scale * dscore * q
+        }
       }
     }
   }
   if (u >= S) return;
-  T* dst = dqkv + int64_t{b} * S * C3 + u * C3 + h * HS;
   for (int i = 0; i < HS; ++i) {
-    dst[C + i] = from_float<T>(dk[i]);
-    dst[2 * C + i] = from_float<T>(dv[i]);
+    dk_out[kv_offset + u * a.ld_kv + i] = from_float<T>(dk[i]);
+    dv_out[kv_offset + u * a.ld_kv + i] = from_float<T>(dv[i]);
   }
 }
 
@@ -633,9 +639,10 @@ void deterministic_sum(double* out, const float* x, int64_t n, cudaStream_t st) 
 }
 
 template <typename T, int HS>
-void attention_forward_hs(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
-  const dim3 grid((S + tile_rows<HS>() - 1) / tile_rows<HS>(), B * NH);
-  attention_forward_kernel<T, HS><<<grid, tile_rows<HS>(), 0, st>>>(out, lse, qkv, S, C, NH, 1.0f / sqrtf(float(HS)));
+void attention_forward_hs(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& a,
+                          cudaStream_t st) {
+  const dim3 grid((a.S + tile_rows<HS>() - 1) / tile_rows<HS>(), a.B * a.NH);
+  attention_forward_kernel<T, HS><<<grid, tile_rows<HS>(), 0, st>>>(out, lse, q, k, v, a, 1.0f / sqrtf(float(HS)));
   check_launch();
 }
 
@@ -647,14 +654,26 @@ void attention_delta(float* delta, const T* dout, const T* out, int B, int S, in
 }
 
 template <typename T, int HS>
-void attention_backward_hs(T* dqkv, const float* delta, const T* dout, const T* qkv, const float* lse, int B, int S,
-                           int C, int NH, cudaStream_t st) {
-  const dim3 grid((S + tile_rows<HS>() - 1) / tile_rows<HS>(), B * NH);
+void attention_backward_hs(T* dq, T* dk, T* dv, const float* delta, const T* dout, const T* q, const T* k, const T* v,
+                           const float* lse, const AttentionShape& a, cudaStream_t st) {
+  const int row_blocks = (a.S + tile_rows<HS>() - 1) / tile_rows<HS>();
   const float scale = 1.0f / sqrtf(float(HS));
-  attention_dq_kernel<T, HS><<<grid, tile_rows<HS>(), 0, st>>>(dqkv, dout, qkv, lse, delta, S, C, NH, scale);
+  attention_dq_kernel<T, HS>
+      <<<dim3(row_blocks, a.B * a.NH), tile_rows<HS>(), 0, st>>>(dq, dout, q, k, v, lse, delta, a, scale);
   check_launch();
-  attention_dkv_kernel<T, HS><<<grid, tile_rows<HS>(), 0, st>>>(dqkv, dout, qkv, lse, delta, S, C, NH, scale);
+  attention_dkv_kernel<T, HS>
+      <<<dim3(row_blocks, a.B * a.NKV), tile_rows<HS>(), 0, st>>>(dk, dv, dout, q, k, v, lse, delta, a, scale);
   check_launch();
+}
+
+// The kernels' grids and head indexing assume these.
+void check_attention_shape(const AttentionShape& a) {
+  if (a.B < 1 || a.S < 1 || a.NH < 1 || a.NKV < 1 || a.NH % a.NKV != 0 || a.ld_q < int64_t{a.NH} * a.HS ||
+      a.ld_kv < int64_t{a.NKV} * a.HS) {
+    fail(ErrorKind::kInternal, "attention: invalid shape B " + std::to_string(a.B) + " S " + std::to_string(a.S) +
+                                   " NH " + std::to_string(a.NH) + " NKV " + std::to_string(a.NKV) + " HS " +
+                                   std::to_string(a.HS));
+  }
 }
 
 }  // namespace
@@ -720,6 +739,12 @@ void bias_backward(float* dbias, const T* dout, int N, int OC, float* scratch, c
   check_launch();
 }
 
+void add_column_sums(float* out, const float* partial, int rows, int cols, cudaStream_t st) {
+  if (rows == 0 || cols == 0) return;
+  column_sums_kernel<<<(cols + 31) / 32, kColumnSumBlock, 0, st>>>(out, nullptr, cols, partial, rows, cols);
+  check_launch();
+}
+
 template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n, cudaStream_t st) {
   gelu_forward_kernel<<<blocks_for(n, 256), 256, 0, st>>>(out, inp, n);
@@ -739,24 +764,40 @@ void add_inplace(T* y, const T* x, int64_t n, cudaStream_t st) {
 }
 
 template <typename T>
-void attention_forward(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
+void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& a,
+                       cudaStream_t st) {
+  check_attention_shape(a);
   if constexpr (std::is_same_v<T, float>) {
-    with_head_size(C / NH, [&](auto hs) { attention_forward_hs<T, hs()>(out, lse, qkv, B, S, C, NH, st); });
+    with_head_size(a.HS, [&](auto hs) { attention_forward_hs<T, hs()>(out, lse, q, k, v, a, st); });
   } else {
-    flash_attention_forward(out, lse, qkv, B, S, C, NH, st);
+    flash_attention_forward(out, lse, q, k, v, a, st);
   }
+}
+
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, float* delta, const T* dout, const T* out, const T* q, const T* k,
+                        const T* v, const float* lse, const AttentionShape& a, cudaStream_t st) {
+  check_attention_shape(a);
+  if constexpr (std::is_same_v<T, float>) {
+    attention_delta(delta, dout, out, a.B, a.S, a.NH * a.HS, a.NH, st);
+    with_head_size(a.HS,
+                   [&](auto hs) { attention_backward_hs<T, hs()>(dq, dk, dv, delta, dout, q, k, v, lse, a, st); });
+  } else {
+    flash_attention_backward(dq, dk, dv, delta, dout, out, q, k, v, lse, a, st);
+  }
+}
+
+template <typename T>
+void attention_forward(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
+  const AttentionShape a{B, S, NH, NH, C / NH, 3 * int64_t{C}, 3 * int64_t{C}};
+  attention_forward(out, lse, qkv, qkv + C, qkv + 2 * C, a, st);
 }
 
 template <typename T>
 void attention_backward(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B,
                         int S, int C, int NH, cudaStream_t st) {
-  if constexpr (std::is_same_v<T, float>) {
-    attention_delta(delta, dout, out, B, S, C, NH, st);
-    with_head_size(C / NH,
-                   [&](auto hs) { attention_backward_hs<T, hs()>(dqkv, delta, dout, qkv, lse, B, S, C, NH, st); });
-  } else {
-    flash_attention_backward(dqkv, delta, dout, out, qkv, lse, B, S, C, NH, st);
-  }
+  const AttentionShape a{B, S, NH, NH, C / NH, 3 * int64_t{C}, 3 * int64_t{C}};
+  attention_backward(dqkv, dqkv + C, dqkv + 2 * C, delta, dout, out, qkv, qkv + C, qkv + 2 * C, lse, a, st);
 }
 
 template <typename T>
@@ -792,21 +833,24 @@ void sum_floats(double* out, const float* x, int64_t n, cudaStream_t st) {
   deterministic_sum<false>(out, x, n, st);
 }
 
-#define SHARDKIT_INSTANTIATE(T)                                                                                     \
-  template void encoder_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int, cudaStream_t);            \
-  template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, cudaStream_t);     \
-  template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, const float*, \
-                                      int, int, float*, cudaStream_t);                                              \
-  template void bias_forward<T>(T*, const T*, int, int, cudaStream_t);                                              \
-  template void bias_backward<T>(float*, const T*, int, int, float*, cudaStream_t);                                 \
-  template void gelu_forward<T>(T*, const T*, int64_t, cudaStream_t);                                               \
-  template void gelu_backward<T>(T*, const T*, const T*, int64_t, cudaStream_t);                                    \
-  template void add_inplace<T>(T*, const T*, int64_t, cudaStream_t);                                                \
-  template void attention_forward<T>(T*, float*, const T*, int, int, int, int, cudaStream_t);                       \
-  template void attention_backward<T>(T*, float*, const T*, const T*, const T*, const float*, int, int, int, int,   \
-                                      cudaStream_t);                                                                \
-  template void softmax_cross_entropy<T>(T*, int64_t, float*, const int32_t*, int, int, float, bool, cudaStream_t); \
-  template void cast_from_float<T>(T*, const float*, int64_t, cudaStream_t);                                        \
+#define SHARDKIT_INSTANTIATE(T)                                                                                      \
+  template void encoder_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int, cudaStream_t);             \
+  template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, cudaStream_t);      \
+  template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, const float*,  \
+                                      int, int, float*, cudaStream_t);                                               \
+  template void bias_forward<T>(T*, const T*, int, int, cudaStream_t);                                               \
+  template void bias_backward<T>(float*, const T*, int, int, float*, cudaStream_t);                                  \
+  template void gelu_forward<T>(T*, const T*, int64_t, cudaStream_t);                                                \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t, cudaStream_t);                                     \
+  template void add_inplace<T>(T*, const T*, int64_t, cudaStream_t);                                                 \
+  template void attention_forward<T>(T*, float*, const T*, int, int, int, int, cudaStream_t);                        \
+  template void attention_backward<T>(T*, float*, const T*, const T*, const T*, const float*, int, int, int, int,    \
+                                      cudaStream_t);                                                                 \
+  template void attention_forward<T>(T*, float*, const T*, const T*, const T*, const AttentionShape&, cudaStream_t); \
+  template void attention_backward<T>(T*, T*, T*, float*, const T*, const T*, const T*, const T*, const T*,          \
+                                      const float*, const AttentionShape&, cudaStream_t);                            \
+  template void softmax_cross_entropy<T>(T*, int64_t, float*, const int32_t*, int, int, float, bool, cudaStream_t);  \
+  template void cast_from_float<T>(T*, const float*, int64_t, cudaStream_t);                                         \
   template void adamw<T>(float*, float*, float*, const float*, T*, int64_t, const AdamWCoefficients&, cudaStream_t);
 
 SHARDKIT_INSTANTIATE(float)

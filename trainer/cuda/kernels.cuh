@@ -51,6 +51,10 @@ constexpr int64_t bias_scratch_floats(int OC) {
 template <typename T>
 void bias_backward(float* dbias, const T* dout, int N, int OC, float* scratch, cudaStream_t st);
 
+// out[c] += sum of partial[r][c] over r in [0, rows), in one fixed order (the second step of a
+// deterministic column sum: a family's kernels write per-block partial sums, this adds them).
+void add_column_sums(float* out, const float* partial, int rows, int cols, cudaStream_t st);
+
 // GELU, tanh approximation (gelu_new); backward: dinp = dout * gelu'(inp)
 template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n, cudaStream_t st);
@@ -61,12 +65,29 @@ void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t n, cudaStream_t
 template <typename T>
 void add_inplace(T* y, const T* x, int64_t n, cudaStream_t st);
 
-// Causal attention, memory-efficient: qkv (B, S, 3C) -> out (B, S, C); no (S x S) matrix is stored,
-// only lse (B, NH, S), the log-sum-exp of each query's scores, for the backward pass, which
-// recomputes the probabilities tile by tile. Head size C/NH must be 32, 64 or 128.
+// Causal attention with grouped-query heads (NKV = NH: multi-head), rows of B sequences of S tokens:
+// query head h (HS channels at h * HS of its row of q) reads kv head h / (NH / NKV) of k and v. q, k,
+// v and their gradients are read and written with their rows' strides, so that GPT-2's packed qkv
+// serves as well as separate buffers; out and dout are (B, S, NH * HS), lse and delta (B, NH, S).
+struct AttentionShape {
+  int B, S, NH, NKV, HS;
+  int64_t ld_q;   // elements between rows of q (and dq)
+  int64_t ld_kv;  // elements between rows of k, v (and dk, dv)
+};
+
+// Memory-efficient: no (S x S) matrix is stored, only lse, the log-sum-exp of each query's scores,
+// for the backward pass, which recomputes the probabilities tile by tile. Head size 32, 64 or 128.
+template <typename T>
+void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& shape,
+                       cudaStream_t st);
+// dq, dk, dv overwritten at their rows' positions (the rest of a packed buffer untouched); delta is
+// scratch. dk and dv sum a kv head's query heads in a fixed order (no atomics).
+template <typename T>
+void attention_backward(T* dq, T* dk, T* dv, float* delta, const T* dout, const T* out, const T* q, const T* k,
+                        const T* v, const float* lse, const AttentionShape& shape, cudaStream_t st);
+// GPT-2's packed layout: qkv (B, S, 3C) -> out (B, S, C), C = NH * head size; dqkv (B, S, 3C).
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st);
-// dqkv (B, S, 3C) overwritten; delta (B, NH, S) is scratch.
 template <typename T>
 void attention_backward(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B,
                         int S, int C, int NH, cudaStream_t st);
