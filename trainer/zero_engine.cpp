@@ -153,7 +153,6 @@ void ZeroEngine::open_grads(int group) {
   if (stage() <= 1) return;
   const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) grad_buffers_[static_cast<size_t>(t)].assign(static_cast<size_t>(numel(t)), 0);
-  ++open_groups_;
 }
 
 float* ZeroEngine::grad(int tensor) {
@@ -163,12 +162,14 @@ float* ZeroEngine::grad(int tensor) {
 
 void ZeroEngine::close_grads(int group) {
   if (stage() <= 1) return;
-  --open_groups_;
   pending_groups_.push_back(group);
   const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) pending_elems_ += numel(t);
-  // Reduce a bucket once it is full, and whatever waits once the backward pass has closed every group.
-  if (pending_elems_ >= config_.reduce_bucket_size || open_groups_ == 0) flush_pending_grads();
+  // Reduce a bucket once it is full, and whatever waits once the backward pass has closed every group
+  // (counted: with an untied head no group is open for a moment after the last one closes).
+  const bool pass_done = ++closed_groups_ == static_cast<int>(groups_.size());
+  if (pass_done) closed_groups_ = 0;
+  if (pending_elems_ >= config_.reduce_bucket_size || pass_done) flush_pending_grads();
 }
 
 void ZeroEngine::flush_pending_grads() {
@@ -257,7 +258,7 @@ void ZeroEngine::reduce_grads() {
     round_to_wire(grads_full_, wire_);
     comm_.reduce_scatter_block(grads_full_.data(), grad_part_.data(), layout_.partition_size());
     round_to_wire(grad_part_, wire_);
-  } else if (!pending_groups_.empty() || open_groups_ != 0) {
+  } else if (!pending_groups_.empty() || closed_groups_ != 0) {
     fail(ErrorKind::kInternal, "gradients still open at the end of the step");
   }
 }

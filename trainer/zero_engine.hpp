@@ -117,7 +117,7 @@ class ZeroEngine final : public model::ParameterStore {
   std::vector<ckpt::LargeVector<float>> grad_buffers_;
   std::vector<int> pending_groups_;
   int64_t pending_elems_ = 0;
-  int open_groups_ = 0;
+  int closed_groups_ = 0;  // groups the current micro-batch has closed
   ckpt::LargeVector<float> send_buffer_, recv_buffer_;
 };
 

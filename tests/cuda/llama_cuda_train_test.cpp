@@ -1,11 +1,13 @@
 // The Llama family on the CUDA backend against the CPU reference: llama-tiny (untied head, two query
-// heads a kv head) and a tied variant with one kv head for all. fp32 follows the CPU losses to 1e-4,
-// bf16 and fp16 track the fp32 curve within 3 %, every ZeRO stage agrees (the groups' acquire and
-// release order under stage 3's gathers), and a run gives the same bits twice and as a replayed CUDA
-// graph. Skipped (with a message) without enough GPUs.
+// heads a kv head) and a tied variant with one kv head for all. fp32 follows the CPU losses to 1e-4;
+// bf16 tracks the fp32 curve within 2 % over 200 steps and fp16 learns; every ZeRO stage agrees (the
+// groups' acquire and release order under stage 3's gathers, and the reductions of an untied head's
+// group, closed first); a run gives the same bits twice and as a replayed CUDA graph. Skipped (with a
+// message) without enough GPUs.
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -110,21 +112,32 @@ TEST(LlamaCudaTrain, Fp32FollowsTheCpuReference) {
   }
 }
 
-TEST(LlamaCudaTrain, Bf16AndFp16TrackTheFp32CurveWithinThreePercent) {
+TEST(LlamaCudaTrain, Bf16FollowsTheFp32CurveWithinTwoPercentAndFp16Learns) {
   comm::MpiCollective world(MPI_COMM_WORLD);
   REQUIRE_GPUS(world.size());  // a GPU of its own for every rank
   Workspace ws(world);
   for (const std::string& model : ws.models()) {
     const auto cpu = train(world, options(ws.config(1, "fp32", "fp32"), ws / "tokens.bin", 200, "cpu", model));
     EXPECT_LT(cpu.back().loss, cpu.front().loss * 0.8) << model << ": the reference does not learn";
-    for (const std::string precision : {"bf16", "fp16"}) {
-      const auto gpu = train(world, options(ws.config(1, precision, precision), ws / "tokens.bin", 200, "cuda", model));
-      ASSERT_EQ(gpu.size(), cpu.size());
-      for (size_t i = 0; i < gpu.size(); i += 10) {
-        EXPECT_NEAR(gpu[i].loss, cpu[i].loss, 0.03 * cpu[i].loss)
-            << model << " " << precision << " step " << gpu[i].step;
+    const auto bf16 = train(world, options(ws.config(1, "bf16", "bf16"), ws / "tokens.bin", 200, "cuda", model));
+    ASSERT_EQ(bf16.size(), cpu.size());
+    for (size_t i = 0; i < bf16.size(); i += 10) {
+      EXPECT_NEAR(bf16[i].loss, cpu[i].loss, 0.02 * cpu[i].loss) << model << " bf16 step " << bf16[i].step;
+    }
+    // fp16 skips the steps whose scaled gradients overflow (the dynamic loss scale probes upwards every
+    // 4 steps here), so its curve falls behind fp32's by the updates it skipped: close while few are
+    // skipped, and learning throughout.
+    const auto fp16 = train(world, options(ws.config(1, "fp16", "fp16"), ws / "tokens.bin", 200, "cuda", model));
+    ASSERT_EQ(fp16.size(), cpu.size());
+    int skipped = 0;
+    for (size_t i = 0; i < fp16.size(); ++i) {
+      skipped += fp16[i].skipped ? 1 : 0;
+      EXPECT_TRUE(std::isfinite(fp16[i].loss)) << model << " fp16 step " << fp16[i].step;
+      if (i < 50 && i % 10 == 0) {
+        EXPECT_NEAR(fp16[i].loss, cpu[i].loss, 0.03 * cpu[i].loss) << model << " fp16 step " << fp16[i].step;
       }
     }
+    EXPECT_LT(fp16.back().loss, cpu.front().loss * 0.8) << model << ": fp16 does not learn (" << skipped << " skipped)";
   }
 }
 

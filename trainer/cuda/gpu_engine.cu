@@ -323,7 +323,6 @@ void GpuZeroEngine<T>::open_grads(int group) {
     b = grad_pool_.take(static_cast<size_t>(numel(t)), stream_);
     CUDA_CHECK(cudaMemsetAsync(b.data(), 0, b.bytes(), stream_));
   }
-  ++open_groups_;
 }
 
 template <typename T>
@@ -335,12 +334,17 @@ float* GpuZeroEngine<T>::grad(int tensor) {
 template <typename T>
 void GpuZeroEngine<T>::close_grads(int group) {
   if (layout_.stage() <= 1) return;
-  --open_groups_;
   pending_groups_.push_back(group);
   const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) pending_elems_ += numel(t);
-  if (pending_elems_ >= config_.reduce_bucket_size || open_groups_ == 0) flush_pending_grads();
-  if (open_groups_ == 0) grads_reduced_ = true;  // this micro-batch is reduced: later ones add to it
+  // The micro-batch's backward pass is through once it has closed every group, whatever the family's
+  // order (an untied head closes the last group first, and then no group is open for a moment).
+  const bool pass_done = ++closed_groups_ == static_cast<int>(groups_.size());
+  if (pending_elems_ >= config_.reduce_bucket_size || pass_done) flush_pending_grads();
+  if (pass_done) {
+    closed_groups_ = 0;
+    grads_reduced_ = true;  // this micro-batch is reduced: later ones add to it
+  }
 }
 
 template <typename T>
@@ -501,7 +505,7 @@ void GpuZeroEngine<T>::reduce_grads() {
                                  nccl_, stream_));
   } else if (stage == 1) {
     // One rank: nothing to reduce, and the optimizer reads grads_full_ in place.
-  } else if (!pending_groups_.empty() || open_groups_ != 0) {
+  } else if (!pending_groups_.empty() || closed_groups_ != 0) {
     fail(ErrorKind::kInternal, "gradients still open at the end of the step");
   } else {
     wait(stream_, comm());  // every bucket's reduction has landed in the partition
