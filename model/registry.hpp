@@ -40,7 +40,9 @@ Family describe_family(std::string name, std::vector<std::string> hf_model_types
     }
     return std::shared_ptr<const Model>();
   };
-  f.from_json = [make, from_json](const nlohmann::json& j, const std::string& where) { return make(from_json(j, where)); };
+  f.from_json = [make, from_json](const nlohmann::json& j, const std::string& where) {
+    return make(from_json(j, where));
+  };
   f.from_hf = [make, from_hf](const nlohmann::json& j, const std::string& where) { return make(from_hf(j, where)); };
   return f;
 }

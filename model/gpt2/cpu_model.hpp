@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/gpt2/config.hpp"
 #include "model/cpu/ops.hpp"
+#include "model/gpt2/config.hpp"
 #include "model/model.hpp"
 
 namespace shardkit::model::gpt2 {
@@ -37,8 +37,8 @@ class CpuGpt2 final : public CpuModel {
   void backward_blocks(ParameterStore& params, const int32_t* inputs, int B, int T);
   // Multi-head attention over the packed q, k, v of rows of 3C.
   cpu::AttentionShape attention_shape(int B, int T) const noexcept {
-    return {B, T, config_.n_head, config_.n_head, config_.n_embd / config_.n_head, 3 * int64_t{config_.n_embd},
-            3 * int64_t{config_.n_embd}};
+    const int NH = config_.n_head, C = config_.n_embd;
+    return {B, T, NH, NH, C / NH, 3 * int64_t{C}, 3 * int64_t{C}};
   }
 
   GptConfig config_;

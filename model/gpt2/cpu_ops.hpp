@@ -1,5 +1,6 @@
-// fp32 CPU kernels of GPT-2's own layers (learned positions, LayerNorm, Conv1D, gelu_new); the layers every family shares are in model/cpu/ops.hpp. Shapes use B (batch), T (sequence),
-// C (channels), NH (heads), V (vocabulary); N = B * T rows. Buffers are row-major and contiguous.
+// fp32 CPU kernels of GPT-2's own layers (learned positions, LayerNorm, Conv1D, gelu_new); the
+// layers every family shares are in model/cpu/ops.hpp. Shapes use B (batch), T (sequence), C
+// (channels), NH (heads), V (vocabulary); N = B * T rows. Buffers are row-major and contiguous.
 // Backward kernels *accumulate* into parameter gradients (dw, db) and *overwrite* activation
 // gradients unless documented otherwise. Loops run on OpenMP threads; matrix products go to sgemm.
 #pragma once

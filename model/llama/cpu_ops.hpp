@@ -1,6 +1,7 @@
-// fp32 CPU kernels of the Llama family's layers: token embedding, RMSNorm, rotary position embedding, SwiGLU, and bias-free nn.Linear products (weights [out, in]). Rows
-// are N = B * T tokens; buffers row-major and contiguous. Backward kernels *accumulate* into parameter
-// gradients and *overwrite* activation gradients unless documented otherwise.
+// fp32 CPU kernels of the Llama family's layers: token embedding, RMSNorm, rotary position
+// embedding, SwiGLU, and bias-free nn.Linear products (weights [out, in]). Rows are N = B * T tokens;
+// buffers row-major and contiguous. Backward kernels *accumulate* into parameter gradients and
+// *overwrite* activation gradients unless documented otherwise.
 #pragma once
 
 #include <cstdint>

@@ -130,7 +130,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   BufferPool<float> grad_pool_;
   std::vector<int> pending_groups_;
   int64_t pending_elems_ = 0;
-  int closed_groups_ = 0;  // groups the current micro-batch has closed
+  int closed_groups_ = 0;                // groups the current micro-batch has closed
   bool grads_reduced_ = false;           // a micro-batch of this step has reduced into grad_part_ already
   DeviceBuffer<std::byte> send_, recv_;  // reductions' staging, in the wire's type
   DeviceBuffer<T> gather_recv_;

@@ -8,7 +8,6 @@
 namespace shardkit::model::gpt2 {
 namespace {
 
-
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
