@@ -10,7 +10,8 @@
 
 namespace shardkit::trainer {
 
-// Writes elements [offset, offset + out.size()) of tensor `tensor`'s initial values.
+// Writes elements [offset, offset + out.size()) of tensor `tensor`'s initial values, on the compute
+// threads (model::cpu::set_compute_threads); the values do not depend on their number.
 void init_values(const model::Model& model, int tensor, uint64_t seed, int64_t offset, std::span<float> out);
 
 }  // namespace shardkit::trainer

@@ -26,6 +26,7 @@
 #include "trainer/init.hpp"
 #include "trainer/loss_scaler.hpp"
 #include "trainer/lr_schedule.hpp"
+#include "trainer/slow_phase.hpp"
 
 namespace shardkit::trainer {
 namespace {
@@ -58,6 +59,7 @@ struct Trainer::State {
   std::unique_ptr<ckpt::RunLock> lock;  // rank 0, while saving into options.save_dir
   std::unique_ptr<Checkpointer> checkpointer;
   std::ofstream metrics;
+  SlowPhases* phases = nullptr;  // during start-up: long phases say what they do
 
   // Trainer state, saved in every checkpoint.
   int64_t step = 0;
@@ -159,7 +161,13 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   bo.micro_batch = micro;
   bo.seq_len = T;
   bo.comm = &comm;
-  s.backend = options.device == "cuda" ? make_cuda_backend(bo) : make_cpu_backend(bo);
+  // Start-up work grows with the model: at billions of parameters allocating, initialising and loading
+  // take seconds to minutes, and say so while they run.
+  SlowPhases phases([&s](const std::string& line) { s.log(line); });
+  s.phases = &phases;
+  const std::string params = ckpt::format_count(s.table.total_elements()) + " parameters";
+  phases.run("allocating the model and ZeRO states (" + params + ", " + options.device + ")",
+             [&] { s.backend = options.device == "cuda" ? make_cuda_backend(bo) : make_cpu_backend(bo); });
   s.schedule = std::make_unique<LrSchedule>(s.config.scheduler, s.config.optimizer.lr);
   s.scaler = std::make_unique<LossScaler>(s.config.fp16, s.config.bf16);
   s.tokens = std::make_unique<TokenFile>(options.data);
@@ -174,7 +182,7 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
     s.checkpointer = std::make_unique<Checkpointer>(comm, options.save_dir, options.keep_last, ckpt::ShardOptions{},
                                                     options.save_mode == "sync" ? SaveMode::kSync : SaveMode::kAsync,
                                                     [&s](const std::string& line) { s.log(line); });
-    s.backend->reserve_snapshot();
+    phases.run("allocating the checkpoint snapshot buffers", [&] { s.backend->reserve_snapshot(); });
   }
 
   const bool resumed = s.resume();
@@ -184,13 +192,18 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
       fail(ErrorKind::kInvalidInput,
            options.init_from.string() + ": its config.json describes another model than " + s.model->name());
     }
-    s.backend->initialize([&](int t, int64_t offset, std::span<float> out) { weights.read(t, offset, out); });
+    phases.run("reading " + params + " from " + options.init_from.string(), [&] {
+      s.backend->initialize([&](int t, int64_t offset, std::span<float> out) { weights.read(t, offset, out); });
+    });
     s.log("initialised from " + options.init_from.string());
   } else if (!resumed) {
     const model::Model& m = *s.model;
     const uint64_t seed = options.seed;
-    s.backend->initialize([&](int t, int64_t offset, std::span<float> out) { init_values(m, t, seed, offset, out); });
+    phases.run("initialising " + params, [&] {
+      s.backend->initialize([&](int t, int64_t offset, std::span<float> out) { init_values(m, t, seed, offset, out); });
+    });
   }
+  s.phases = nullptr;
   s.order = std::make_unique<SampleOrder>(*s.tokens, T, s.data_seed);
 
   // Every rank reports what it holds, so that ZeRO's 1/N savings are visible.
@@ -361,7 +374,12 @@ bool Trainer::State::resume() {
     nlohmann::json state;
     std::string error;
     try {
-      state = load_checkpoint(path, *model, *backend);
+      const auto load = [&] { state = load_checkpoint(path, *model, *backend); };
+      if (phases) {
+        phases->run("loading " + path.string(), load);
+      } else {
+        load();
+      }
     } catch (const Error& e) {
       // Damage (a flipped bit, a truncated or missing shard) moves on to an older checkpoint; a
       // checkpoint of another model, or one the user named, is the user's to sort out.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "ckpt/error.hpp"
+#include "model/cpu/ops.hpp"
 #include "trainer/grad_wire.hpp"
 
 namespace shardkit::trainer {
@@ -74,12 +75,12 @@ std::vector<ckpt::Fragment> ZeroEngine::load_plan() const {
 }
 
 void ZeroEngine::initialize(const std::function<void(int, int64_t, std::span<float>)>& init) {
-  std::fill(master_.begin(), master_.end(), 0.0f);
+  model::cpu::fill(master_.data(), static_cast<int64_t>(master_.size()), 0.0f);
   for (const ckpt::Fragment& f : load_plan()) {
     init(f.tensor, f.tensor_offset, std::span<float>(master_.data() + f.flat_offset, static_cast<size_t>(f.length)));
   }
-  std::fill(exp_avg_.begin(), exp_avg_.end(), 0.0f);
-  std::fill(exp_avg_sq_.begin(), exp_avg_sq_.end(), 0.0f);
+  model::cpu::fill(exp_avg_.data(), static_cast<int64_t>(exp_avg_.size()), 0.0f);
+  model::cpu::fill(exp_avg_sq_.data(), static_cast<int64_t>(exp_avg_sq_.size()), 0.0f);
   publish_params();
 }
 

@@ -23,6 +23,9 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                         const float* v, const float* att, const AttentionShape& shape);
 
+// out[0, n) = value, on the compute threads: the first touch of fresh pages spreads over them too.
+void fill(float* out, int64_t n, float value);
+
 // out = a + b
 void residual_forward(float* out, const float* a, const float* b, int64_t n);
 // y += x

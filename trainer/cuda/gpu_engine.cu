@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "ckpt/huge_pages.hpp"
+#include "model/cpu/ops.hpp"
 #include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
 #include "trainer/cuda/kernels.cuh"
@@ -94,13 +95,16 @@ int64_t GpuZeroEngine<T>::owned_size() const noexcept {
 
 template <typename T>
 void GpuZeroEngine<T>::initialize(const InitFn& init) {
-  std::vector<float> staging;
+  std::unique_ptr<float[]> staging;
   std::span<float> host;
   if (host_) {
     host = host_->master();  // moments start at zero where they live
   } else {
-    staging.assign(master_.size(), 0.0f);
-    host = staging;
+    // Zeroed on the compute threads, not one: billions of elements (the padding between fragments
+    // must be zero; the rest is overwritten).
+    staging.reset(new float[master_.size()]);
+    model::cpu::fill(staging.get(), static_cast<int64_t>(master_.size()), 0.0f);
+    host = std::span<float>(staging.get(), master_.size());
     CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
     CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
   }
