@@ -1,5 +1,6 @@
 #include "ckpt/json_input.hpp"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "ckpt/file_util.hpp"
@@ -16,7 +17,7 @@ constexpr size_t kShownBytes = 160;
 // beyond the limits.
 class ShapeCheck {
  public:
-  explicit ShapeCheck(size_t max_values) : max_values_(max_values) {}
+  ShapeCheck(std::string_view text, size_t max_values) : text_(text), max_values_(max_values) {}
 
   std::string problem;  // why the pass stopped
 
@@ -33,8 +34,16 @@ class ShapeCheck {
   bool end_object() { return close(); }
   bool end_array() { return close(); }
   bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception&) {
-    // nlohmann's own message quotes the input; this one stays short whatever the bytes are.
-    problem = "not valid JSON (syntax error at byte " + std::to_string(position) + ")";
+    // nlohmann's own message quotes the input; this one stays short whatever the bytes are, and gives
+    // the line and column an editor shows. `position` counts the bytes read, up to the last one of
+    // the offending token.
+    const size_t at = std::min(position > 0 ? position - 1 : 0, text_.size());
+    const std::string_view before = text_.substr(0, at);
+    const size_t line = 1 + static_cast<size_t>(std::count(before.begin(), before.end(), '\n'));
+    const size_t line_start = before.rfind('\n');
+    const size_t column = at - (line_start == std::string_view::npos ? 0 : line_start + 1) + 1;
+    problem = "not valid JSON (syntax error at line " + std::to_string(line) + ", column " + std::to_string(column) +
+              ", byte " + std::to_string(position) + ")";
     return false;
   }
 
@@ -54,10 +63,41 @@ class ShapeCheck {
     return true;
   }
 
+  std::string_view text_;
   size_t max_values_;
   size_t values_ = 0;
   int depth_ = 0;
 };
+
+// `text` with each comma that directly precedes a `}` or `]` (whitespace and, when allowed, comments
+// between) replaced by a space: nlohmann has no option for them. Every other byte stays in place, so
+// an error's line and column still point into the file as written.
+std::string blank_trailing_commas(std::string_view text, bool comments) {
+  std::string out(text);
+  size_t comma = std::string::npos;  // the last comma seen, while only blanks followed it
+  char last = '\0';                  // the last significant byte before it
+  for (size_t i = 0; i < out.size(); ++i) {
+    const char c = out[i];
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') continue;
+    if (comments && c == '/' && i + 1 < out.size() && (out[i + 1] == '/' || out[i + 1] == '*')) {
+      const size_t end = out[i + 1] == '/' ? out.find('\n', i) : out.find("*/", i + 2);
+      if (end == std::string::npos) break;  // an unclosed comment: the parse reports it
+      i = out[i + 1] == '/' ? end : end + 1;
+      continue;
+    }
+    if ((c == '}' || c == ']') && comma != std::string::npos) out[comma] = ' ';
+    // Only a comma after a value can trail: "[,]" and "{,}" stay errors.
+    const bool after_value = last != '\0' && last != '[' && last != '{' && last != ',' && last != ':';
+    comma = c == ',' && after_value ? i : std::string::npos;
+    last = c;
+    if (c == '"') {  // skip the string, escapes included
+      for (++i; i < out.size() && out[i] != '"'; ++i) {
+        if (out[i] == '\\') ++i;
+      }
+    }
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -70,7 +110,9 @@ json parse_untrusted_json(std::string_view text, const JsonLimits& limits, const
   if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
     fail(kind, where + ": not valid JSON (NUL byte at byte " + std::to_string(nul) + ")");
   }
-  ShapeCheck check(limits.max_bytes / kMinBytesPerJsonValue);
+  const std::string lenient = limits.trailing_commas ? blank_trailing_commas(text, limits.comments) : std::string();
+  if (limits.trailing_commas) text = lenient;
+  ShapeCheck check(text, limits.max_bytes / kMinBytesPerJsonValue);
   if (!json::sax_parse(text, &check, json::input_format_t::json, /*strict=*/true, limits.comments)) {
     fail(kind, where + ": " + check.problem);
   }

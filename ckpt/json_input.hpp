@@ -29,6 +29,8 @@ inline constexpr size_t kMinBytesPerJsonValue = 16;
 struct JsonLimits {
   size_t max_bytes = 0;
   bool comments = false;  // `//` and `/* */` comments, as DeepSpeed and our model files allow
+  // A comma before `}` or `]`: DeepSpeed reads its configs with hjson, which allows one.
+  bool trailing_commas = false;
 };
 
 // The size caps of each kind of JSON file, from what real files need.
@@ -37,13 +39,17 @@ namespace json_limits {
 inline constexpr JsonLimits kHfConfig{size_t{4} << 20, false};
 // model.safetensors.index.json: ~100 bytes per tensor; 16 MiB is 160,000 tensors (a 7B model has ~300).
 inline constexpr JsonLimits kHfIndex{size_t{16} << 20, false};
-// A DeepSpeed config or a shardkit model file: a few KiB.
+// A shardkit model file: a few KiB.
 inline constexpr JsonLimits kConfig{size_t{1} << 20, true};
+// A DeepSpeed config: a few KiB, read as leniently as DeepSpeed reads it.
+inline constexpr JsonLimits kDsConfig{size_t{1} << 20, true, true};
 }  // namespace json_limits
 
 // Parses `text` within `limits`: larger text, a NUL byte, deeper nesting than kMaxJsonDepth, more
-// values than the size cap admits, or a syntax error are Error(kind) "<where>: ...". The depth and
-// the count are checked by a first pass that builds nothing, so no tree is ever deeper or larger.
+// values than the size cap admits, or a syntax error are Error(kind) "<where>: ...". A syntax error is
+// placed by line and column (bytes, from 1) of the last byte of the token where the text went wrong.
+// The depth and the count are checked by a first pass that builds nothing, so no tree is ever deeper
+// or larger.
 nlohmann::json parse_untrusted_json(std::string_view text, const JsonLimits& limits, const std::string& where,
                                     ErrorKind kind);
 // Reads `path` (an input file, see open_input_file) and parses it as above, naming the file in errors.

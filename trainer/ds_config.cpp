@@ -1,7 +1,9 @@
 // Reads a DeepSpeed JSON config the way DeepSpeed 0.19 does (formats.md §2): batch-size resolution,
 // fp16/bf16, zero_optimization, optimizer, scheduler and the few scalar keys the trainer uses, with
-// Hugging Face's "auto" values resolved. Keys DeepSpeed knows but shardkit does not use are accepted
-// silently; unknown keys become warnings; anything the trainer cannot run with is an error.
+// Hugging Face's "auto" values resolved where shardkit knows what the Trainer would fill in. Keys
+// DeepSpeed knows but shardkit does not use are accepted silently, unless enabling them changes what
+// is trained (a warning); unknown keys become warnings; anything the trainer cannot run with, or
+// could only run differently from DeepSpeed without a word, is an error.
 #include "trainer/ds_config.hpp"
 
 #include <algorithm>
@@ -30,12 +32,16 @@ constexpr double kNoLimit = std::numeric_limits<double>::infinity();
 // h * h * 9 (the "auto" prefetch bucket) must fit in an int64.
 constexpr int64_t kMaxHiddenSize = int64_t{1} << 24;
 
-// Keys DeepSpeed knows that shardkit does not use, accepted without a warning (formats.md §2).
+// Keys DeepSpeed 0.19 reads (its config classes) that shardkit does not use: accepted without an
+// "unknown" warning (formats.md §2). Those among them that change what is trained get a warning of
+// their own when enabled (warn_unimplemented), or an error where ignoring them would make the run
+// wrong.
 constexpr const char* kUnusedTopLevelKeys[] = {"zero_allow_untested_optimizer",
                                                "zero_force_ds_cpu_optimizer",
                                                "prescale_gradients",
                                                "gradient_predivide_factor",
                                                "dump_state",
+                                               "disable_allgather",
                                                "memory_breakdown",
                                                "sparse_gradients",
                                                "dataloader_drop_last",
@@ -45,16 +51,33 @@ constexpr const char* kUnusedTopLevelKeys[] = {"zero_allow_untested_optimizer",
                                                "tensorboard",
                                                "wandb",
                                                "csv_monitor",
+                                               "comet",
                                                "comms_logger",
                                                "activation_checkpointing",
                                                "aio",
+                                               "nebula",
                                                "amp",
+                                               "torch_autocast",
                                                "autotuning",
                                                "elasticity",
                                                "pipeline",
+                                               "compile",
+                                               "timers",
+                                               "graph_harvesting",
+                                               "eigenvalue",
+                                               "hybrid_engine",
+                                               "use_data_before_expert_parallel_",
+                                               "weight_quantization",
+                                               "sparse_attention",
+                                               "sequence_parallel_size",
+                                               "seq_parallel_communication_data_type",
+                                               "tensor_parallel",
+                                               "progressive_layer_drop",
+                                               "quantize_training",
                                                "compression_training",
                                                "curriculum_learning",
-                                               "data_efficiency"};
+                                               "data_efficiency",
+                                               "vocabulary_size"};
 constexpr const char* kUnusedFp16Keys[] = {"auto_cast", "fp16_master_weights_and_grads"};
 constexpr const char* kUnusedBf16Keys[] = {"check_grad_overflow", "immediate_grad_update",
                                            "bf16_master_weights_and_grads", "bf16_optimizer_states"};
@@ -62,16 +85,32 @@ constexpr const char* kUnusedZeroKeys[] = {"use_multi_rank_bucket_allreduce",
                                            "load_from_fp32_weights",
                                            "elastic_checkpoint",
                                            "stage3_model_persistence_threshold",
+                                           "model_persistence_threshold",
                                            "stage3_gather_16bit_weights_on_model_save",
+                                           "gather_16bit_weights_on_model_save",
                                            "stage3_gather_fp16_weights_on_model_save",
+                                           "stage3_module_granularity_threshold",
+                                           "module_granularity_threshold",
+                                           "stage3_use_all_reduce_for_fetch_params",
+                                           "use_all_reduce_for_fetch_params",
                                            "ignore_unused_parameters",
                                            "legacy_stage1",
                                            "mics_shard_size",
                                            "mics_hierarchical_params_gather",
                                            "memory_efficient_linear",
+                                           "pipeline_loading_checkpoint",
+                                           "override_module_apply",
+                                           "log_trace_cache_warnings",
+                                           "enable_sanity_checks",
+                                           "leaf_module",
                                            "zero_hpz_partition_size",
                                            "zero_quantized_weights",
-                                           "zero_quantized_gradients"};
+                                           "zero_quantized_nontrainable_weights",
+                                           "zero_quantized_gradients",
+                                           "zeropp_loco_param",
+                                           "zenflow"};
+// legacy_fusion picks between two implementations of the same update.
+constexpr const char* kUnusedOptimizerKeys[] = {"legacy_fusion"};
 // torch_adam picks torch's Adam over DeepSpeed's fused one: the same update.
 constexpr const char* kUnusedAdamParams[] = {"torch_adam"};
 // The resume position comes from the checkpoint instead.
@@ -93,7 +132,7 @@ std::string range_text(T lo, T hi, T unbounded) {
 // One JSON object of the config (the top level or a section such as "zero_optimization"): typed
 // access to its keys, errors naming "<file>: <section>.<key>", and a record of the keys looked at so
 // that the others can be reported as unknown. Absent keys, null and "auto" all mean "use the
-// default": every accessor returns std::nullopt for them.
+// default": every accessor returns std::nullopt for them (refuse_auto marks where "auto" cannot).
 class Section {
  public:
   Section(const json& object, std::string path, Report& report)
@@ -127,6 +166,12 @@ class Section {
     known_.insert(key);
     const auto it = object_.find(key);
     return it != object_.end() && *it == "auto";
+  }
+
+  // "auto" where the default is not what Hugging Face's Trainer would fill in and shardkit cannot
+  // know that value: an error that says so and how to give the value instead.
+  void refuse_auto(const std::string& key, const std::string& how) {
+    if (is_auto(key)) bad(key, "is \"auto\", which only Hugging Face's Trainer fills in: " + how);
   }
 
   // An integer in [lo, hi]; integral floats such as 5e8 count as integers (Python reads 5e8 as a float
@@ -203,6 +248,16 @@ bool set_if(const std::optional<T>& value, U& out) {
   return value.has_value();
 }
 
+// Whether the boolean `key` of `section` is given and true.
+bool is_true(Section& section, const std::string& key) {
+  return section.flag(key).value_or(false);
+}
+
+// A warning for a setting that changes what DeepSpeed trains and that shardkit does not implement.
+void warn_ignored(Section& section, const std::string& key, const std::string& consequence) {
+  section.warn(section.name(key) + " ignored: " + consequence);
+}
+
 // "train_micro_batch_size_per_gpu 2 * gradient_accumulation_steps 4 * world size 3"
 std::string batch_factors(int64_t micro, int64_t gas, int64_t world_size) {
   return "train_micro_batch_size_per_gpu " + std::to_string(micro) + " * gradient_accumulation_steps " +
@@ -215,7 +270,16 @@ void resolve_batch(Section& top, int64_t world_size, DsConfig& c) {
   // The trainer counts a micro-batch's rows in an int.
   const std::optional<int64_t> micro = top.integer("train_micro_batch_size_per_gpu", 1, kMaxInt);
   const std::optional<int64_t> gas = top.integer("gradient_accumulation_steps", 1, kMaxInteger);
-  if (!train && !micro) top.reject("either train_batch_size or train_micro_batch_size_per_gpu must be given");
+  if (!train && !micro) {
+    // "auto" (from a Hugging Face Trainer config) means the Trainer's own batch arguments, which
+    // shardkit does not have; with one of the two sizes given, the rule below resolves the others.
+    if (top.is_auto("train_batch_size") || top.is_auto("train_micro_batch_size_per_gpu")) {
+      top.reject(
+          "train_batch_size and train_micro_batch_size_per_gpu are \"auto\" or absent: \"auto\" is filled in by "
+          "Hugging Face's Trainer only; give train_micro_batch_size_per_gpu (or train_batch_size) as a number");
+    }
+    top.reject("either train_batch_size or train_micro_batch_size_per_gpu must be given");
+  }
   // The six cases of §2.1 in two lines: a missing gas is train / micro / ws when both are given and 1
   // otherwise; a missing micro is train / ws / gas (train is given then).
   // (Each quotient is checked before it divides: train_batch_size 12 with a micro-batch of 2 at world
@@ -259,6 +323,11 @@ Fp16Config parse_fp16(Section fp16) {
   if (set_if(fp16.number("min_loss_scale", 0, kNoLimit), out.min_loss_scale) && out.min_loss_scale == 0) {
     fp16.bad("min_loss_scale", "is 0, must be positive");
   }
+  // DeepSpeed casts floating-point model inputs; the inputs here are token ids, which it leaves alone.
+  if (is_true(fp16, "auto_cast")) warn_ignored(fp16, "auto_cast", "the model's inputs are token ids, never cast");
+  if (is_true(fp16, "fp16_master_weights_and_grads")) {
+    warn_ignored(fp16, "fp16_master_weights_and_grads", "master weights and gradients stay fp32");
+  }
   fp16.accept(kUnusedFp16Keys);
   fp16.warn_unknown();
   return out;
@@ -271,6 +340,10 @@ bool parse_bf16(Section& top) {
   Section bf16 = top.child(has_new ? "bf16" : "bfloat16");
   bool enabled = false;
   set_if(bf16.flag("enabled"), enabled);
+  if (is_true(bf16, "bf16_master_weights_and_grads")) {
+    warn_ignored(bf16, "bf16_master_weights_and_grads", "master weights and gradients stay fp32");
+  }
+  if (is_true(bf16, "bf16_optimizer_states")) warn_ignored(bf16, "bf16_optimizer_states", "optimizer states stay fp32");
   bf16.accept(kUnusedBf16Keys);
   bf16.warn_unknown();
   return enabled;
@@ -307,6 +380,15 @@ void resolve_auto_sizes(Section& zero, int64_t hidden_size, ZeroConfig& out) {
   if (zero.is_auto("stage3_param_persistence_threshold")) out.stage3_param_persistence_threshold = 10 * h;
 }
 
+// A stage-3 size under its "stage3_" name or under the field name that DeepSpeed's config class
+// accepts as well (prefetch_bucket_size, ...).
+std::optional<int64_t> stage3_size(Section& zero, const std::string& key) {
+  const std::string field = key.substr(std::string_view("stage3_").size());
+  const bool by_field = zero.has(field);
+  if (by_field && zero.has(key)) zero.bad(field, "and " + zero.name(key) + " are the same setting: give one of them");
+  return zero.integer(by_field ? field : key, 0, kMaxInteger);
+}
+
 ZeroConfig parse_zero(Section zero, int64_t hidden_size) {
   ZeroConfig out;
   set_if(zero.integer("stage", 0, 3), out.stage);
@@ -314,16 +396,17 @@ ZeroConfig parse_zero(Section zero, int64_t hidden_size) {
   set_if(zero.flag("reduce_scatter"), out.reduce_scatter);
   if (!set_if(zero.flag("overlap_comm"), out.overlap_comm)) out.overlap_comm = out.stage == 3;
   set_if(zero.flag("allgather_partitions"), out.allgather_partitions);
-  set_if(zero.integer("reduce_bucket_size", 1, kMaxInteger), out.reduce_bucket_size);
-  set_if(zero.integer("allgather_bucket_size", 2, kMaxInteger), out.allgather_bucket_size);
+  // DeepSpeed's ranges: 0 is allowed for every size (a bucket of 0 holds one tensor, as in DeepSpeed).
+  set_if(zero.integer("reduce_bucket_size", 0, kMaxInteger), out.reduce_bucket_size);
+  set_if(zero.integer("allgather_bucket_size", 0, kMaxInteger), out.allgather_bucket_size);
   if (out.allgather_bucket_size % 2 != 0) {
     zero.bad("allgather_bucket_size", "is " + std::to_string(out.allgather_bucket_size) + ", must be even");
   }
-  set_if(zero.integer("stage3_prefetch_bucket_size", 0, kMaxInteger), out.stage3_prefetch_bucket_size);
-  set_if(zero.integer("stage3_param_persistence_threshold", 0, kMaxInteger), out.stage3_param_persistence_threshold);
-  set_if(zero.integer("stage3_max_live_parameters", 0, kMaxInteger), out.stage3_max_live_parameters);
-  set_if(zero.integer("stage3_max_reuse_distance", 0, kMaxInteger), out.stage3_max_reuse_distance);
-  set_if(zero.integer("sub_group_size", 1, kMaxInteger), out.sub_group_size);
+  set_if(stage3_size(zero, "stage3_prefetch_bucket_size"), out.stage3_prefetch_bucket_size);
+  set_if(stage3_size(zero, "stage3_param_persistence_threshold"), out.stage3_param_persistence_threshold);
+  set_if(stage3_size(zero, "stage3_max_live_parameters"), out.stage3_max_live_parameters);
+  set_if(stage3_size(zero, "stage3_max_reuse_distance"), out.stage3_max_reuse_distance);
+  set_if(zero.integer("sub_group_size", 0, kMaxInteger), out.sub_group_size);
   set_if(zero.flag("round_robin_gradients"), out.round_robin_gradients);
   resolve_auto_sizes(zero, hidden_size, out);
   out.offload_optimizer = parse_offload(zero, "offload_optimizer", "cpu_offload");
@@ -332,6 +415,16 @@ ZeroConfig parse_zero(Section zero, int64_t hidden_size) {
   if (zero.has("cpu_offload_use_pin_memory")) {
     zero.warn(zero.name("cpu_offload_use_pin_memory") + " is deprecated and ignored (use offload_*.pin_memory)");
   }
+  if (is_true(zero, "zero_quantized_weights")) {
+    warn_ignored(zero, "zero_quantized_weights", "weights travel unquantized");
+  }
+  if (is_true(zero, "zero_quantized_nontrainable_weights")) {
+    warn_ignored(zero, "zero_quantized_nontrainable_weights", "weights are kept unquantized");
+  }
+  if (is_true(zero, "zero_quantized_gradients")) {
+    warn_ignored(zero, "zero_quantized_gradients", "gradients travel unquantized");
+  }
+  if (zero.has("zenflow")) warn_ignored(zero, "zenflow", "every step updates every parameter");
   zero.accept(kUnusedZeroKeys);
   zero.warn_unknown();
   return out;
@@ -366,6 +459,8 @@ OptimizerConfig parse_optimizer(Section& top) {
   if (const std::optional<std::string> type = optimizer.text("type")) out.type = optimizer_type(optimizer, *type);
   Section params = optimizer.child("params");
   if (params.has("max_grad_norm")) params.bad("max_grad_norm", "is not supported: use gradient_clipping");
+  // The Trainer's default learning rate (5e-5) is not shardkit's (1e-3): "auto" cannot mean either.
+  params.refuse_auto("lr", "give the learning rate as a number");
   set_if(params.number("lr", 0, kNoLimit), out.lr);
   parse_betas(params, out);
   set_if(params.number("eps", 0, kNoLimit), out.eps);
@@ -378,6 +473,7 @@ OptimizerConfig parse_optimizer(Section& top) {
   set_if(params.flag("bias_correction"), out.bias_correction);
   params.accept(kUnusedAdamParams);
   params.warn_unknown();
+  optimizer.accept(kUnusedOptimizerKeys);
   optimizer.warn_unknown();
   return out;
 }
@@ -390,20 +486,36 @@ SchedulerType scheduler_type(Section& scheduler, const std::string& type) {
 }
 
 // The params each scheduler type takes; a param of another type is reported as an unknown key.
-void parse_scheduler_params(Section params, SchedulerConfig& out) {
+// `total_steps` and `optimizer_lr` stand for the "auto" values the Trainer would fill in.
+void parse_scheduler_params(Section params, int64_t total_steps, double optimizer_lr, SchedulerConfig& out) {
   const bool cosine = out.type == SchedulerType::kWarmupCosineLR;
   if (!cosine) {
     set_if(params.number("warmup_min_lr", 0, kNoLimit), out.warmup_min_lr);
-    if (const std::optional<double> max_lr = params.number("warmup_max_lr", 0, kNoLimit)) out.warmup_max_lr = max_lr;
+    // The Trainer fills in the optimizer's lr. Left unset, WarmupDecayLR would take DeepSpeed's 0.001.
+    if (params.is_auto("warmup_max_lr")) {
+      out.warmup_max_lr = optimizer_lr;
+    } else if (const std::optional<double> max_lr = params.number("warmup_max_lr", 0, kNoLimit)) {
+      out.warmup_max_lr = max_lr;
+    }
   }
+  // The Trainer fills it from its warmup_steps or warmup_ratio (default 0); shardkit's default is 1000.
+  params.refuse_auto("warmup_num_steps", "give the number of warmup steps");
   set_if(params.integer("warmup_num_steps", 0, kMaxInteger), out.warmup_num_steps);
   set_if(params.text("warmup_type"), out.warmup_type);
   if (out.warmup_type != "log" && out.warmup_type != "linear") {
     params.bad("warmup_type", "is '" + out.warmup_type + "', must be log or linear");
   }
-  if (out.type != SchedulerType::kWarmupLR &&
-      !set_if(params.integer("total_num_steps", 1, kMaxInteger), out.total_num_steps)) {
-    params.bad("total_num_steps", std::string("is required for ") + (cosine ? "WarmupCosineLR" : "WarmupDecayLR"));
+  if (out.type != SchedulerType::kWarmupLR) {
+    const char* type = cosine ? "WarmupCosineLR" : "WarmupDecayLR";
+    if (params.is_auto("total_num_steps")) {
+      // The Trainer fills in the run's length: here, the optimizer steps the run is given.
+      if (total_steps < 1) {
+        params.bad("total_num_steps", "is \"auto\" and the run's step count is not known here: give it as a number");
+      }
+      out.total_num_steps = total_steps;
+    } else if (!set_if(params.integer("total_num_steps", 1, kMaxInteger), out.total_num_steps)) {
+      params.bad("total_num_steps", std::string("is required for ") + type);
+    }
   }
   if (cosine) {
     set_if(params.number("warmup_min_ratio", 0, 1), out.warmup_min_ratio);
@@ -413,13 +525,13 @@ void parse_scheduler_params(Section params, SchedulerConfig& out) {
   params.warn_unknown();
 }
 
-SchedulerConfig parse_scheduler(Section& top) {
+SchedulerConfig parse_scheduler(Section& top, int64_t total_steps, double optimizer_lr) {
   SchedulerConfig out;
   Section scheduler = top.child("scheduler");
   const std::optional<std::string> type = scheduler.text("type");
   if (type) {
     out.type = scheduler_type(scheduler, *type);
-    parse_scheduler_params(scheduler.child("params"), out);
+    parse_scheduler_params(scheduler.child("params"), total_steps, optimizer_lr, out);
   } else if (scheduler.has("params")) {
     // DeepSpeed builds no scheduler without a type; its params are then unused.
     scheduler.warn(scheduler.name("params") + " ignored: no scheduler type");
@@ -428,8 +540,62 @@ SchedulerConfig parse_scheduler(Section& top) {
   return out;
 }
 
+// Sections of the top level that change what DeepSpeed trains and that shardkit does not implement:
+// a warning each when enabled, an error where ignoring it would change what the batch keys mean.
+void warn_unimplemented(Section& top) {
+  const auto section_enabled = [&](const std::string& key) {
+    if (!top.has(key)) return false;
+    Section section = top.child(key);
+    return is_true(section, "enabled");
+  };
+  const std::pair<const char*, const char*> switched[] = {
+      {"amp", "Apex mixed precision is not implemented (fp16 and bf16 are)"},
+      {"torch_autocast", "torch.autocast mixed precision is not implemented (fp16 and bf16 are)"},
+      {"progressive_layer_drop", "every layer runs at every step"},
+      {"curriculum_learning", "every sequence is trained at its full length"},
+      {"data_efficiency", "no curriculum sampling or random layer-token drop; data is read in shardkit's order"},
+      {"quantize_training", "weights are not quantized"},
+      {"elasticity", "the batch sizes come from the batch keys"},
+  };
+  for (const auto& [key, consequence] : switched) {
+    if (section_enabled(key)) warn_ignored(top, std::string(key) + ".enabled", consequence);
+  }
+  if (top.has("sparse_attention")) warn_ignored(top, "sparse_attention", "attention stays dense");
+  if (top.has("compression_training")) {
+    Section compression = top.child("compression_training");
+    // Each technique has shared_parameters.enabled; layer_reduction has enabled of its own.
+    for (const char* technique : {"weight_quantization", "activation_quantization", "sparse_pruning", "row_pruning",
+                                  "head_pruning", "channel_pruning"}) {
+      if (!compression.has(technique)) continue;
+      Section shared = compression.child(technique).child("shared_parameters");
+      if (is_true(shared, "enabled")) warn_ignored(compression, technique, "the model trains uncompressed");
+    }
+    if (compression.has("layer_reduction")) {
+      Section layer_reduction = compression.child("layer_reduction");
+      if (is_true(layer_reduction, "enabled")) {
+        warn_ignored(compression, "layer_reduction", "the model trains uncompressed");
+      }
+    }
+  }
+  // Both split the ranks into groups that share a batch: ignored, each rank would take a batch of its
+  // own and train_batch_size would no longer hold.
+  const auto refuse_above_1 = [](Section& section, const std::string& key, int64_t lo) {
+    const int64_t size = section.integer(key, lo, kMaxInteger).value_or(1);
+    if (size > 1)
+      section.bad(key, "is " + std::to_string(size) + ", must be at most 1: shardkit parallelises over data only");
+  };
+  refuse_above_1(top, "sequence_parallel_size", 1);
+  if (top.has("tensor_parallel")) {
+    Section tensor_parallel = top.child("tensor_parallel");
+    refuse_above_1(tensor_parallel, "autotp_size", 0);
+  }
+}
+
 void check_context(int world_size, const AutoContext& context, const std::string& where) {
   if (world_size < 1) fail(ErrorKind::kInvalidInput, where + ": world size " + std::to_string(world_size) + " < 1");
+  if (context.total_steps < 0) {
+    fail(ErrorKind::kInvalidInput, where + ": total steps " + std::to_string(context.total_steps) + " < 0");
+  }
   if (context.hidden_size < 0 || context.hidden_size > kMaxHiddenSize) {
     fail(ErrorKind::kInvalidInput, where + ": hidden size " + std::to_string(context.hidden_size) +
                                        " (for \"auto\" values) must be in [0, " + std::to_string(kMaxHiddenSize) + "]");
@@ -534,7 +700,7 @@ DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const Aut
   if (c.fp16.enabled && c.bf16) top.reject("fp16.enabled and bf16.enabled are both true");
   c.zero = parse_zero(top.child("zero_optimization"), context.hidden_size);
   c.optimizer = parse_optimizer(top);
-  c.scheduler = parse_scheduler(top);
+  c.scheduler = parse_scheduler(top, context.total_steps, c.optimizer.lr);
   set_if(top.number("gradient_clipping", 0, kNoLimit), c.gradient_clipping);
   set_if(top.integer("steps_per_print", 1, kMaxInteger), c.steps_per_print);
   set_if(top.flag("wall_clock_breakdown"), c.wall_clock_breakdown);
@@ -544,19 +710,21 @@ DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const Aut
     // such step is skipped as an overflow.
     top.warn("communication_data_type fp16 with bf16 training: gradient sums above 65504 overflow");
   }
+  warn_unimplemented(top);
   top.accept(kUnusedTopLevelKeys);
   top.warn_unknown();
   return c;
 }
 
 DsConfig load_ds_config(const std::filesystem::path& file, int world_size, const AutoContext& context) {
-  const std::string text = ckpt::read_small_file(file, ckpt::json_limits::kConfig.max_bytes, ErrorKind::kInvalidInput);
+  const std::string text =
+      ckpt::read_small_file(file, ckpt::json_limits::kDsConfig.max_bytes, ErrorKind::kInvalidInput);
   return parse_ds_config_text(text, world_size, context, file.string());
 }
 
 DsConfig parse_ds_config_text(std::string_view text, int world_size, const AutoContext& context,
                               const std::string& where) {
-  const json config = ckpt::parse_untrusted_json(text, ckpt::json_limits::kConfig, where, ErrorKind::kInvalidInput);
+  const json config = ckpt::parse_untrusted_json(text, ckpt::json_limits::kDsConfig, where, ErrorKind::kInvalidInput);
   return parse_ds_config(config, world_size, context, where);
 }
 

@@ -104,6 +104,7 @@ const char* comm_dtype_name(ckpt::DType type) noexcept;
 // What "auto" values resolve from, as Hugging Face's Trainer integration does.
 struct AutoContext {
   int64_t hidden_size = 0;  // n_embd of the model: reduce_bucket_size = h*h, etc.
+  int64_t total_steps = 0;  // the run's optimizer steps (--steps): scheduler total_num_steps; 0 = unknown
 };
 
 // Parses and validates `config`; `where` (a file name) starts every error message. Errors are
@@ -112,7 +113,8 @@ struct AutoContext {
 DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const AutoContext& context,
                          const std::string& where);
 
-// Reads a JSON file (comments allowed) and parses it.
+// Reads a JSON file (comments and trailing commas allowed, as DeepSpeed's hjson reader allows them)
+// and parses it.
 DsConfig load_ds_config(const std::filesystem::path& file, int world_size, const AutoContext& context);
 // The same for the file's text.
 DsConfig parse_ds_config_text(std::string_view text, int world_size, const AutoContext& context,

@@ -56,8 +56,8 @@ constexpr char kSeedAuto[] = R"({
   "wall_clock_breakdown": false
 })";
 
-DsConfig parse(const json& config, int world_size = 1, int64_t hidden_size = 0) {
-  return parse_ds_config(config, world_size, AutoContext{hidden_size}, kWhere);
+DsConfig parse(const json& config, int world_size = 1, int64_t hidden_size = 0, int64_t total_steps = 0) {
+  return parse_ds_config(config, world_size, AutoContext{hidden_size, total_steps}, kWhere);
 }
 
 // A minimal valid config (train batch 8) with `patch` merged into its top level.
@@ -256,9 +256,36 @@ TEST(DsConfigBatch, SizesTooSmallForTheWorldSizeAreRejectedNotDividedByZero) {
 
 TEST(DsConfigBatch, NeedsTrainOrMicroBatchSize) {
   for (const json& config : {json::object(), json{{"gradient_accumulation_steps", 4}},
-                             json{{"train_batch_size", "auto"}, {"train_micro_batch_size_per_gpu", nullptr}}}) {
+                             json{{"train_batch_size", nullptr}, {"train_micro_batch_size_per_gpu", nullptr}}}) {
     EXPECT_EQ(error_of(config), "config.json: either train_batch_size or train_micro_batch_size_per_gpu must be given");
   }
+}
+
+TEST(DsConfigBatch, AutoSizesResolveByTheRuleOrSayTheyAreAuto) {
+  // A Hugging Face Trainer config: every batch key "auto". shardkit has no Trainer arguments to take
+  // them from, and the message says so instead of "must be given".
+  const json all_auto = {{"train_batch_size", "auto"},
+                         {"train_micro_batch_size_per_gpu", "auto"},
+                         {"gradient_accumulation_steps", "auto"}};
+  EXPECT_EQ(error_of(all_auto),
+            "config.json: train_batch_size and train_micro_batch_size_per_gpu are \"auto\" or absent: \"auto\" is "
+            "filled in by Hugging Face's Trainer only; give train_micro_batch_size_per_gpu (or train_batch_size) as a "
+            "number");
+  EXPECT_TRUE(Contains(error_of({{"train_batch_size", "auto"}, {"gradient_accumulation_steps", 2}}), "\"auto\""));
+  // One concrete size is enough: DeepSpeed's rule gives the others.
+  json micro = all_auto;
+  micro["train_micro_batch_size_per_gpu"] = 4;
+  const DsConfig from_micro = parse(micro, 2);
+  EXPECT_EQ(
+      std::tuple(from_micro.train_batch_size, from_micro.micro_batch_per_gpu, from_micro.gradient_accumulation_steps),
+      std::tuple(8, 4, 1));
+  json train = all_auto;
+  train["train_batch_size"] = 32;
+  train["gradient_accumulation_steps"] = 4;
+  const DsConfig from_train = parse(train, 2);
+  EXPECT_EQ(
+      std::tuple(from_train.train_batch_size, from_train.micro_batch_per_gpu, from_train.gradient_accumulation_steps),
+      std::tuple(32, 4, 4));
 }
 
 TEST(DsConfigBatch, RejectsNonPositiveAndFractionalSizes) {
@@ -292,28 +319,59 @@ TEST(DsConfigAuto, ZeroSizesFollowTheHiddenSize) {
 }
 
 TEST(DsConfigAuto, OtherAutoValuesTakeTheDefaults) {
-  const DsConfig c =
-      parse(with({{"gradient_clipping", "auto"},
-                  {"steps_per_print", "auto"},
-                  {"fp16", {{"enabled", "auto"}, {"loss_scale_window", "auto"}}},
-                  {"zero_optimization", {{"stage", 3}, {"overlap_comm", "auto"}}},
-                  {"optimizer",
-                   {{"type", "AdamW"},
-                    {"params", {{"lr", "auto"}, {"betas", "auto"}, {"eps", "auto"}, {"weight_decay", "auto"}}}}},
-                  {"scheduler",
-                   {{"type", "WarmupLR"}, {"params", {{"warmup_max_lr", "auto"}, {"warmup_num_steps", "auto"}}}}}}),
-            1, 768);
+  const DsConfig c = parse(
+      with({{"gradient_clipping", "auto"},
+            {"steps_per_print", "auto"},
+            {"fp16", {{"enabled", "auto"}, {"loss_scale_window", "auto"}}},
+            {"zero_optimization", {{"stage", 3}, {"overlap_comm", "auto"}}},
+            {"optimizer",
+             {{"type", "AdamW"},
+              {"params", {{"lr", 3e-4}, {"betas", "auto"}, {"eps", "auto"}, {"weight_decay", "auto"}}}}},
+            {"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_max_lr", "auto"}, {"warmup_min_lr", "auto"}}}}}}),
+      1, 768);
   EXPECT_EQ(c.gradient_clipping, 1.0);
   EXPECT_EQ(c.steps_per_print, 10);
   EXPECT_FALSE(c.fp16.enabled);
   EXPECT_EQ(c.fp16.loss_scale_window, 1000);
   EXPECT_TRUE(c.zero.overlap_comm);  // stage 3's default
-  EXPECT_EQ(c.optimizer.lr, 1e-3);
   EXPECT_EQ(c.optimizer.beta2, 0.999);
   EXPECT_EQ(c.optimizer.eps, 1e-8);
-  EXPECT_FALSE(c.scheduler.warmup_max_lr.has_value());
-  EXPECT_EQ(c.scheduler.warmup_num_steps, 1000);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.0);
+  EXPECT_EQ(c.scheduler.warmup_max_lr, 3e-4);  // the optimizer's lr, as the Trainer fills it
+  EXPECT_EQ(c.scheduler.warmup_min_lr, 0.0);
   EXPECT_TRUE(c.warnings.empty());
+}
+
+TEST(DsConfigAuto, TotalNumStepsIsTheRunsStepCount) {
+  for (const char* type : {"WarmupDecayLR", "WarmupCosineLR"}) {
+    SCOPED_TRACE(type);
+    const json config = with({{"scheduler", {{"type", type}, {"params", {{"total_num_steps", "auto"}}}}}});
+    EXPECT_EQ(parse(config, 1, 0, 300).scheduler.total_num_steps, 300);
+    EXPECT_EQ(error_of(config),
+              "config.json: scheduler.params.total_num_steps is \"auto\" and the run's step count "
+              "is not known here: give it as a number");
+  }
+}
+
+TEST(DsConfigAuto, WarmupMaxLrIsTheOptimizersLrNotDeepSpeedsDefault) {
+  // Unset, WarmupDecayLR's peak is DeepSpeed's 0.001; "auto" is the Trainer's learning rate.
+  const DsConfig c =
+      parse(with({{"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 6e-4}}}}},
+                  {"scheduler",
+                   {{"type", "WarmupDecayLR"}, {"params", {{"warmup_max_lr", "auto"}, {"total_num_steps", "auto"}}}}}}),
+            1, 0, 50);
+  EXPECT_EQ(c.scheduler.warmup_max_lr, 6e-4);
+  EXPECT_EQ(c.scheduler.total_num_steps, 50);
+}
+
+TEST(DsConfigAuto, ValuesOnlyTheTrainerKnowsAreRefused) {
+  // The Trainer's own defaults differ from shardkit's here, so no default could stand in for them.
+  EXPECT_EQ(error_of(with({{"optimizer", {{"type", "AdamW"}, {"params", {{"lr", "auto"}}}}}})),
+            "config.json: optimizer.params.lr is \"auto\", which only Hugging Face's Trainer fills in: give the "
+            "learning rate as a number");
+  EXPECT_EQ(error_of(with({{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", "auto"}}}}}})),
+            "config.json: scheduler.params.warmup_num_steps is \"auto\", which only Hugging Face's Trainer fills in: "
+            "give the number of warmup steps");
 }
 
 TEST(DsConfigPrecision, Fp16FieldsAndTheirDefaults) {
@@ -427,8 +485,36 @@ TEST(DsConfigZero, RejectsBadStageOddAllgatherBucketAndUnknownDevice) {
   EXPECT_TRUE(Contains(error_of(with({{"zero_optimization", {{"stage", -1}}}})), "zero_optimization.stage is -1"));
   EXPECT_EQ(error_of(with({{"zero_optimization", {{"allgather_bucket_size", 500'000'001}}}})),
             "config.json: zero_optimization.allgather_bucket_size is 500000001, must be even");
+  EXPECT_EQ(error_of(with({{"zero_optimization", {{"reduce_bucket_size", -1}}}})),
+            "config.json: zero_optimization.reduce_bucket_size is -1, must be >= 0");
   EXPECT_TRUE(Contains(error_of(with({{"zero_optimization", {{"offload_param", {{"device", "gpu"}}}}}})),
                        "zero_optimization.offload_param.device is 'gpu', must be none, cpu or nvme"));
+}
+
+TEST(DsConfigZero, SizesOfZeroAreAcceptedAsDeepSpeedAcceptsThem) {
+  const DsConfig c = parse(with({{"zero_optimization",
+                                  {{"reduce_bucket_size", 0},
+                                   {"allgather_bucket_size", 0},
+                                   {"sub_group_size", 0},
+                                   {"stage3_prefetch_bucket_size", 0}}}}));
+  EXPECT_EQ(std::tuple(c.zero.reduce_bucket_size, c.zero.allgather_bucket_size, c.zero.sub_group_size,
+                       c.zero.stage3_prefetch_bucket_size),
+            std::tuple(0, 0, 0, 0));
+}
+
+TEST(DsConfigZero, Stage3SizesAlsoReadUnderTheirFieldNames) {
+  const DsConfig c = parse(with({{"zero_optimization",
+                                  {{"prefetch_bucket_size", 11},
+                                   {"param_persistence_threshold", 12},
+                                   {"max_live_parameters", 13},
+                                   {"max_reuse_distance", 14}}}}));
+  EXPECT_EQ(std::tuple(c.zero.stage3_prefetch_bucket_size, c.zero.stage3_param_persistence_threshold,
+                       c.zero.stage3_max_live_parameters, c.zero.stage3_max_reuse_distance),
+            std::tuple(11, 12, 13, 14));
+  EXPECT_TRUE(c.warnings.empty());
+  EXPECT_EQ(error_of(with({{"zero_optimization", {{"prefetch_bucket_size", 1}, {"stage3_prefetch_bucket_size", 2}}}})),
+            "config.json: zero_optimization.prefetch_bucket_size and zero_optimization.stage3_prefetch_bucket_size "
+            "are the same setting: give one of them");
 }
 
 TEST(DsConfigZero, DeprecatedCpuOffloadMeansOptimizerOffloadToCpu) {
@@ -599,6 +685,72 @@ TEST(DsConfigKeys, KnownButUnusedKeysAreSilent) {
   EXPECT_EQ(parse(config).warnings, std::vector<std::string>{});
 }
 
+TEST(DsConfigKeys, KeysDeepSpeedReadsAreNotUnknown) {
+  // Keys of real configs that DeepSpeed 0.19's config classes read, each with a value that changes
+  // nothing shardkit trains.
+  const json config = with({{"disable_allgather", false},
+                            {"compile", {{"deepcompile", false}}},
+                            {"sequence_parallel_size", 1},
+                            {"torch_autocast", {{"enabled", false}}},
+                            {"progressive_layer_drop", {{"enabled", false}, {"theta", 0.5}}},
+                            {"tensor_parallel", {{"autotp_size", 1}}},
+                            {"comet", {{"enabled", false}}},
+                            {"timers", {{"throughput", {{"enabled", true}}}}},
+                            {"compression_training", {{"weight_quantization", {{"shared_parameters", {}}}}}},
+                            {"data_efficiency", {{"enabled", false}}},
+                            {"optimizer", {{"type", "AdamW"}, {"legacy_fusion", false}}},
+                            {"zero_optimization",
+                             {{"stage", 3},
+                              {"gather_16bit_weights_on_model_save", true},
+                              {"stage3_module_granularity_threshold", 0},
+                              {"zero_quantized_weights", false},
+                              {"zenflow", nullptr}}}});
+  EXPECT_EQ(parse(config).warnings, std::vector<std::string>{});
+}
+
+TEST(DsConfigKeys, EnabledSettingsShardkitDoesNotImplementWarn) {
+  const json config = with(
+      {{"fp16", {{"enabled", true}, {"auto_cast", true}}},
+       {"zero_optimization", {{"stage", 2}, {"zero_quantized_gradients", true}, {"zenflow", {{"topk_ratio", 0.1}}}}},
+       {"amp", {{"enabled", true}}},
+       {"progressive_layer_drop", {{"enabled", true}}},
+       {"curriculum_learning", {{"enabled", true}}},
+       {"data_efficiency", {{"enabled", true}}},
+       {"compression_training",
+        {{"weight_quantization", {{"shared_parameters", {{"enabled", true}}}}},
+         {"sparse_pruning", {{"shared_parameters", {{"enabled", false}}}}},
+         {"layer_reduction", {{"enabled", true}}}}}});
+  std::vector<std::string> warnings = parse(config).warnings;
+  std::vector<std::string> expected = {
+      "fp16.auto_cast ignored: the model's inputs are token ids, never cast",
+      "zero_optimization.zero_quantized_gradients ignored: gradients travel unquantized",
+      "zero_optimization.zenflow ignored: every step updates every parameter",
+      "amp.enabled ignored: Apex mixed precision is not implemented (fp16 and bf16 are)",
+      "progressive_layer_drop.enabled ignored: every layer runs at every step",
+      "curriculum_learning.enabled ignored: every sequence is trained at its full length",
+      "data_efficiency.enabled ignored: no curriculum sampling or random layer-token drop; data is read in "
+      "shardkit's order",
+      "compression_training.weight_quantization ignored: the model trains uncompressed",
+      "compression_training.layer_reduction ignored: the model trains uncompressed",
+  };
+  std::sort(warnings.begin(), warnings.end());
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(warnings, expected);
+
+  const DsConfig bf16 = parse(with(
+      {{"bf16", {{"enabled", true}, {"bf16_master_weights_and_grads", true}}}, {"zero_optimization", {{"stage", 1}}}}));
+  EXPECT_EQ(bf16.warnings, std::vector<std::string>{"bf16.bf16_master_weights_and_grads ignored: master weights and "
+                                                    "gradients stay fp32"});
+}
+
+TEST(DsConfigKeys, ModelParallelismIsRefused) {
+  // Ignored, each rank would take a batch of its own: the batch keys would mean something else.
+  EXPECT_EQ(error_of(with({{"sequence_parallel_size", 2}})),
+            "config.json: sequence_parallel_size is 2, must be at most 1: shardkit parallelises over data only");
+  EXPECT_EQ(error_of(with({{"tensor_parallel", {{"autotp_size", 4}}}})),
+            "config.json: tensor_parallel.autotp_size is 4, must be at most 1: shardkit parallelises over data only");
+}
+
 TEST(DsConfigKeys, WrongTypesNameTheKey) {
   const std::vector<std::pair<json, std::string>> cases = {
       {with({{"train_batch_size", "32"}}), "config.json: train_batch_size must be an integer, got \"32\""},
@@ -695,12 +847,30 @@ TEST(DsConfigLoad, ReadsAFileWithComments) {
   }
 }
 
+TEST(DsConfigLoad, TrailingCommasAreAllowedAsDeepSpeedAllowsThem) {
+  const DsConfig c = parse_ds_config_text(R"({
+    "train_batch_size": 8, // a comment, then a trailing comma
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95,],},},
+    "wandb": {"project": "a,}"},
+  })",
+                                          1, {}, kWhere);
+  EXPECT_EQ(c.train_batch_size, 8);
+  EXPECT_EQ(c.optimizer.beta2, 0.95);
+  EXPECT_TRUE(c.warnings.empty());
+  // Only a comma after a value trails; an empty element stays an error.
+  for (const char* text : {R"({"train_batch_size": 8, "x": [,]})", R"({,})", R"({"train_batch_size": 8,,})"}) {
+    SCOPED_TRACE(text);
+    EXPECT_THROW(parse_ds_config_text(text, 1, {}, kWhere), Error);
+  }
+}
+
 TEST(DsConfigLoad, MissingOrInvalidFilesAreInputErrors) {
   const TempDir dir;
   const std::vector<std::pair<std::filesystem::path, std::string>> cases = {
       {dir.path() / "absent.json", ": no such file"},
-      {dir.write("broken.json", "{\"train_batch_size\": 8,}"), ": not valid JSON (syntax error at byte 24)"},
-      {dir.write("empty.json", ""), ": not valid JSON (syntax error at byte 1)"},
+      {dir.write("broken.json", "{\n  \"train_batch_size\": 8\n  \"fp16\": {}\n}"),
+       ": not valid JSON (syntax error at line 3, column 8, byte 34)"},
+      {dir.write("empty.json", ""), ": not valid JSON (syntax error at line 1, column 1, byte 1)"},
       {dir.path(), ": not a regular file (a directory)"},
   };
   for (const auto& [file, suffix] : cases) {
