@@ -1,7 +1,7 @@
 // safetensors files (Hugging Face's tensor container), read and written as the reference implementation
-// does (docs: formats.md §3): an 8-byte little-endian header length N, N bytes of JSON header, then the
+// does: an 8-byte little-endian header length N, N bytes of JSON header, then the
 // tensors' bytes packed back to back to the end of the file. Also Hugging Face's rules for splitting a
-// model into several such files and the index that names them (formats.md §5.3).
+// model into several such files and the index that names them.
 //
 // Both the reader and the writer work on byte ranges with pread/pwrite, so several threads can fill or
 // drain one file at once and nothing is mapped or held in memory whole.
@@ -61,7 +61,7 @@ struct Header {
 };
 
 // Parses and validates a header (the N bytes of JSON text) of a file of `file_size` bytes, as the
-// reference reader does and a little stricter (formats.md §3):
+// reference reader does and a little stricter:
 //   * a JSON object (leading and trailing JSON whitespace allowed; the writer pads with spaces);
 //   * "__metadata__", when present: an object of string values;
 //   * every other key a tensor object with exactly the fields dtype (a known dtype string), shape (at most
@@ -74,7 +74,7 @@ struct Header {
 // message starts with `where` (the file) and names the tensor at fault.
 Header parse_header(std::string_view json_text, uint64_t file_size, const std::string& where);
 
-// Bits per element of a safetensors dtype, 0 for an unknown one. Knows every dtype of formats.md §3:
+// Bits per element of a safetensors dtype, 0 for an unknown one. Knows every dtype the format defines:
 // BOOL, F4, F6_E2M3, F6_E3M2, U8, I8, F8_E5M2, F8_E4M3, F8_E8M0, F8_E4M3FNUZ, F8_E5M2FNUZ, I16, U16, F16,
 // BF16, I32, U32, F32, C64, F64, I64, U64.
 size_t dtype_bits(std::string_view dtype);

@@ -1,4 +1,4 @@
-// Reads a DeepSpeed JSON config the way DeepSpeed 0.19 does (formats.md §2): batch-size resolution,
+// Reads a DeepSpeed JSON config the way DeepSpeed 0.19 does: batch-size resolution,
 // fp16/bf16, zero_optimization, optimizer, scheduler and the few scalar keys the trainer uses, with
 // Hugging Face's "auto" values resolved where shardkit knows what the Trainer would fill in. Keys
 // DeepSpeed knows but shardkit does not use are accepted silently, unless enabling them changes what
@@ -33,7 +33,7 @@ constexpr double kNoLimit = std::numeric_limits<double>::infinity();
 constexpr int64_t kMaxHiddenSize = int64_t{1} << 24;
 
 // Keys DeepSpeed 0.19 reads (its config classes) that shardkit does not use: accepted without an
-// "unknown" warning (formats.md §2). Those among them that change what is trained get a warning of
+// "unknown" warning. Those among them that change what is trained get a warning of
 // their own when enabled (warn_unimplemented), or an error where ignoring them would make the run
 // wrong.
 constexpr const char* kUnusedTopLevelKeys[] = {"zero_allow_untested_optimizer",
@@ -264,7 +264,7 @@ std::string batch_factors(int64_t micro, int64_t gas, int64_t world_size) {
          std::to_string(gas) + " * world size " + std::to_string(world_size);
 }
 
-// Train, micro and accumulation batch sizes by DeepSpeed's resolution rule (formats.md §2.1).
+// Train, micro and accumulation batch sizes by DeepSpeed's resolution rule.
 void resolve_batch(Section& top, int64_t world_size, DsConfig& c) {
   const std::optional<int64_t> train = top.integer("train_batch_size", 1, kMaxInteger);
   // The trainer counts a micro-batch's rows in an int.

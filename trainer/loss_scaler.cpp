@@ -1,4 +1,4 @@
-// DeepSpeed's loss scaler, DeepSpeed 0.19 semantics (formats.md §2.2): the dynamic fp16 scaler with
+// DeepSpeed's loss scaler, DeepSpeed 0.19 semantics: the dynamic fp16 scaler with
 // hysteresis, a static scale for fp16.loss_scale > 0 and for bf16, and a disabled scaler for fp32.
 #include "trainer/loss_scaler.hpp"
 

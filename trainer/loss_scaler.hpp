@@ -1,4 +1,4 @@
-// DeepSpeed's loss scaler (formats.md §2.2, DeepSpeed 0.19 semantics): dynamic scaling for fp16
+// DeepSpeed's loss scaler (DeepSpeed 0.19 semantics): dynamic scaling for fp16
 // with hysteresis, a static scale when fp16.loss_scale > 0, scale 1 for bf16 (overflow still skips
 // the step), and nothing at all for fp32 training.
 #pragma once

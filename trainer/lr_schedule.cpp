@@ -1,4 +1,4 @@
-// DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (formats.md §2.4; WarmupCosineLR in its
+// DeepSpeed's WarmupLR, WarmupDecayLR and WarmupCosineLR (WarmupCosineLR in its
 // DeepSpeed 0.19 form, with the cosine progress clamped to 1). The arithmetic keeps DeepSpeed's order
 // of operations (e.g. multiplying by 1/log(N) rather than dividing by log(N)) so that the learning
 // rates round exactly as DeepSpeed's do.

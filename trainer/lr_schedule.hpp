@@ -1,7 +1,7 @@
 // DeepSpeed's learning-rate schedulers WarmupLR, WarmupDecayLR and WarmupCosineLR, as functions of
 // DeepSpeed's `last_batch_iteration` counter k. DeepSpeed sets k = -1 at construction and advances it
 // once after every optimizer step that was not skipped; the optimizer step always uses lr(k) of the
-// current k. (formats.md §2.4 gives the formulas.)
+// current k.
 #pragma once
 
 #include <cstdint>

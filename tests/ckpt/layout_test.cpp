@@ -137,7 +137,7 @@ TEST(Layout, WorldSizeOf64IsCoveredExactly) {
 }
 
 TEST(Layout, MatchesDeepSpeedStage12Example) {
-  // formats.md §1.4: one group of 10 elements, W = 4, alignment 2 -> partitions of 4; owned 4, 4, 2, 0.
+  // DeepSpeed's worked example: one group of 10 elements, W = 4, alignment 2 -> partitions of 4; owned 4, 4, 2, 0.
   const TensorTable table({{"w", {10}, DType::kF32}});
   const Layout layout(table, {4, 2, 2});
   EXPECT_EQ(layout.partition_size(), 4);

@@ -16,7 +16,7 @@
 namespace shardkit::trainer {
 namespace {
 
-// The dynamic-scaling pseudocode of formats.md §2.2 ([DS19] growth rule), transcribed line by line.
+// DeepSpeed 0.19's dynamic-scaling algorithm (its growth rule), transcribed line by line.
 struct ReferenceScaler {
   double cur_scale;
   int64_t cur_iter = 0;

@@ -33,7 +33,7 @@ SchedulerConfig make_config(SchedulerType type, const std::string& warmup_type) 
   return c;
 }
 
-// The formulas of formats.md §2.4, written out directly for the setup above (min 0.01, max 0.1).
+// DeepSpeed's formulas, written out directly for the setup above (min 0.01, max 0.1).
 double expected_warmup_fraction(const std::string& warmup_type, int64_t k) {
   if (warmup_type == "log") return std::log(double(k) + 1) / std::log(double(kN));
   return double(k) / double(kN);
