@@ -132,7 +132,9 @@ TEST(Model, LlamaConfigJsonInEveryFormTransformersWrites) {
   nlohmann::json sparse = {{"model_type", "llama"},         {"hidden_size", 64},       {"num_attention_heads", 8},
                            {"num_hidden_layers", 1},        {"intermediate_size", 96}, {"vocab_size", 100},
                            {"num_key_value_heads", nullptr}};
-  const auto* d = model::llama::config_of(*model::model_from_hf_config(sparse, "sparse.json"));
+  const auto sparse_model = model::model_from_hf_config(sparse, "sparse.json");
+  const auto* d = model::llama::config_of(*sparse_model);
+  ASSERT_NE(d, nullptr);
   EXPECT_EQ(d->n_kv_head, 8);
   EXPECT_EQ(d->head_dim, 8);
   EXPECT_FALSE(d->tie_word_embeddings);
