@@ -13,10 +13,6 @@ namespace shardkit::model::gpt2 {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
 }  // namespace
 
 CpuGpt2::CpuGpt2(const GptConfig& config, int batch, int seq_len)

@@ -15,10 +15,6 @@ namespace shardkit::model::llama {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
 }  // namespace
 
 CpuLlama::CpuLlama(const LlamaConfig& config, int batch, int seq_len)

@@ -8,6 +8,7 @@
 #include "trainer/cuda/flash_attention.cuh"
 #include "trainer/cuda/head_size.cuh"
 #include "trainer/cuda/kernels.cuh"
+#include "trainer/cuda/launch.cuh"
 
 namespace shardkit::trainer::cuda {
 namespace {
@@ -41,19 +42,6 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
 template <>
 __device__ __forceinline__ __half from_float<__half>(float x) {
   return __float2half_rn(x);
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-int blocks_for(int64_t n, int threads) {
-  return static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 16));
-}
-
-void check_launch() {
-  CUDA_CHECK(cudaGetLastError());
 }
 
 // The LayerNorm kernels move rows 16 bytes at a time.

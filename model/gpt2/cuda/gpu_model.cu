@@ -9,10 +9,6 @@ namespace shardkit::model::gpt2 {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
 // dweight += inp^T @ dout;  dbias += colsum(dout)   (inp (N, IC), dout (N, OC))
 template <typename T>
 void weight_grads(cublasHandle_t h, cudaStream_t st, float* scratch, float* dweight, float* dbias, const T* dout,

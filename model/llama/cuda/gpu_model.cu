@@ -11,10 +11,6 @@ namespace shardkit::model::llama {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
 // The backward pass of a bias-free nn.Linear y (N, OUT) = x (N, IN) W^T with W (OUT, IN):
 // dx = dy W, added to dx when accumulate (beta 1: the sum of the products feeding one input, as the
 // CPU model adds them); dW += dy^T x in fp32.

@@ -4,6 +4,7 @@
 #include "model/llama/cuda/kernels.cuh"
 #include "trainer/cuda/cuda_common.hpp"
 #include "trainer/cuda/kernels.cuh"
+#include "trainer/cuda/launch.cuh"
 
 // Correctness first: every kernel here reads and writes one element per thread per step (no 16-byte
 // vectors). The RMSNorm kernels would gain from the vector loads of trainer/cuda's LayerNorm and the
@@ -14,19 +15,9 @@ namespace shardkit::model::llama {
 namespace {
 
 using trainer::cuda::add_column_sums;
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-int blocks_for(int64_t n, int threads) {
-  return static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 16));
-}
-
-void check_launch() {
-  CUDA_CHECK(cudaGetLastError());
-}
+using trainer::cuda::blocks_for;
+using trainer::cuda::check_launch;
+using trainer::cuda::warp_sum;
 
 template <typename T>
 __global__ void embedding_forward_kernel(T* out, const int32_t* inputs, const T* embed, int N, int H) {
