@@ -55,6 +55,14 @@ inline int head_block_rows(int padded_vocab, size_t element_bytes, int rows) {
 template <typename T>
 void head_weight_grad(cublasHandle_t handle, float* dwte, const T* logits, int ld, const T* x, int V, int C, int rows);
 
+// Sizes a GPU model's activation buffer and counts its bytes into `total` (the model's
+// activation_bytes()).
+template <typename U>
+void allocate_activation(DeviceBuffer<U>& buffer, size_t count, int64_t& total) {
+  buffer.resize(count);
+  total += static_cast<int64_t>(buffer.bytes());
+}
+
 // A family's forward and backward passes on one GPU, in T with fp32 accumulation, for micro-batches of
 // the batch and sequence length it was made for.
 template <typename T>
