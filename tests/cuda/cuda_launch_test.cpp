@@ -57,6 +57,19 @@ TEST(CudaLaunch, AHeadSizeTheKernelsLackIsRefusedNamingTheModel) {
                        "32, 64 and 128"),
             std::string::npos)
       << r.err;
+
+  // And a Llama one: head_dim 48.
+  const auto llama = dir / "llama48.json";
+  std::ofstream(llama) << R"({"model_type": "llama", "hidden_size": 96, "intermediate_size": 256,
+      "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 256,
+      "max_position_embeddings": 64})";
+  const Result l = run("train --config " + samples() + "tiny_zero2.json --model " + llama.string() +
+                       " --device cuda --data " + write_text_tokens(dir).string() + " --steps 1");
+  EXPECT_EQ(l.code, 2) << l.err;
+  EXPECT_EQ(count_lines(l.err), 1) << l.err;
+  EXPECT_NE(l.err.find("llama48.json: head_dim 48, but the CUDA attention kernels are built for 32, 64 and 128"),
+            std::string::npos)
+      << l.err;
 }
 
 }  // namespace

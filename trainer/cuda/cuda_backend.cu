@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
 }  // namespace cuda
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+  cuda::require_gpu_kernels(*options.model);
   const ZeroConfig& z = options.config->zero;
   if (z.offload_optimizer.device == "nvme" || z.offload_param.device == "nvme") {
     fail(ErrorKind::kInvalidInput,

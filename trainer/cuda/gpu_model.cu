@@ -44,23 +44,26 @@ template void head_weight_grad<__nv_bfloat16>(cublasHandle_t, float*, const __nv
                                               int, int, int);
 template void head_weight_grad<__half>(cublasHandle_t, float*, const __half*, int, const __half*, int, int, int);
 
+void require_gpu_kernels(const model::Model& m) {
+  std::string why;
+  if (const model::gpt2::GptConfig* c = model::gpt2::config_of(m)) {
+    why = model::gpt2::cuda_unsupported(*c);
+  } else if (const model::llama::LlamaConfig* c = model::llama::config_of(m)) {
+    why = model::llama::cuda_unsupported(*c);
+  } else {
+    why = "the " + m.family() + " family has no CUDA kernels in this version";
+  }
+  if (!why.empty()) fail(ErrorKind::kInvalidInput, "model " + m.name() + ": " + why + " (--device cpu trains it)");
+}
+
 template <typename T>
 std::unique_ptr<GpuModel<T>> make_gpu_model(const model::Model& m, int batch, int seq_len, cublasHandle_t cublas,
                                             cudaStream_t stream) {
+  require_gpu_kernels(m);
   if (const model::gpt2::GptConfig* c = model::gpt2::config_of(m)) {
-    if (const std::string why = model::gpt2::cuda_unsupported(*c); !why.empty()) {
-      fail(ErrorKind::kInvalidInput, "model " + m.name() + ": " + why + " (--device cpu trains any shape)");
-    }
     return std::make_unique<model::gpt2::GpuGpt2<T>>(*c, batch, seq_len, cublas, stream);
   }
-  if (const model::llama::LlamaConfig* c = model::llama::config_of(m)) {
-    if (const std::string why = model::llama::cuda_unsupported(*c); !why.empty()) {
-      fail(ErrorKind::kInvalidInput, "model " + m.name() + ": " + why + " (--device cpu trains any shape)");
-    }
-    return std::make_unique<model::llama::GpuLlama<T>>(*c, batch, seq_len, cublas, stream);
-  }
-  fail(ErrorKind::kInvalidInput, "model " + m.name() + ": the " + m.family() +
-                                     " family has no CUDA kernels in this version (--device cpu trains it)");
+  return std::make_unique<model::llama::GpuLlama<T>>(*model::llama::config_of(m), batch, seq_len, cublas, stream);
 }
 
 template std::unique_ptr<GpuModel<float>> make_gpu_model<float>(const model::Model&, int, int, cublasHandle_t,

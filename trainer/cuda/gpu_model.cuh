@@ -83,8 +83,11 @@ class GpuModel {
   virtual double finish(GpuParamStore<T>& params, model::PassTimes* times) = 0;
 };
 
-// The CUDA model of `model`'s family. Error(kInvalidInput) naming the model when its family has no
-// CUDA kernels or its shape is one they do not support.
+// Error(kInvalidInput) naming the model when its family has no CUDA kernels or its shape is one they
+// do not support. Needs no device: the backend asks before it opens one.
+void require_gpu_kernels(const model::Model& model);
+
+// The CUDA model of `model`'s family (require_gpu_kernels first).
 template <typename T>
 std::unique_ptr<GpuModel<T>> make_gpu_model(const model::Model& model, int batch, int seq_len, cublasHandle_t cublas,
                                             cudaStream_t stream);
