@@ -4,7 +4,7 @@
 #     `dd bs=4M count=256 conv=fdatasync` of the same bytes in the same folder, alternately, ROUNDS
 #     rounds; the medians and their ratio;
 #  2. training on 2 ranks (a 6-layer, 384-wide GPT-2, 130 MB of state) with a checkpoint every 2 steps,
-#     asynchronous and synchronous: the median time the loop stalled per save against the median time
+#     asynchronous and synchronous: the median training time lost per save against the median time
 #     until the save was committed and durable (the metrics' checkpoint events).
 # Prints one JSON line per measurement, then a table. Usage: bench/ckpt_vs_dd.sh [DIR] [ROUNDS]
 set -euo pipefail
@@ -60,12 +60,12 @@ for name, times in (("shardkit", ours), ("dd", dd)):
     print(f"  {name:10} {statistics.median(times):9.3f} {size / statistics.median(times) / 1e9:7.2f}")
 print(f"  shardkit / dd speed: {statistics.median(dd) / statistics.median(ours):.2f} (bar: >= 0.85)")
 print("\ntraining, a checkpoint every 2 steps (2 ranks, 130 MB of state)")
-print(f"  {'mode':6} {'saves':>5} {'median stall ms':>16} {'median write ms':>16} {'stall / write':>14}")
+print(f"  {'mode':6} {'saves':>5} {'median lost ms':>15} {'median write ms':>16} {'lost / write':>13}")
 for mode in ("async", "sync"):
     ev = [r["event"] for r in rows if r["case"] == f"train {mode}"]
-    stall = statistics.median(e["stall_ms"] for e in ev)
+    lost = statistics.median(e["training_lost_ms"] for e in ev)
     write = statistics.median(e["write_ms"] for e in ev)
-    print(f"  {mode:6} {len(ev):5d} {stall:16.1f} {write:16.1f} {stall / write:14.3f}")
-print("  (bar for async: stall / write <= 0.25)")
+    print(f"  {mode:6} {len(ev):5d} {lost:15.1f} {write:16.1f} {lost / write:13.3f}")
+print("  (bar for async: lost / write <= 0.25)")
 PY
 rm -f "$results"

@@ -9,7 +9,7 @@
 #     reshard that one 2 -> N and resume on N to 2K; consolidate the result to safetensors. The global
 #     batch is the same at every world size, so the resumed runs' losses must follow the uninterrupted
 #     run's (bf16: to rounding, bar 1 % relative).
-#  3. (CKPT=1) checkpoint speed: bench/gpu_ckpt_bench.sh with N ranks (dd floor, durable save, stall).
+#  3. (CKPT=1) checkpoint speed: bench/gpu_ckpt_bench.sh with N ranks (dd floor, durable save, training time lost).
 # THROUGHPUT=0, RESHARD=0 skip parts; CKPT=1 adds part 3. Try the script on CPU ranks with
 # MODEL=gpt2-tiny DEVICE=cpu GPUS=4 MPIRUN_ARGS=--oversubscribe. Usage: bench/gpu_scaling.sh [DIR]
 set -uo pipefail

@@ -57,6 +57,11 @@ bool fault_armed(std::string_view point) {
   return active && fault_armed(point, active_rank, active_step);
 }
 
+double fault_delay_ms() {
+  static const double ms = static_cast<double>(integer_env("SHARDKIT_FAULT_DELAY_MS").value_or(1000));
+  return ms;
+}
+
 void crash_point(std::string_view point) {
   if (fault_armed(point)) std::raise(SIGKILL);
 }

@@ -10,6 +10,9 @@
 // a wedged GPU would be: the other ranks' collective watchdog (SHARDKIT_COLLECTIVE_TIMEOUT; on GPUs the
 // NCCL watchdog) must end the job. At "step-kill" (same step rule) that rank kills itself with SIGKILL
 // as the step starts, as the kernel's OOM killer would: the others must end with an error, not hang.
+// At "slow-snapshot" (SHARDKIT_FAULT_STEP: the step being saved) the snapshot's copy takes
+// SHARDKIT_FAULT_DELAY_MS longer (default 1000): on the host for CPU ranks, on the copy's stream on
+// GPUs, so that the time a save costs training can be checked against a known delay.
 // Without SHARDKIT_FAULT nothing happens (one cached getenv).
 //
 // Crash points, in protocol order:
@@ -46,6 +49,8 @@ bool fault_armed(std::string_view point, int rank, int64_t step);
 // The same for the save in progress on this thread (false outside a FaultScope): for points deep in
 // code that does not know the rank and step.
 bool fault_armed(std::string_view point);
+// SHARDKIT_FAULT_DELAY_MS, in milliseconds (default 1000): how long a delaying point delays.
+double fault_delay_ms();
 // SIGKILL when armed.
 void crash_point(std::string_view point);
 void crash_point(std::string_view point, int rank, int64_t step);

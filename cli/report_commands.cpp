@@ -66,7 +66,7 @@ void add_report_commands(CLI::App& app, Action& action) {
   report
       ->add_option("-o,--output", c->output,
                    "HTML file to write: summary, then loss, learning rate, gradient norm, loss scale, tokens/s "
-                   "and checkpoint stall/write time against the step")
+                   "and each checkpoint's training time lost and write time against the step")
       ->required();
   report->add_option("--title", c->title, "Heading of the page (default: \"Training report: METRICS\")");
   report->add_flag("--force", c->force, "Replace the output if it exists");

@@ -453,11 +453,13 @@ std::vector<ChartSpec> charts_of(const Metrics& m) {
                     "no throughput in this file"});
 
   ChartSpec saves{"checkpoint",
-                  "Checkpoint stall and write time (ms)",
+                  "Checkpoints: training time lost and write time (ms)",
                   "ms",
                   Scale::kLinear,
                   true,
-                  {{"stall_ms", "training stalled", "#ea580c", {}}, {"write_ms", "write to durable", "#2563eb", {}}},
+                  {{"training_lost_ms", "training time lost", "#ea580c", {}},
+                   {"loop_blocked_ms", "of which save() held the loop", "#9333ea", {}},
+                   {"write_ms", "write to durable", "#2563eb", {}}},
                   {},
                   {},
                   "no checkpoints in this file"};
@@ -467,8 +469,9 @@ std::vector<ChartSpec> charts_of(const Metrics& m) {
       saves.failures.push_back({{step, 0}, "step " + std::to_string(e.step) + ": save failed: " + e.error});
       continue;
     }
-    if (std::isfinite(e.stall_ms)) saves.series[0].points.push_back({step, e.stall_ms});
-    if (std::isfinite(e.write_ms)) saves.series[1].points.push_back({step, e.write_ms});
+    if (std::isfinite(e.training_lost_ms)) saves.series[0].points.push_back({step, e.training_lost_ms});
+    if (std::isfinite(e.loop_blocked_ms)) saves.series[1].points.push_back({step, e.loop_blocked_ms});
+    if (std::isfinite(e.write_ms)) saves.series[2].points.push_back({step, e.write_ms});
   }
   charts.push_back(std::move(saves));
   return charts;
@@ -485,14 +488,14 @@ std::vector<Stat> summary_of(const Metrics& m, const std::string& source) {
   const StepPoint& first = m.steps.front();
   const StepPoint& last = m.steps.back();
   const auto skipped = std::count_if(m.steps.begin(), m.steps.end(), [](const StepPoint& p) { return p.skipped; });
-  std::vector<double> rates, stalls, writes;
+  std::vector<double> rates, lost, writes;
   for (const StepPoint& p : m.steps) {
     if (std::isfinite(p.tokens_per_s)) rates.push_back(p.tokens_per_s);
   }
   int64_t failed = 0;
   for (const CheckpointEvent& e : m.checkpoints) {
     if (e.failed) ++failed;
-    if (std::isfinite(e.stall_ms)) stalls.push_back(e.stall_ms);
+    if (std::isfinite(e.training_lost_ms)) lost.push_back(e.training_lost_ms);
     if (std::isfinite(e.write_ms)) writes.push_back(e.write_ms);
   }
   const auto saved = static_cast<int64_t>(m.checkpoints.size()) - failed;
@@ -515,7 +518,7 @@ std::vector<Stat> summary_of(const Metrics& m, const std::string& source) {
   stats.push_back({"Tokens/s", std::isnan(rate) ? "-" : ckpt::format_count(std::llround(rate)), "median", false});
   stats.push_back({"Checkpoints", std::to_string(saved), "committed", false});
   stats.push_back({"Checkpoint errors", std::to_string(failed), "failed saves", failed > 0});
-  stats.push_back({"Checkpoint stall", ms(median(stalls)), "median", false});
+  stats.push_back({"Training lost per save", ms(median(lost)), "median", false});
   stats.push_back({"Checkpoint write", ms(median(writes)), "median", false});
   return stats;
 }

@@ -4,8 +4,9 @@
 // What a test can rely on: each chart is <svg id="chart-NAME" class="chart"> with a <title>, NAME in
 // page order loss, lr, grad-norm, loss-scale, tokens-per-s, checkpoint; each series with data is
 // <polyline class="series" data-series="KEY" points="x,y ..."> with one point per step that has a
-// finite value of KEY (loss, lr, grad_norm, loss_scale, tokens_per_s; on the checkpoint chart stall_ms
-// and write_ms, one per committed checkpoint), or for long series the points downsample_min_max keeps.
+// finite value of KEY (loss, lr, grad_norm, loss_scale, tokens_per_s; on the checkpoint chart
+// training_lost_ms, loop_blocked_ms and write_ms, one per committed checkpoint), or for long series the
+// points downsample_min_max keeps.
 #pragma once
 
 #include <cstddef>

@@ -65,7 +65,9 @@ CheckpointEvent checkpoint_event(const json& record, bool failed, const LineCont
   CheckpointEvent e;
   e.step = at.step(record);
   e.failed = failed;
-  e.stall_ms = at.number(record, "stall_ms");
+  e.training_lost_ms = at.number(record, "training_lost_ms");
+  // Files written before training_lost_ms called the time save() held the loop "stall_ms".
+  e.loop_blocked_ms = at.number(record, record.contains("loop_blocked_ms") ? "loop_blocked_ms" : "stall_ms");
   e.write_ms = at.number(record, "write_ms");
   if (const auto it = record.find("error"); it != record.end() && it->is_string()) e.error = it->get<std::string>();
   return e;

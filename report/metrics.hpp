@@ -30,8 +30,9 @@ struct StepPoint {
 struct CheckpointEvent {
   int64_t step = 0;
   bool failed = false;
-  double stall_ms = 0;  // the training loop was blocked this long
-  double write_ms = 0;  // snapshot to committed and durable
+  double training_lost_ms = 0;  // what the save cost training (NaN in files older than the field)
+  double loop_blocked_ms = 0;   // of which save() held the training loop (older files: "stall_ms")
+  double write_ms = 0;          // snapshot to committed and durable
   std::string error;
 };
 

@@ -101,6 +101,11 @@ class Backend {
   virtual void reserve_snapshot() = 0;
   virtual void begin_snapshot() = 0;
   virtual void wait_snapshot() = 0;
+  // How long the training stream sat idle waiting for the last snapshot's copy (ms; the device's
+  // clock): what a save costs training beyond the time begin_snapshot() blocked the host. Called
+  // once the snapshot is released (after wait_snapshot()); 0 where the copy is done when
+  // begin_snapshot() returns, or when no optimizer step has had to wait for it.
+  virtual double snapshot_wait_ms() = 0;
   virtual std::array<std::span<const float>, 3> snapshot_buffers() const = 0;
 };
 

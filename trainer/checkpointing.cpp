@@ -10,6 +10,7 @@
 
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/error.hpp"
+#include "ckpt/fault.hpp"
 #include "ckpt/json_input.hpp"
 #include "ckpt/run_dir.hpp"
 #include "ckpt/save.hpp"
@@ -37,6 +38,7 @@ const std::vector<std::string>& state_names() {
 // `error` (a failure outside the save protocol, which only this rank may have seen: fatal), so the
 // training thread may read them once it sees `done` (or after join).
 struct Checkpointer::InFlight {
+  Backend* backend = nullptr;  // asked, once the save is done, how long training waited for the snapshot
   std::thread worker;
   std::atomic<bool> done{false};
   SaveOutcome outcome;
@@ -86,7 +88,10 @@ void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& b
   const auto start = Clock::now();  // the write's clock starts once the previous save is out of the way
   // Snapshot: a consistent copy of this step's states, taken between optimizer steps. The write reads
   // only the snapshot, so training may go on while it runs.
-  backend.begin_snapshot();
+  {
+    const ckpt::FaultScope fault(comm_.rank(), step);  // "slow-snapshot"
+    backend.begin_snapshot();
+  }
 
   ckpt::SaveRequest request;
   request.run_dir = save_dir_;
@@ -104,19 +109,21 @@ void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& b
     backend.wait_snapshot();
     SaveOutcome outcome = write(comm_, request);
     outcome.write_ms = ms_since(start);
-    outcome.stall_ms = ms_since(requested);
+    outcome.loop_blocked_ms = ms_since(requested);
+    outcome.device_wait_ms = backend.snapshot_wait_ms();  // 0: the copy was done before save() returned
     completed_.push_back(std::move(outcome));
     return;
   }
   in_flight_ = std::make_unique<InFlight>();
   InFlight* job = in_flight_.get();
-  job->outcome.stall_ms = ms_since(requested);
+  job->backend = &backend;
+  job->outcome.loop_blocked_ms = ms_since(requested);
   job->worker = std::thread([this, job, &backend, request = std::move(request), start] {
     try {
       backend.wait_snapshot();  // a GPU's copy to host memory overlaps the next micro-batches
-      const double stall_ms = job->outcome.stall_ms;
+      const double blocked_ms = job->outcome.loop_blocked_ms;
       job->outcome = write(*background_, request);
-      job->outcome.stall_ms = stall_ms;
+      job->outcome.loop_blocked_ms = blocked_ms;
       job->outcome.write_ms = ms_since(start);
     } catch (...) {
       job->error = std::current_exception();
@@ -134,6 +141,9 @@ void Checkpointer::collect(bool wait) {
   in_flight_->worker.join();
   std::unique_ptr<InFlight> job = std::move(in_flight_);
   if (job->error) std::rethrow_exception(job->error);
+  // The snapshot was released before the write began: a step that waited for it has done so, and no
+  // later one will.
+  job->outcome.device_wait_ms = job->backend->snapshot_wait_ms();
   completed_.push_back(std::move(job->outcome));
 }
 

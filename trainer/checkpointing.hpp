@@ -30,7 +30,12 @@ struct SaveOutcome {
   std::filesystem::path path;
   int64_t step = 0;
   int64_t bytes = 0;
-  double stall_ms = 0;  // the training loop was blocked this long by this save
+  // What the save cost training: the time save() held the training loop (a previous save's wait, the
+  // snapshot's start; on CPU ranks the whole copy), then the time the training stream sat idle for the
+  // snapshot's copy to finish (GPUs: the next optimizer step waits for it on the device).
+  double loop_blocked_ms = 0;
+  double device_wait_ms = 0;
+  double training_lost_ms() const noexcept { return loop_blocked_ms + device_wait_ms; }
   double write_ms = 0;  // from the snapshot (after any wait for the previous save) until committed and durable
   std::string error;    // non-empty: the save failed, alike on every rank, and left nothing behind
 };

@@ -1,7 +1,10 @@
 // The CPU backend: the family's fp32 CPU model over the ZeRO engine of zero_engine.hpp, on MPI ranks.
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <vector>
 
+#include "ckpt/fault.hpp"
 #include "model/cpu/gemm.hpp"
 #include "trainer/backend.hpp"
 
@@ -46,11 +49,15 @@ class CpuBackend final : public Backend {
   // A plain copy, done when begin_snapshot returns.
   void begin_snapshot() override {
     reserve_snapshot();
+    if (ckpt::fault_armed("slow-snapshot")) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ckpt::fault_delay_ms()));
+    }
     const std::span<const float> sources[3] = {engine_.master_flat(), engine_.exp_avg_flat(),
                                                engine_.exp_avg_sq_flat()};
     for (int s = 0; s < 3; ++s) std::ranges::copy(sources[s], snapshot_[s].begin());
   }
   void wait_snapshot() override {}
+  double snapshot_wait_ms() override { return 0; }
   std::array<std::span<const float>, 3> snapshot_buffers() const override {
     return {snapshot_[0], snapshot_[1], snapshot_[2]};
   }

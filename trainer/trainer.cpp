@@ -446,15 +446,20 @@ void Trainer::State::report(const std::vector<SaveOutcome>& saves) {
       if (options.stop_on_save_error) fail(ErrorKind::kIo, o.error);
       continue;
     }
-    char line[256];
-    std::snprintf(line, sizeof(line), ": %s committed in %.0f ms, training stalled %.1f ms",
-                  ckpt::format_bytes(static_cast<double>(o.bytes)).c_str(), o.write_ms, o.stall_ms);
+    char line[320];
+    std::snprintf(line, sizeof(line),
+                  ": %s committed in %.0f ms; training lost %.1f ms (save() held the loop %.1f ms, the device "
+                  "waited %.1f ms for the snapshot)",
+                  ckpt::format_bytes(static_cast<double>(o.bytes)).c_str(), o.write_ms, o.training_lost_ms(),
+                  o.loop_blocked_ms, o.device_wait_ms);
     log("checkpoint " + o.path.string() + line);
     write_metrics({{"event", "checkpoint"},
                    {"step", o.step},
                    {"path", o.path.string()},
                    {"bytes", o.bytes},
-                   {"stall_ms", o.stall_ms},
+                   {"training_lost_ms", o.training_lost_ms()},
+                   {"loop_blocked_ms", o.loop_blocked_ms},
+                   {"device_wait_ms", o.device_wait_ms},
                    {"write_ms", o.write_ms}});
   }
 }

@@ -175,6 +175,29 @@ TEST(Faults, AFullDiskFailsThatSaveOnlyAndTrainingGoesOnUnlessToldToStop) {
   EXPECT_EQ(run("ckpt verify " + (dir / "stop").string()).code, 0);
 }
 
+// What a save costs training is measured, not assumed: a snapshot made slower by a known delay (on CPU
+// ranks the copy runs inside save()) costs training at least that delay, and the event says so.
+TEST(Faults, ASlowSnapshotCostsTrainingItsDelayAndTheCheckpointEventSaysSo) {
+  testing::TempDir dir;
+  const auto data = write_text_tokens(dir);
+  const double delay_ms = 700;
+  const Result r = run(train_args(data, dir / "run", dir / "m.jsonl"), mpirun(2),
+                       "SHARDKIT_FAULT=slow-snapshot SHARDKIT_FAULT_STEP=4 SHARDKIT_FAULT_DELAY_MS=700");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("training lost"), std::string::npos) << r.out;
+  const auto events = read_metrics(dir / "m.jsonl", true);
+  ASSERT_EQ(events.size(), 3u);
+  for (const auto& e : events) {
+    ASSERT_EQ(e["event"], "checkpoint") << e.dump();
+    EXPECT_DOUBLE_EQ(e["training_lost_ms"].get<double>(),
+                     e["loop_blocked_ms"].get<double>() + e["device_wait_ms"].get<double>());
+    EXPECT_EQ(e["device_wait_ms"].get<double>(), 0.0) << "CPU ranks copy inside save()";
+  }
+  EXPECT_EQ(events[1]["step"], 4);
+  EXPECT_GE(events[1]["training_lost_ms"].get<double>(), delay_ms);
+  EXPECT_LT(events[0]["training_lost_ms"].get<double>(), delay_ms) << "the fault is armed for step 4 only";
+}
+
 // A real full disk: a tmpfs with room for one checkpoint and a half. With --keep-last 1 the second
 // checkpoint needs room next to the first (the older one goes only after the newer one commits).
 TEST(Faults, ARealFullDiskKeepsThePreviousCheckpoint) {

@@ -32,7 +32,7 @@ CHARTS = {  # chart name -> the series it draws
     "grad-norm": ["grad_norm"],
     "loss-scale": ["loss_scale"],
     "tokens-per-s": ["tokens_per_s"],
-    "checkpoint": ["stall_ms", "write_ms"],
+    "checkpoint": ["training_lost_ms", "loop_blocked_ms", "write_ms"],
 }
 WINDOW = (1280, 1300)  # two columns of charts, all of them on screen
 BACKGROUND = (0xF3, 0xF4, 0xF6)  # body background of the page

@@ -25,10 +25,11 @@ std::string step_line(int64_t step, double loss, bool skipped = false) {
   return s.str();
 }
 
-std::string checkpoint_line(int64_t step, double stall_ms, double write_ms) {
+std::string checkpoint_line(int64_t step, double lost_ms, double write_ms) {
   std::ostringstream s;
-  s << R"({"bytes":5275648,"event":"checkpoint","path":"runs/x/step-)" << step << R"(","stall_ms":)" << stall_ms
-    << R"(,"step":)" << step << R"(,"write_ms":)" << write_ms << "}";
+  s << R"({"bytes":5275648,"device_wait_ms":)" << lost_ms / 2 << R"(,"event":"checkpoint","loop_blocked_ms":)"
+    << lost_ms / 2 << R"(,"path":"runs/x/step-)" << step << R"(","step":)" << step << R"(,"training_lost_ms":)"
+    << lost_ms << R"(,"write_ms":)" << write_ms << "}";
   return s.str();
 }
 
@@ -202,7 +203,8 @@ TEST(ReportHtml, EveryChartDrawsOnePointPerStep) {
       {"grad-norm", {{"grad_norm", 48}}},  // skipped steps have no gradient norm
       {"loss-scale", {{"loss_scale", 50}}},
       {"tokens-per-s", {{"tokens_per_s", 50}}},
-      {"checkpoint", {{"stall_ms", 4}, {"write_ms", 4}}},  // 10, 30, 40, 50 committed; 20 failed
+      // 10, 30, 40, 50 committed; 20 failed
+      {"checkpoint", {{"training_lost_ms", 4}, {"loop_blocked_ms", 4}, {"write_ms", 4}}},
   };
   for (const auto& [name, series] : expected) {
     const std::string svg = chart(html, name);
@@ -232,7 +234,7 @@ TEST(ReportHtml, LongSeriesAreDrawnDownsampled) {
   EXPECT_EQ(drawn, static_cast<int>(downsample_min_max(losses, 500).size()));
   EXPECT_LE(drawn, 500);
   // 999 committed saves (of 1000): above 500 too, so drawn as 250 minima and 250 maxima.
-  EXPECT_EQ(drawn_points(chart(html, "checkpoint"), "stall_ms"), 500);
+  EXPECT_EQ(drawn_points(chart(html, "checkpoint"), "training_lost_ms"), 500);
   EXPECT_NE(html.find("loss: min and max of 250 buckets of 10,000 points"), std::string::npos);
 }
 
@@ -263,9 +265,24 @@ TEST(ReportHtml, ChartWithoutDataSaysSo) {
   const std::string html = render_html(parse(step_line(1, 2.0) + "\n"), {"", "m.jsonl", 2000});
   const std::string svg = chart(html, "checkpoint");
   ASSERT_FALSE(svg.empty());
-  EXPECT_EQ(drawn_points(svg, "stall_ms"), -1);
+  EXPECT_EQ(drawn_points(svg, "training_lost_ms"), -1);
   EXPECT_NE(svg.find("no checkpoints in this file"), std::string::npos);
   EXPECT_EQ(drawn_points(chart(html, "loss"), "loss"), 1);
+}
+
+// Files written before the training-time-lost measure called the time save() held the loop
+// "stall_ms": it is read as that, and the time lost, which they do not hold, is missing (not 0).
+TEST(ReportMetrics, AnOlderFilesStallIsTheLoopBlockedTimeAndTheTimeLostIsUnknown) {
+  const Metrics m =
+      parse(step_line(1, 3.0) + "\n" +
+            R"({"bytes":10,"event":"checkpoint","path":"p","stall_ms":0.5,"step":1,"write_ms":9})" + "\n");
+  ASSERT_EQ(m.checkpoints.size(), 1u);
+  EXPECT_DOUBLE_EQ(m.checkpoints[0].loop_blocked_ms, 0.5);
+  EXPECT_TRUE(std::isnan(m.checkpoints[0].training_lost_ms));
+  const std::string html = render_html(m, {"", "m.jsonl", 2000});
+  EXPECT_EQ(drawn_points(chart(html, "checkpoint"), "loop_blocked_ms"), 1);
+  EXPECT_EQ(drawn_points(chart(html, "checkpoint"), "training_lost_ms"), -1);
+  EXPECT_NE(html.find("<dt>Training lost per save</dt><dd>-<"), std::string::npos);
 }
 
 }  // namespace

@@ -74,6 +74,7 @@ class CudaBackend final : public Backend {
     engine_.begin_snapshot({snapshot_[0].data(), flat}, {snapshot_[1].data(), flat}, {snapshot_[2].data(), flat});
   }
   void wait_snapshot() override { engine_.wait_snapshot(); }
+  double snapshot_wait_ms() override { return engine_.snapshot_wait_ms(); }
   std::array<std::span<const float>, 3> snapshot_buffers() const override {
     return {std::span<const float>(snapshot_[0].data(), snapshot_[0].size()),
             std::span<const float>(snapshot_[1].data(), snapshot_[1].size()),

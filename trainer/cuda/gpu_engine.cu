@@ -1,9 +1,11 @@
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <exception>
 #include <memory>
 #include <thread>
 
+#include "ckpt/fault.hpp"
 #include "ckpt/huge_pages.hpp"
 #include "model/cpu/ops.hpp"
 #include "trainer/cuda/device_type.cuh"
@@ -11,6 +13,24 @@
 #include "trainer/cuda/kernels.cuh"
 
 namespace shardkit::trainer::cuda {
+namespace {
+
+__global__ void spin_kernel(uint64_t ns) {
+  uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+// Holds `stream` for `ms` milliseconds of device time (a fault test's slow copy).
+void delay_stream(cudaStream_t stream, double ms) {
+  spin_kernel<<<1, 1, 0, stream>>>(static_cast<uint64_t>(ms * 1e6));
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
 
 template <typename T>
 GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups,
@@ -166,12 +186,17 @@ template <typename T>
 void GpuZeroEngine<T>::begin_snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq) {
   const std::span<float> targets[3] = {master, exp_avg, exp_avg_sq};
   if (host_) {  // offloaded: the states are in host memory already; the host step would change them
+    if (ckpt::fault_armed("slow-snapshot")) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ckpt::fault_delay_ms()));
+    }
     const std::span<float> sources[3] = {host_->master(), host_->exp_avg(), host_->exp_avg_sq()};
     for (int s = 0; s < 3; ++s) std::copy_n(sources[s].begin() + owned_offset(), owned_size(), targets[s].begin());
     return;
   }
   // The copies run beside the next micro-batches; only the next optimizer step waits for them.
   wait(snapshot_stream_.get(), stream_);
+  if (ckpt::fault_armed("slow-snapshot")) delay_stream(snapshot_stream_.get(), ckpt::fault_delay_ms());
+  snapshot_wait_ = SnapshotWait::kToMeasure;
   const DeviceBuffer<float>* sources[3] = {&master_, &exp_avg_, &exp_avg_sq_};
   for (int s = 0; s < 3; ++s) {
     CUDA_CHECK(cudaMemcpyAsync(targets[s].data(), sources[s]->data() + owned_offset(),
@@ -184,6 +209,15 @@ void GpuZeroEngine<T>::begin_snapshot(std::span<float> master, std::span<float> 
 template <typename T>
 void GpuZeroEngine<T>::wait_snapshot() {
   CUDA_CHECK(cudaEventSynchronize(snapshot_done_.get()));
+}
+
+template <typename T>
+double GpuZeroEngine<T>::snapshot_wait_ms() {
+  const bool measured = snapshot_wait_ == SnapshotWait::kMeasured;
+  snapshot_wait_ = SnapshotWait::kNone;
+  if (!measured) return 0;
+  CUDA_CHECK(cudaEventSynchronize(snapshot_wait_end_.get()));
+  return snapshot_wait_end_.ms_since(snapshot_wait_begin_);
 }
 
 template <typename T>
@@ -537,7 +571,16 @@ void GpuZeroEngine<T>::step(const AdamWStep& s) {
   // the update wait for the communication stream.
   if (stage == 3) drop_prefetched();
   wait(stream_, comm());
-  CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_done_.get(), 0));  // a snapshot still reads the states
+  // A snapshot still reads the states. The first wait after one is timed: begin completes when the
+  // stream's own work does, end when the copy does, so their distance is the time the copy cost.
+  if (snapshot_wait_ == SnapshotWait::kToMeasure) {
+    CUDA_CHECK(cudaEventRecord(snapshot_wait_begin_.get(), stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_done_.get(), 0));
+    CUDA_CHECK(cudaEventRecord(snapshot_wait_end_.get(), stream_));
+    snapshot_wait_ = SnapshotWait::kMeasured;
+  } else {
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_done_.get(), 0));
+  }
   const AdamWCoefficients c = AdamWCoefficients::of(s);
   // AdamW is elementwise: updating in chunks (for the pipelined gather below, or a partition in host
   // memory) gives the same results.

@@ -43,6 +43,9 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   // step() waits for it on the device. wait_snapshot() blocks until the copy is done.
   void begin_snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq);
   void wait_snapshot();
+  // How long the compute stream waited in step() for the last snapshot's copy (ms); 0 when no step
+  // has reached the copy yet (once the snapshot is released, none will wait for it).
+  double snapshot_wait_ms();
 
   void acquire(int group) override;
   void release(int group) override;
@@ -118,7 +121,10 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   Stream comm_stream_;
   Event order_;
   Stream snapshot_stream_;
-  Event snapshot_done_;                    // recorded after the last snapshot copy (never recorded: complete)
+  Event snapshot_done_;  // recorded after the last snapshot copy (never recorded: complete)
+  // Around the first step()'s wait for a snapshot: the time the compute stream sat idle for it.
+  Event snapshot_wait_begin_{Event::Timing::kOn}, snapshot_wait_end_{Event::Timing::kOn};
+  enum class SnapshotWait { kNone, kToMeasure, kMeasured } snapshot_wait_ = SnapshotWait::kNone;
   std::vector<DeviceBuffer<T>> gathered_;  // stage 3: full tensors of acquired (or prefetched) groups
   BufferPool<T> gather_pool_;
   std::vector<int> acquired_count_;
