@@ -34,6 +34,13 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Listing the tests (how the build registers them with ctest) needs no MPI and no mpirun.
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--gtest_list_tests") {
+      ::testing::InitGoogleTest(&argc, argv);
+      return RUN_ALL_TESTS();
+    }
+  }
   ::testing::InitGoogleTest(&argc, argv);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
