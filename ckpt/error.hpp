@@ -33,4 +33,10 @@ int exit_code_for(ErrorKind kind) noexcept;
 // Throws Error(kIo, "<what>: <strerror(errnum)>").
 [[noreturn]] void fail_errno(const std::string& what, int errnum);
 
+// An error caught on one rank and passed to the others as text (a broadcast), its kind kept: the
+// text is "" for no error. An exception that is not an Error counts as kInternal.
+std::string error_to_text(const std::exception& e);
+// Throws the Error that error_to_text described; returns for "".
+void throw_if_error_text(const std::string& text);
+
 }  // namespace shardkit

@@ -430,11 +430,10 @@ void Trainer::State::take_save_dir() {
       for (const std::string& line : cleanup.removed) log("notice: " + line);
       for (const std::string& line : cleanup.left_alone) log("warning: " + line);
     } catch (const std::exception& e) {
-      error = e.what();
+      error = error_to_text(e);  // another job's lock is bad input; a failed clean-up is not
     }
   }
-  error = comm.broadcast(error);
-  if (!error.empty()) fail(ErrorKind::kInvalidInput, error);
+  throw_if_error_text(comm.broadcast(error));
 }
 
 void Trainer::State::report(const std::vector<SaveOutcome>& saves) {

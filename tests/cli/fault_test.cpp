@@ -307,5 +307,17 @@ TEST(Faults, ASecondJobOnTheSameSaveDirectoryIsRefusedAndAStaleLockIsTakenOver) 
   EXPECT_EQ(latest_of(run_dir), "step-00000006");
 }
 
+// The error's kind survives the trip from rank 0 to every rank: another job's lock is bad input (exit
+// 2, above), a save directory the system cannot create is an I/O error (exit 1).
+TEST(Faults, ASaveDirectoryTheSystemCannotCreateIsAnIoErrorOnEveryRank) {
+  testing::TempDir dir;
+  const auto data = write_text_tokens(dir);
+  std::ofstream(dir / "file") << "a file where a directory should be";
+  const Result r = run(train_args(data, dir / "file" / "run", dir / "m.jsonl"), mpirun(2));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("file/run"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("cannot create directory"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace shardkit

@@ -175,15 +175,16 @@ TEST(Model, Llama3ScalingKeepsHighFrequenciesStretchesLowOnesAndBlendsBetween) {
   int kept = 0, stretched = 0, blended = 0;
   for (size_t i = 0; i < base.size(); ++i) {
     // The definition, in double: wavelengths against the original context's band [8192/4, 8192/1].
-    EXPECT_NEAR(base[i], std::pow(500000.0, -2.0 * static_cast<double>(i) / 64), 1e-6 * base[i]);
-    const double wavelen = 2 * std::numbers::pi / base[i];
-    double want = base[i];
+    const double f = base[i];
+    EXPECT_NEAR(f, std::pow(500000.0, -2.0 * static_cast<double>(i) / 64), 1e-6 * f);
+    const double wavelen = 2 * std::numbers::pi / f;
+    double want = f;
     if (wavelen > 8192) {
-      want = base[i] / 32;
+      want = f / 32;
       ++stretched;
     } else if (wavelen >= 2048) {
       const double smooth = (8192 / wavelen - 1) / 3;
-      want = (1 - smooth) * base[i] / 32 + smooth * base[i];
+      want = (1 - smooth) * f / 32 + smooth * f;
       ++blended;
     } else {
       ++kept;
