@@ -13,7 +13,7 @@ TABLE.json: [{"name": ..., "shape": [...]}, ...], the model's parameters in the 
 NAME it writes under DIR/NAME/:
   zero1/, zero2/, zero3/   checkpoint folders (`latest` -> global_step9/) of 2 data-parallel ranks
   universal/               ds_to_universal.py's output (`latest_universal` -> global_step9_universal/)
-  evil/                    zero2/ with a rank file whose pickle calls os.system
+  evil/                    zero2/ with a rank file whose pickle calls os.system to create DIR/NAME/pwned
   expected/fp32.bin, exp_avg.bin, exp_avg_sq.bin   the full tensors in table order (float32, little-endian)
   expected/counters.json   global_steps, global_samples, skipped_steps, Adam's step, last_batch_iteration
 """
@@ -25,11 +25,16 @@ import enum
 import json
 import math
 import os
+import shlex
 import shutil
 import sys
 import types
 
-import torch
+try:
+    import torch
+except ImportError:
+    print("make_deepspeed_fixture.py: needs PyTorch (Debian's python3-torch)", file=sys.stderr)
+    sys.exit(77)
 
 WORLD = 2
 GLOBAL_STEPS, SKIPPED, ADAM_STEP, SAMPLES = 9, 2, 7, 72
@@ -86,10 +91,13 @@ class fragment_address:  # noqa: N801 (DeepSpeed's name)
 
 
 class Evil:
-    """What a hostile checkpoint would hold: unpickling it runs a shell command."""
+    """What a hostile checkpoint would hold: unpickling it runs a shell command (creating `marker`)."""
+
+    def __init__(self, marker):
+        self.marker = marker
 
     def __reduce__(self):
-        return (os.system, ("echo pwned > /tmp/shardkit-pwned",))
+        return (os.system, ("touch " + shlex.quote(self.marker),))
 
 
 register("deepspeed.runtime.zero.config", ZeroStageEnum=ZeroStageEnum)
@@ -273,7 +281,7 @@ def make(out, table_file, seed):
     # A hostile copy of zero2: rank 1's optimizer file carries an object whose unpickling runs a command.
     shutil.copytree(os.path.join(out, "zero2"), os.path.join(out, "evil"))
     evil = os.path.join(out, "evil", "global_step%d" % GLOBAL_STEPS, "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt")
-    torch.save({"optimizer_state_dict": {"zero_stage": 2, "payload": Evil()}}, evil)
+    torch.save({"optimizer_state_dict": {"zero_stage": 2, "payload": Evil(os.path.join(out, "pwned"))}}, evil)
     expected = os.path.join(out, "expected")
     os.makedirs(expected)
     for state, t in zip(("fp32", "exp_avg", "exp_avg_sq"), (params,) + moments):
