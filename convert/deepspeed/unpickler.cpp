@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "ckpt/error.hpp"
+#include "ckpt/json_input.hpp"
 
 namespace shardkit::convert::deepspeed {
 
@@ -157,23 +158,6 @@ constexpr Known kKnown[] = {
 constexpr std::pair<std::string_view, int64_t> kStageMembers[] = {
     {"disabled", 0}, {"optimizer_states", 1}, {"gradients", 2}, {"weights", 3}, {"max_stage", 3}};
 
-// Python-printable form of untrusted text for messages: printable ASCII kept, the rest as \xNN, cut.
-std::string printable(std::string_view s) {
-  std::string out;
-  for (unsigned char c : s.substr(0, 200)) {
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      static const char* hex = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  if (s.size() > 200) out += "...";
-  return out;
-}
-
 class Machine {
  public:
   Machine(std::string_view data, const std::string& where, std::deque<Value>& arena)
@@ -297,8 +281,8 @@ Value* Machine::global(std::string_view module, std::string_view name) {
       return v;
     }
   }
-  refuse("refused the Python global '" + printable(module) + "." + printable(name) +
-         "': DeepSpeed checkpoints need only torch tensors, containers and DeepSpeed's own state classes");
+  refuse("refused the Python global " + ckpt::quoted_excerpt(std::string(module) + "." + std::string(name)) +
+         ": DeepSpeed checkpoints need only torch tensors, containers and DeepSpeed's own state classes");
 }
 
 Value* Machine::rebuild_tensor(const Value& args) {
@@ -335,14 +319,14 @@ Value* Machine::rebuild_tensor(const Value& args) {
   if (numel != 0) {
     for (size_t i = 0; i < t.shape.size(); ++i) {
       if (t.shape[i] > limit || (t.stride[i] != 0 && (t.shape[i] - 1) > (limit - last) / t.stride[i])) {
-        refuse("a tensor of shape reaching past its storage '" + printable(t.storage->key) + "' of " +
+        refuse("a tensor of shape reaching past its storage " + ckpt::quoted_excerpt(t.storage->key) + " of " +
                std::to_string(limit) + " elements");
       }
       last += (t.shape[i] - 1) * t.stride[i];
     }
     if (last >= limit) {
-      refuse("a tensor reaching past its storage '" + printable(t.storage->key) + "' of " + std::to_string(limit) +
-             " elements");
+      refuse("a tensor reaching past its storage " + ckpt::quoted_excerpt(t.storage->key) + " of " +
+             std::to_string(limit) + " elements");
     }
   } else if (t.offset > limit) {
     refuse("an empty tensor at an offset past its storage");
@@ -387,7 +371,7 @@ Value* Machine::reduce(Value* callable, Value* args) {
       for (const auto& [member, value] : kStageMembers) {
         if (member == a[1]->text) return integer(value);
       }
-      refuse("ZeroStageEnum has no member '" + printable(a[1]->text) + "'");
+      refuse("ZeroStageEnum has no member " + ckpt::quoted_excerpt(a[1]->text));
     }
     case Role::kStageEnum:
       if (a.size() != 1 || a[0]->kind != Value::Kind::kInt || a[0]->integer < 0 || a[0]->integer > 3) {
@@ -413,7 +397,7 @@ Value* Machine::persistent(const Value* pid) {
   const std::string& key = pid->items[2]->text;
   if (key.empty() || key.size() > 64 ||
       key.find_first_not_of("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_") != std::string::npos) {
-    refuse("a storage key '" + printable(key) + "' that is not a short alphanumeric name");
+    refuse("a storage key " + ckpt::quoted_excerpt(key) + " that is not a short alphanumeric name");
   }
   Value* v = make(Value::Kind::kStorage);
   v->storage = {key, known(pid->items[1]).dtype, pid->items[4]->integer};
