@@ -65,9 +65,12 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 std::vector<std::pair<std::string, std::vector<int64_t>>> named_shapes(const Value& dict, const std::string& where) {
   if (dict.kind != Kind::kDict) bad(where, "param_shapes holds " + std::string(dict.describe()) + ", not a dict");
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  int64_t total = 0;  // bounded, so that sums of sizes over the groups cannot overflow
   for (const auto& [key, value] : dict.pairs) {
     if (key->kind != Kind::kString) bad(where, "param_shapes has a key that is not a parameter name");
     out.emplace_back(key->text, shape_of(*value, where, key->text));
+    total += numel_of(out.back().second);
+    if (total > (int64_t{1} << 50)) bad(where, "param_shapes declares more than 2^50 elements");
   }
   return out;
 }
@@ -383,7 +386,10 @@ void DeepSpeedCheckpoint::map_zero3(const std::vector<const Value*>& states, con
     params.insert(params.end(), p.begin(), p.end());
   }
   int64_t total_parts = 0;
-  for (const auto& [name, shape] : params) total_parts += (numel_of(shape) + W - 1) / W;
+  for (const auto& [name, shape] : params) {
+    total_parts += (numel_of(shape) + W - 1) / W;
+    if (total_parts > (int64_t{1} << 50)) bad(model_file, "param_shapes declares more than 2^50 elements");
+  }
   for (int64_t r = 0; r < W; ++r) {
     if (ranks[static_cast<size_t>(r)].start.back() != total_parts) {
       bad(files_[static_cast<size_t>(r)]->path().string(),
@@ -523,6 +529,7 @@ void DeepSpeedCheckpoint::check_complete() const {
 }
 
 void DeepSpeedCheckpoint::read(int state, int tensor, int64_t offset, std::span<float> out) const {
+  if (out.empty()) return;
   const std::vector<Piece>& pieces = pieces_[static_cast<size_t>(tensor)][static_cast<size_t>(state)];
   auto it =
       std::upper_bound(pieces.begin(), pieces.end(), offset, [](int64_t o, const Piece& p) { return o < p.begin; });

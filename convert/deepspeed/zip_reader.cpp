@@ -28,6 +28,9 @@ constexpr uint16_t kZip64ExtraId = 0x0001;
 // bound keeps a crafted directory from allocating beyond the file's own size.
 constexpr uint64_t kMaxEntries = uint64_t{1} << 22;
 constexpr size_t kMaxNameBytes = 4096;
+// The directory is read whole: torch.save spends about 100 bytes an entry, so this holds hundreds of
+// thousands of storages, and a crafted size cannot make it allocate the file's size.
+constexpr uint64_t kMaxDirectoryBytes = uint64_t{64} << 20;
 
 uint16_t u16(const unsigned char* p) {
   return static_cast<uint16_t>(p[0] | (p[1] << 8));
@@ -89,6 +92,7 @@ void ZipReader::index(const ckpt::FileDescriptor& file) {
     cd_offset = u64(z + 48);
   }
   if (cd_offset > file_size_ || cd_size > file_size_ - cd_offset) refuse("the central directory lies outside the file");
+  if (cd_size > kMaxDirectoryBytes) refuse("a central directory of " + std::to_string(cd_size) + " bytes");
   if (count > kMaxEntries || count * kCentralSize > cd_size) {
     refuse("the central directory declares " + std::to_string(count) + " entries in " + std::to_string(cd_size) +
            " bytes");

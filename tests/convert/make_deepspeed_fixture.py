@@ -9,6 +9,7 @@ ZeroStageEnum, fragment_address) are small stand-ins registered under DeepSpeed'
 pickles name exactly the globals real files name.
 
 Usage: make_deepspeed_fixture.py --out DIR --table NAME=TABLE.json [--table ...]
+       make_deepspeed_fixture.py --seeds DIR   (the fuzz seeds of fuzz/corpus/torch_file/)
 TABLE.json: [{"name": ..., "shape": [...]}, ...], the model's parameters in the module's order. For each
 NAME it writes under DIR/NAME/:
   zero1/, zero2/, zero3/   checkpoint folders (`latest` -> global_step9/) of 2 data-parallel ranks
@@ -110,9 +111,10 @@ def adam_param_group(index):
             "foreach": None, "maximize": False, "capturable": False, "params": [index]}
 
 
-def model_states(params, groups, module, stage, shared):
-    """engine._save_checkpoint's dict; `groups`: per group (or sub-group) the parameter names in flat order."""
-    shapes = [collections.OrderedDict((n, torch.Size(params[n].shape)) for n in g) for g in groups]
+def model_states(params, groups, module, stage, shared, prefix=""):
+    """engine._save_checkpoint's dict; `groups`: per group (or sub-group) the parameter names in flat order;
+    `prefix`: what a wrapper module adds to the names ("module.")."""
+    shapes = [collections.OrderedDict((prefix + n, torch.Size(params[n].shape)) for n in g) for g in groups]
     return {
         "module": module,
         "buffer_names": [],
@@ -140,7 +142,7 @@ def step_value(as_tensor):
     return torch.tensor(float(ADAM_STEP)) if as_tensor else ADAM_STEP
 
 
-def write_zero12(folder, params, moments, groups, stage, module, shared, prefix):
+def write_zero12(folder, params, moments, groups, stage, module, shared, prefix, name_prefix=""):
     """stage_1_and_2.py: per group a flat buffer padded to a multiple of 2W, split in W equal parts."""
     tag = os.path.join(folder, "global_step%d" % GLOBAL_STEPS)
     os.makedirs(tag)
@@ -189,7 +191,8 @@ def write_zero12(folder, params, moments, groups, stage, module, shared, prefix)
         }
         torch.save({"optimizer_state_dict": sd, "ds_config": DS_CONFIG, "ds_version": DS_VERSION},
                    os.path.join(tag, "%szero_pp_rank_%d_mp_rank_00_optim_states.pt" % (prefix, r)))
-    torch.save(model_states(params, groups, module, stage, shared), os.path.join(tag, "mp_rank_00_model_states.pt"))
+    torch.save(model_states(params, groups, module, stage, shared, name_prefix),
+               os.path.join(tag, "mp_rank_00_model_states.pt"))
     with open(os.path.join(folder, "latest"), "w") as f:
         f.write("global_step%d" % GLOBAL_STEPS)  # DeepSpeed writes no newline
 
@@ -272,7 +275,9 @@ def make(out, table_file, seed):
     decay = [n for n in names if params[n].dim() >= 2]
     no_decay = [n for n in names if params[n].dim() < 2]
     half = len(names) // 2
-    write_zero12(os.path.join(out, "zero1"), params, moments, [names], 1, module, shared, "")
+    # The second model's stage 1 run had its module wrapped: names with a "module." prefix.
+    write_zero12(os.path.join(out, "zero1"), params, moments, [names], 1, module, shared, "",
+                 "module." if seed % 2 == 1 else "")
     write_zero12(os.path.join(out, "zero2"), params, moments, [decay, no_decay], 2, module, shared, "bf16_")
     write_zero3(os.path.join(out, "zero3"), params, moments, [names[:half], names[half:]], module, shared, "")
     write_universal(os.path.join(out, "universal"), params, moments,
@@ -293,11 +298,46 @@ def make(out, table_file, seed):
                    "adam_step": ADAM_STEP, "last_batch_iteration": GLOBAL_STEPS - 1}, f)
 
 
+def write_seeds(folder):
+    """Small DeepSpeed-shaped files for the fuzzer: a first byte of 1 + a .pt file, 0 + its data.pkl."""
+    import io
+    import zipfile
+    os.makedirs(folder, exist_ok=True)
+    part = torch.arange(6.0)
+    optim = {"optimizer_state_dict": {
+        "loss_scaler": DynamicLossScaler(), "zero_stage": ZeroStageEnum.gradients, "partition_count": [2],
+        "single_partition_of_fp32_groups": [part.narrow(0, 0, 5)],
+        "base_optimizer_state": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(6),
+                                               "exp_avg_sq": torch.ones(6, dtype=torch.bfloat16)}},
+                                 "param_groups": [adam_param_group(0)]},
+        "param_slice_mappings": [collections.OrderedDict(w=fragment_address(numel=5, start=0))]},
+        "ds_version": DS_VERSION}
+    weight = torch.ones(2, 3, dtype=torch.float16)
+    model = {"module": collections.OrderedDict(w=weight, tied=weight), "param_shapes": [
+        collections.OrderedDict(w=torch.Size([2, 3]))], "sparse_tensor_module_names": set(), "global_steps": 3,
+        "fp32_flat_groups": [torch.zeros(3, dtype=torch.float64)]}
+    for name, value in (("zero2_optim", optim), ("model_states", model)):
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        with open(os.path.join(folder, name + ".pt.seed"), "wb") as f:
+            f.write(b"\x01" + buffer.getvalue())
+        with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as z:
+            pickle = z.read(next(n for n in z.namelist() if n.endswith("/data.pkl")))
+        with open(os.path.join(folder, name + ".pkl.seed"), "wb") as f:
+            f.write(b"\x00" + pickle)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--table", action="append", required=True, help="NAME=TABLE.json")
+    p.add_argument("--out")
+    p.add_argument("--table", action="append", default=[], help="NAME=TABLE.json")
+    p.add_argument("--seeds", help="write the fuzz seeds into this folder instead")
     args = p.parse_args()
+    if args.seeds:
+        write_seeds(args.seeds)
+        return
+    if not args.out or not args.table:
+        p.error("--out and --table are required")
     for seed, spec in enumerate(args.table):
         name, table = spec.split("=", 1)
         make(os.path.join(args.out, name), table, seed)
