@@ -10,8 +10,24 @@
 
 namespace shardkit::convert {
 
+namespace {
+
+// The config.json a Hugging Face Trainer run keeps beside its DeepSpeed checkpoint folder.
+std::filesystem::path find_hf_config(const std::filesystem::path& source) {
+  std::error_code ec;
+  for (const std::filesystem::path& dir : {source, std::filesystem::absolute(source).parent_path()}) {
+    if (std::filesystem::exists(dir / "config.json", ec)) return dir / "config.json";
+  }
+  fail(ErrorKind::kInvalidInput, source.string() +
+                                     ": no config.json beside the checkpoint says which model it holds: give --model "
+                                     "(a preset or a model file)");
+}
+
+}  // namespace
+
 DeepSpeedImportResult import_deepspeed(const DeepSpeedImportRequest& request, const ConvertOptions& options) {
-  const std::shared_ptr<const model::Model> model = model::resolve_model(request.model);
+  const std::string model_name = request.model.empty() ? find_hf_config(request.source).string() : request.model;
+  const std::shared_ptr<const model::Model> model = model::resolve_model(model_name);
   const deepspeed::DeepSpeedCheckpoint source(request.source, model);
   const bool universal = source.layout() == deepspeed::SourceLayout::kUniversal;
   DeepSpeedImportResult result;
@@ -33,7 +49,10 @@ DeepSpeedImportResult import_deepspeed(const DeepSpeedImportRequest& request, co
   meta.trainer_state = source.trainer_state();
   meta.model = model->to_json();
 
-  StagedDirectory out(request.output, {request.source}, options.force);
+  std::vector<std::filesystem::path> inputs = {request.source};
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(model_name, ec)) inputs.emplace_back(model_name);
+  StagedDirectory out(request.output, inputs, options.force);
   write_from_tensors(
       meta, out.path() / ckpt::step_dir_name(result.step),
       [&](int state, int tensor, int64_t offset, std::span<float> values) {

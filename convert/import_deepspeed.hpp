@@ -13,9 +13,12 @@
 namespace shardkit::convert {
 
 struct DeepSpeedImportRequest {
-  std::filesystem::path source;   // the folder holding `latest`, or the tag folder
-  std::filesystem::path output;   // a new run directory
-  std::string model;              // a preset or model file (the DeepSpeed files do not say which model)
+  std::filesystem::path source;  // the folder holding `latest`, or the tag folder
+  std::filesystem::path output;  // a new run directory
+  // A preset or model file. Empty: the Hugging Face config.json that Hugging Face's Trainer saves
+  // beside `latest` (in `source`, or in the folder above a tag folder); the DeepSpeed files themselves
+  // do not say which model they hold.
+  std::string model;
   std::optional<int> world_size;  // default: the source's data-parallel size (1 for a universal checkpoint)
   std::optional<int> stage;       // default: the source's stage (0 for a universal checkpoint)
 };

@@ -198,6 +198,10 @@ void DeepSpeedCheckpoint::open_zero() {
     }
   }
   if (ec) bad(folder_.string(), "cannot list the folder: " + ec.message());
+  // NVMe offload keeps the optimizer states in files of its own beside the ranks' files.
+  if (std::filesystem::exists(folder_ / "offloaded_tensors", ec)) {
+    bad((folder_ / "offloaded_tensors").string(), "optimizer states offloaded to NVMe are not read");
+  }
   if (optim.empty()) {
     bad(folder_.string(),
         "no zero_pp_rank_*_mp_rank_00_optim_states.pt files: not a DeepSpeed ZeRO (stage 1-3) checkpoint folder");
