@@ -207,6 +207,27 @@ TEST_F(DeepSpeedImport, WithoutModelTheTrainersConfigJsonNamesIt) {
   }
 }
 
+TEST_F(DeepSpeedImport, AnOutputOverlappingTheSourceIsRefusedAndTheSourceSurvives) {
+  const std::filesystem::path tag = copy_tag("gpt2", "zero3");
+  convert::ConvertOptions forced = options();
+  forced.force = true;
+  for (const auto& [output, says] : {std::pair{tag, "is the input"}, std::pair{tag.parent_path(), "contains the input"},
+                                     std::pair{tag / "out", "lies inside the input"}}) {
+    convert::DeepSpeedImportRequest r;
+    r.source = tag;
+    r.output = output;
+    r.model = "gpt2-tiny";
+    try {
+      convert::import_deepspeed(r, forced);
+      ADD_FAILURE() << "accepted " << output;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(std::filesystem::exists(tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt"));
+  EXPECT_FALSE(std::filesystem::exists(tag / "out"));
+}
+
 TEST_F(DeepSpeedImport, APickleCallingAnyOtherGlobalIsRefusedByName) {
   // Rank 1's file of this copy holds an object whose unpickling would run `touch pwned`.
   expect_refused(fixture("gpt2", "evil"), "gpt2-tiny",
