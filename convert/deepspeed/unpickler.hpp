@@ -99,8 +99,8 @@ inline constexpr size_t kMaxStack = size_t{1} << 20;
 inline constexpr size_t kMaxMemo = size_t{1} << 20;
 inline constexpr size_t kMaxMarks = 4096;
 // Objects made, all kinds together: a real DeepSpeed data.pkl makes a few per tensor (thousands); the
-// bound caps what a crafted one of repeated one-byte instructions can allocate (about 0.5 GB).
-inline constexpr size_t kMaxValues = size_t{1} << 21;
+// bound caps what a crafted one of repeated one-byte instructions can allocate (about 0.25 GB).
+inline constexpr size_t kMaxValues = size_t{1} << 20;
 
 // Runs the pickle in `data` (protocols 2 to 5). `where` names the file for messages.
 Pickle unpickle(std::string_view data, const std::string& where);
