@@ -1,4 +1,4 @@
-// `shardkit convert reshard | consolidate | import`.
+// `shardkit convert reshard | consolidate | import | import-deepspeed`.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -9,7 +9,9 @@
 #include "cli/console.hpp"
 #include "convert/consolidate.hpp"
 #include "convert/import.hpp"
+#include "convert/import_deepspeed.hpp"
 #include "convert/reshard.hpp"
+#include "model/registry.hpp"
 
 namespace shardkit::cli {
 namespace {
@@ -111,11 +113,34 @@ int run_import(const ImportCli& c) {
   return 0;
 }
 
+struct ImportDeepSpeedCli {
+  Common common;
+  std::string source, output, model;
+  int world_size = 0;
+  int stage = -1;
+};
+
+int run_import_deepspeed(const ImportDeepSpeedCli& c) {
+  convert::DeepSpeedImportRequest r;
+  r.source = c.source;
+  r.output = c.output;
+  r.model = c.model;
+  if (c.world_size > 0) r.world_size = c.world_size;
+  if (c.stage >= 0) r.stage = c.stage;
+  Progress progress("import-deepspeed", c.common.quiet);
+  const convert::DeepSpeedImportResult result = convert::import_deepspeed(r, options_from(c.common, progress));
+  progress.finish();
+  print_line(stdout, "%s: step %lld, %d ranks, ZeRO stage %d", result.step_dir.c_str(),
+             static_cast<long long>(result.step), result.world_size, result.stage);
+  return 0;
+}
+
 }  // namespace
 
 void add_convert_commands(CLI::App& app, Action& action) {
-  CLI::App* convert =
-      app.add_subcommand("convert", "Reshard checkpoints, export consolidated weights, import Hugging Face weights");
+  CLI::App* convert = app.add_subcommand(
+      "convert",
+      "Reshard checkpoints, export consolidated weights, import Hugging Face weights or DeepSpeed checkpoints");
   convert->require_subcommand(1);
 
   auto r = std::make_shared<ReshardCli>();
@@ -168,30 +193,61 @@ void add_convert_commands(CLI::App& app, Action& action) {
   consolidate->callback([&action, c] { action = [c] { return run_consolidate(*c); }; });
 
   auto i = std::make_shared<ImportCli>();
-  CLI::App* import = convert->add_subcommand(
+  CLI::App* import_hf = convert->add_subcommand(
       "import",
       "Turn Hugging Face safetensors (+ config.json; GPT-2 or Llama family) into a checkpoint at step 0 to fine-tune "
       "from");
-  import
+  import_hf
       ->add_option("WEIGHTS", i->weights,
                    "A .safetensors file (config.json beside it) or a folder with model.safetensors or "
                    "model.safetensors.index.json")
       ->required();
-  import
+  import_hf
       ->add_option("-o,--output", i->output,
                    "New run directory (receives step-00000000/ and 'latest'); must not exist unless --force")
       ->required();
-  import->add_option("--world-size", i->world_size, "Ranks of the layout (default 1)")->check(CLI::PositiveNumber);
-  import->add_option("--stage", i->stage, "ZeRO stage of the layout (default 0)")->check(CLI::Range(0, 3));
-  add_common(import, i->common);
-  import->footer(
+  import_hf->add_option("--world-size", i->world_size, "Ranks of the layout (default 1)")->check(CLI::PositiveNumber);
+  import_hf->add_option("--stage", i->stage, "ZeRO stage of the layout (default 0)")->check(CLI::Range(0, 3));
+  add_common(import_hf, i->common);
+  import_hf->footer(
       "Example: shardkit convert import hf/gpt2 -o runs/ft --world-size 2 --stage 2\n"
       "Then fine-tune: mpirun -n 2 shardkit train --config ds.json --model gpt2 --data d.bin --steps 100 "
       "--save-dir runs/ft");
-  import->callback([&action, i] { action = [i] { return run_import(*i);
-};
-}  // namespace shardkit::cli
-);
+  import_hf->callback([&action, i] { action = [i] { return run_import(*i); }; });
+
+  auto d = std::make_shared<ImportDeepSpeedCli>();
+  CLI::App* import_ds = convert->add_subcommand(
+      "import-deepspeed",
+      "Turn a DeepSpeed ZeRO checkpoint (stage 1-3, or ds_to_universal's universal checkpoint) of a GPT-2 or Llama "
+      "model into a checkpoint: fp32 weights, Adam moments and step; no Python needed");
+  import_ds
+      ->add_option("DS_CKPT", d->source,
+                   "DeepSpeed checkpoint folder holding 'latest' (or 'latest_universal'), or a tag folder such as "
+                   "global_step100")
+      ->required();
+  import_ds
+      ->add_option("-o,--output", d->output,
+                   "New run directory (receives step-NNNNNNNN/ and 'latest'); must not exist unless --force")
+      ->required();
+  import_ds->add_option("--model", d->model,
+                        "The model that was trained: a preset (" + model::preset_list() +
+                            ") or a JSON model file / Hugging Face config.json (default: the config.json that Hugging "
+                            "Face's Trainer saves beside 'latest')");
+  import_ds
+      ->add_option("--world-size", d->world_size,
+                   "Ranks of the layout (default: the DeepSpeed run's data-parallel size; 1 for a universal "
+                   "checkpoint)")
+      ->check(CLI::PositiveNumber);
+  import_ds
+      ->add_option("--stage", d->stage,
+                   "ZeRO stage of the layout (default: the DeepSpeed run's; 0 for a universal checkpoint)")
+      ->check(CLI::Range(0, 3));
+  add_common(import_ds, d->common);
+  import_ds->footer(
+      "Example: shardkit convert import-deepspeed ds_run/checkpoints -o runs/ft --model gpt2\n"
+      "Then resume: mpirun -n 2 shardkit train --config ds.json --model gpt2 --data d.bin --steps 100 "
+      "--save-dir runs/ft");
+  import_ds->callback([&action, d] { action = [d] { return run_import_deepspeed(*d); }; });
 }
 
 }  // namespace shardkit::cli

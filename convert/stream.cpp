@@ -6,6 +6,8 @@
 #include <thread>
 
 #include "ckpt/error.hpp"
+#include "ckpt/shard_format.hpp"
+#include "ckpt/thread_pool.hpp"
 
 namespace shardkit::convert {
 
@@ -73,6 +75,39 @@ void stream_flat(const std::vector<ckpt::Fragment>& fragments, int64_t flat_size
     position = f.flat_offset + f.length;
   }
   zeros(flat_size - position);
+}
+
+void write_from_tensors(const ckpt::CheckpointMeta& meta, const std::filesystem::path& step_dir,
+                        const StateReadFn& read, const ConvertOptions& options) {
+  const ckpt::TensorTable& table = *meta.table;
+  const ckpt::Layout layout(table, meta.layout);
+  const int world = meta.layout.world_size;
+  ckpt::prepare_step_dir(step_dir);
+  const std::string uid = ckpt::make_checkpoint_uid();
+  const StreamPlan plan = plan_stream(options, world, ckpt::kDefaultChunkElems);
+  SharedProgress progress(options.progress, table.total_elements() * 4 * static_cast<int64_t>(meta.states.size()));
+  std::vector<ckpt::ShardRecord> records(static_cast<size_t>(world));
+  std::vector<std::vector<float>> pieces(static_cast<size_t>(plan.threads));
+  ckpt::ThreadPool pool(plan.threads - 1);
+  pool.parallel_for(records.size(), [&](size_t rank, int worker) {
+    std::vector<float>& piece = pieces[static_cast<size_t>(worker)];
+    piece.resize(static_cast<size_t>(std::min(plan.piece_elems, std::max<int64_t>(1, layout.flat_size()))));
+    const int r = static_cast<int>(rank);
+    ckpt::ShardWriter writer(step_dir / ckpt::shard_file_name(r, world), table, layout, {uid, meta.step, r},
+                             meta.states, meta.shard);
+    const std::vector<ckpt::Fragment> fragments = layout.fragments(r);
+    for (size_t s = 0; s < meta.states.size(); ++s) {
+      writer.begin_state(meta.states[s]);
+      const ReadFn read_state = [&](int tensor, int64_t offset, std::span<float> values) {
+        read(static_cast<int>(s), tensor, offset, values);
+      };
+      stream_flat(fragments, layout.flat_size(), read_state, piece, writer, progress);
+      writer.end_state();
+    }
+    records[rank] = writer.commit();
+  });
+  ckpt::commit_checkpoint(step_dir, ckpt::build_manifest(meta, uid, std::move(records)), true);
+  progress.finish();
 }
 
 }  // namespace shardkit::convert

@@ -4,12 +4,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <span>
 #include <vector>
 
 #include "ckpt/layout.hpp"
+#include "ckpt/save.hpp"
 #include "ckpt/shard_writer.hpp"
 
 namespace shardkit::convert {
@@ -54,5 +56,12 @@ class SharedProgress {
 using ReadFn = std::function<void(int tensor, int64_t offset, std::span<float> out)>;
 void stream_flat(const std::vector<ckpt::Fragment>& fragments, int64_t flat_size, const ReadFn& read,
                  std::vector<float>& piece, ckpt::ShardWriter& writer, SharedProgress& progress);
+
+// Writes a committed checkpoint described by `meta` into `step_dir` (created here) from full tensors:
+// every rank's shard on the I/O threads, each state's values read through read(state, tensor, offset,
+// out) in pieces, zero padding between; then the manifest. The importers' common path.
+using StateReadFn = std::function<void(int state, int tensor, int64_t offset, std::span<float> out)>;
+void write_from_tensors(const ckpt::CheckpointMeta& meta, const std::filesystem::path& step_dir,
+                        const StateReadFn& read, const ConvertOptions& options);
 
 }  // namespace shardkit::convert

@@ -143,12 +143,20 @@ TEST(BadInput, FifosInPlaceOfInputFilesAreRefusedAtOnce) {
         R"({"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 64, "vocab_size": 256, "n_positions": 64})");
   fifo(dir / "ds.json");
   fifo(dir / "tokens.bin");
+  fifo(dir / "zero" / "latest");
+  fifo(dir / "zero2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt");
   const std::vector<Case> cases = {
       // A checkpoint's own file: a damaged checkpoint (exit 1), which --resume auto moves past.
       {"manifest.json", "ckpt verify " + (dir / "ckpt" / "step-00000001").string(), 1, "manifest.json", ""},
       {"config.json", "convert import " + (dir / "hf").string() + " -o " + (dir / "o1").string(), 2, "config.json", ""},
       {"model.safetensors", "convert import " + (dir / "st").string() + " -o " + (dir / "o2").string(), 2,
        "model.safetensors", ""},
+      {"DeepSpeed checkpoint's latest",
+       "convert import-deepspeed " + (dir / "zero").string() + " --model gpt2-tiny -o " + (dir / "o3").string(), 2,
+       "latest", ""},
+      {"DeepSpeed rank file",
+       "convert import-deepspeed " + (dir / "zero2").string() + " --model gpt2-tiny -o " + (dir / "o4").string(), 2,
+       "zero_pp_rank_0_mp_rank_00_optim_states.pt", ""},
       {"DeepSpeed config",
        "train --config " + (dir / "ds.json").string() + " --model gpt2-tiny --data " + data + " --steps 1", 2,
        "ds.json", ""},

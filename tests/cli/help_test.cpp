@@ -22,14 +22,31 @@ namespace {
 using namespace testing::cli;
 
 // Commands that must exist, whatever else the discovery finds.
-const std::set<std::string> kKnownLeaves = {
-    "train",   "eval",         "data encode", "convert reshard", "convert consolidate", "convert import",
-    "ckpt ls", "ckpt inspect", "ckpt verify", "ckpt diff",       "bench ckpt",          "bench checksum"};
+const std::set<std::string> kKnownLeaves = {"train",
+                                            "eval",
+                                            "data encode",
+                                            "convert reshard",
+                                            "convert consolidate",
+                                            "convert import",
+                                            "convert import-deepspeed",
+                                            "ckpt ls",
+                                            "ckpt inspect",
+                                            "ckpt verify",
+                                            "ckpt diff",
+                                            "bench ckpt",
+                                            "bench checksum"};
 const std::set<std::string> kKnownGroups = {"", "data", "convert", "ckpt", "bench"};
 // Commands that report progress, and so take -q/--quiet.
-const std::vector<std::string> kProgressCommands = {
-    "eval",        "data encode", "convert reshard", "convert consolidate", "convert import",
-    "ckpt verify", "ckpt diff",   "bench ckpt",      "bench checksum"};
+const std::vector<std::string> kProgressCommands = {"eval",
+                                                    "data encode",
+                                                    "convert reshard",
+                                                    "convert consolidate",
+                                                    "convert import",
+                                                    "convert import-deepspeed",
+                                                    "ckpt verify",
+                                                    "ckpt diff",
+                                                    "bench ckpt",
+                                                    "bench checksum"};
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;

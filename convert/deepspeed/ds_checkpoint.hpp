@@ -1,0 +1,88 @@
+// A DeepSpeed ZeRO checkpoint as a source of full tensors: the fp32 master weights and both Adam moments
+// of every parameter of a model shardkit knows, read piece by piece out of the ranks' files, and the
+// training counters. Three layouts (docs/DEEPSPEED.md describes them):
+//   * ZeRO stage 1/2: mp_rank_00_model_states.pt (parameter names and shapes per param group, in flat
+//     order) and one [bf16_]zero_pp_rank_R_mp_rank_00_optim_states.pt per data-parallel rank (the rank's
+//     slice of each group's flat fp32 buffer and of the moments);
+//   * ZeRO stage 3: zero_pp_rank_R_mp_rank_00_model_states.pt and ..._optim_states.pt per rank (each
+//     parameter split into ceil(n / W) elements per rank, padded, concatenated per sub-group);
+//   * the universal checkpoint of ds_to_universal.py: zero/<parameter>/{fp32,exp_avg,exp_avg_sq,step}.pt.
+// The folder given may hold `latest` (or `latest_universal`), which names the tag folder, or be the tag
+// folder itself.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "convert/deepspeed/torch_file.hpp"
+#include "model/model.hpp"
+
+namespace shardkit::convert::deepspeed {
+
+enum class SourceLayout { kZero12, kZero3, kUniversal };
+
+// The states read per parameter, in the order of the checkpoint's states.
+inline constexpr int kStateCount = 3;  // fp32 master weights, exp_avg, exp_avg_sq
+
+class DeepSpeedCheckpoint {
+ public:
+  // Finds the files, runs every pickle, and maps every tensor of `model`'s table to the pieces of the
+  // files that hold it, checking names, shapes, world sizes, partition sizes and padding against each
+  // other. Error(kInvalidInput) naming the file and what was expected otherwise.
+  DeepSpeedCheckpoint(const std::filesystem::path& path, std::shared_ptr<const model::Model> model);
+
+  const std::filesystem::path& folder() const noexcept { return folder_; }
+  SourceLayout layout() const noexcept { return layout_; }
+  // The data-parallel world size and ZeRO stage it was saved with (a universal checkpoint: 0 and 0).
+  int world_size() const noexcept { return world_size_; }
+  int stage() const noexcept { return stage_; }
+  // Counters for the manifest's trainer_state: step, consumed_samples, skipped_steps, optimizer_steps,
+  // lr_scheduler.last_batch_iteration.
+  const nlohmann::json& trainer_state() const noexcept { return trainer_state_; }
+
+  // Elements [offset, offset + out.size()) of table tensor `tensor`, state `state` (0: fp32, 1: exp_avg,
+  // 2: exp_avg_sq). Thread-safe.
+  void read(int state, int tensor, int64_t offset, std::span<float> out) const;
+
+ private:
+  // A run of a tensor's elements held contiguously by one tensor of one file.
+  struct Piece {
+    int64_t begin = 0;  // first element of the table tensor
+    int64_t length = 0;
+    const TorchFile* file = nullptr;
+    const TensorRef* source = nullptr;
+    int64_t source_offset = 0;  // element of `source`
+    std::string what;           // for messages
+  };
+
+  void locate_folder(const std::filesystem::path& path);
+  void open_zero();
+  void open_universal();
+  void map_zero12(const std::vector<const Value*>& states, const Value& param_shapes);
+  void map_zero3(const std::vector<const Value*>& states, const Value& param_shapes);
+  void read_counters(const Value* model_states, const std::string& where, std::optional<int64_t> optimizer_step);
+  // Index of the table tensor a DeepSpeed parameter name stands for; its shape must be `shape`.
+  int parameter(const std::string& name, const std::vector<int64_t>& shape, const std::string& where);
+  void add(int state, int tensor, Piece piece);
+  void check_complete() const;
+
+  std::shared_ptr<const model::Model> model_;
+  std::filesystem::path folder_;
+  SourceLayout layout_ = SourceLayout::kZero12;
+  int world_size_ = 0;
+  int stage_ = 0;
+  nlohmann::json trainer_state_;
+  std::vector<std::unique_ptr<TorchFile>> files_;
+  std::vector<std::array<std::vector<Piece>, kStateCount>> pieces_;  // per table tensor, by begin
+  std::vector<std::string> seen_as_;                                 // the name each tensor was found under
+};
+
+}  // namespace shardkit::convert::deepspeed

@@ -1,0 +1,102 @@
+#include "convert/deepspeed/torch_file.hpp"
+
+#include <cstring>
+#include <vector>
+
+#include "ckpt/dtype_convert.hpp"
+#include "ckpt/error.hpp"
+
+namespace shardkit::convert::deepspeed {
+namespace {
+
+// Elements converted per read: bounds the staging buffer whatever piece the caller asks for.
+constexpr int64_t kReadElems = int64_t{1} << 18;
+
+}  // namespace
+
+TorchFile::TorchFile(const std::filesystem::path& path) : zip_(path) {
+  const std::string where = path.string();
+  if (zip_.entries().empty()) fail(ErrorKind::kInvalidInput, where + ": an empty zip archive, not a torch.save file");
+  // torch.save puts every record in one folder named after the file; its reader takes the folder of
+  // the first record, which for this one is the one that holds data.pkl.
+  const ZipEntry* pickle = nullptr;
+  for (const auto& [name, entry] : zip_.entries()) {
+    const size_t slash = name.find('/');
+    if (slash != std::string::npos && name.substr(slash + 1) == "data.pkl") {
+      if (pickle) fail(ErrorKind::kInvalidInput, where + ": more than one data.pkl record");
+      pickle = &entry;
+      prefix_ = name.substr(0, slash + 1);
+    }
+  }
+  if (!pickle) fail(ErrorKind::kInvalidInput, where + ": no <archive>/data.pkl record: not a torch.save file");
+  if (const ZipEntry* order = zip_.find(prefix_ + "byteorder")) {
+    if (zip_.read_all(*order, 16) != "little") {
+      fail(ErrorKind::kInvalidInput, where + ": tensors are stored big-endian; only little-endian files are read");
+    }
+  }
+  pickle_ = unpickle(zip_.read_all(*pickle, kMaxPickleBytes), where);
+}
+
+const ZipEntry& TorchFile::storage_entry(const TensorRef& tensor, const std::string& what) const {
+  const StorageRef& s = *tensor.storage;
+  const ZipEntry* entry = zip_.find(prefix_ + "data/" + s.key);
+  if (!entry) {
+    fail(ErrorKind::kInvalidInput,
+         path().string() + ": " + what + ": storage record '" + prefix_ + "data/" + s.key + "' is missing");
+  }
+  // numel was bounded by the pickle's own checks only; the record must hold exactly that many elements.
+  const uint64_t elem = dtype_size(s.dtype);
+  if (entry->size % elem != 0 || entry->size / elem != static_cast<uint64_t>(s.numel)) {
+    fail(ErrorKind::kInvalidInput, path().string() + ": " + what + ": storage record '" + entry->name + "' holds " +
+                                       std::to_string(entry->size) + " bytes; " + std::to_string(s.numel) +
+                                       " elements of " + dtype_name(s.dtype) + " were expected");
+  }
+  return *entry;
+}
+
+void TorchFile::read(const TensorRef& tensor, int64_t offset, std::span<float> out, const std::string& what) const {
+  const ZipEntry& entry = storage_entry(tensor, what);
+  if (!tensor.contiguous()) {
+    fail(ErrorKind::kInvalidInput, path().string() + ": " + what +
+                                       ": a non-contiguous tensor (torch.save of a "
+                                       "DeepSpeed checkpoint writes contiguous ones)");
+  }
+  const int64_t count = static_cast<int64_t>(out.size());
+  if (offset < 0 || offset > tensor.numel() || count > tensor.numel() - offset) {
+    fail(ErrorKind::kInternal,
+         path().string() + ": " + what + ": read past the tensor's " + std::to_string(tensor.numel()) + " elements");
+  }
+  const Dtype dtype = tensor.storage->dtype;
+  const size_t elem = dtype_size(dtype);
+  std::vector<std::byte> raw;
+  for (int64_t done = 0; done < count;) {
+    const int64_t n = std::min(kReadElems, count - done);
+    const uint64_t at = static_cast<uint64_t>(tensor.offset + offset + done) * elem;
+    float* dst = out.data() + done;
+    if (dtype == Dtype::kF32) {
+      zip_.read(entry, at, std::as_writable_bytes(std::span<float>(dst, static_cast<size_t>(n))));
+    } else {
+      raw.resize(static_cast<size_t>(n) * elem);
+      zip_.read(entry, at, raw);
+      const auto count_n = static_cast<size_t>(n);
+      if (dtype == Dtype::kF16 || dtype == Dtype::kBF16) {
+        std::vector<uint16_t> h(count_n);
+        std::memcpy(h.data(), raw.data(), raw.size());
+        const std::span<float> d(dst, count_n);
+        dtype == Dtype::kF16 ? ckpt::convert_fp16_to_fp32(h, d) : ckpt::convert_bf16_to_fp32(h, d);
+      } else if (dtype == Dtype::kF64) {
+        for (size_t i = 0; i < count_n; ++i) {
+          double v;
+          std::memcpy(&v, raw.data() + i * 8, 8);
+          dst[i] = static_cast<float>(v);
+        }
+      } else {
+        fail(ErrorKind::kInvalidInput, path().string() + ": " + what + ": a tensor of " + dtype_name(dtype) +
+                                           " where a floating-point one was expected");
+      }
+    }
+    done += n;
+  }
+}
+
+}  // namespace shardkit::convert::deepspeed
