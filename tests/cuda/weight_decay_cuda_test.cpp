@@ -52,9 +52,8 @@ TEST(WeightDecayCuda, WithZeroGradientsExactlyTheDecayingTensorsMove) {
       trainer::cuda::PinnedBuffer<float> master(flat), exp_avg(flat), exp_avg_sq(flat);
       engine.begin_snapshot({master.data(), flat}, {exp_avg.data(), flat}, {exp_avg_sq.data(), flat});
       engine.wait_snapshot();
-      testing::expect_stepped_master({master.data(), flat}, engine.layout(), world.rank(), *model, decays, decay,
-                                     where);
-      testing::expect_stepped_parameters(engine, *model, decays, decay, where, [&](int t) {
+      testing::expect_stepped_master({master.data(), flat}, engine.layout(), world.rank(), *model, decay, where);
+      testing::expect_stepped_parameters(engine, *model, decay, where, [&](int t) {
         engine.synchronize(context.stream());  // the group's gather
         std::vector<float> p(static_cast<size_t>(model->table()[static_cast<size_t>(t)].numel()));
         CUDA_CHECK(cudaMemcpy(p.data(), engine.param(t), p.size() * sizeof(float), cudaMemcpyDeviceToHost));

@@ -49,14 +49,14 @@ inline void expect_stepped(float got, float before, bool decays, float decay, co
   }
 }
 
-// The rank's master partition: `master` is its flat buffer in the checkpoint layout.
+// The rank's master partition: `master` is its flat buffer in the checkpoint layout. What decays is
+// asked of the model itself, not of the flags the engine was given.
 inline void expect_stepped_master(std::span<const float> master, const ckpt::Layout& layout, int rank,
-                                  const model::Model& model, const std::vector<bool>& decays, float decay,
-                                  const std::string& where) {
+                                  const model::Model& model, float decay, const std::string& where) {
   for (const ckpt::Fragment& f : layout.fragments(rank)) {
     for (int64_t i = 0; i < f.length; ++i) {
       expect_stepped(master[static_cast<size_t>(f.flat_offset + i)], decay_test_value(f.tensor, f.tensor_offset + i),
-                     decays[static_cast<size_t>(f.tensor)], decay,
+                     model.decays(f.tensor), decay,
                      where + "master " + model.table()[static_cast<size_t>(f.tensor)].name + "[" +
                          std::to_string(f.tensor_offset + i) + "]");
     }
@@ -66,8 +66,8 @@ inline void expect_stepped_master(std::span<const float> master, const ckpt::Lay
 // Every tensor whole, as the model reads it after the step, group by group (gathered at stage 3):
 // `read(t)` returns tensor t's values while its group is acquired.
 template <typename Engine, typename Read>
-void expect_stepped_parameters(Engine& engine, const model::Model& model, const std::vector<bool>& decays, float decay,
-                               const std::string& where, Read read) {
+void expect_stepped_parameters(Engine& engine, const model::Model& model, float decay, const std::string& where,
+                               Read read) {
   const std::vector<model::TensorGroup>& groups = model.groups();
   for (size_t g = 0; g < groups.size(); ++g) {
     engine.acquire(static_cast<int>(g));
@@ -75,7 +75,7 @@ void expect_stepped_parameters(Engine& engine, const model::Model& model, const 
       const std::vector<float> p = read(t);
       for (size_t i = 0; i < p.size(); ++i) {
         expect_stepped(
-            p[i], decay_test_value(t, static_cast<int64_t>(i)), decays[static_cast<size_t>(t)], decay,
+            p[i], decay_test_value(t, static_cast<int64_t>(i)), model.decays(t), decay,
             where + "parameter " + model.table()[static_cast<size_t>(t)].name + "[" + std::to_string(i) + "]");
       }
     }
