@@ -29,6 +29,7 @@
 #include "model/gpt2/model.hpp"
 #include "trainer/cuda/device_context.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
+#include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {
@@ -208,6 +209,7 @@ int run(int argc, char** argv) {
   const model::gpt2::GptConfig& config = *gpt2;
   const ckpt::TensorTable& table = m->table();
   const std::vector<model::TensorGroup>& groups = m->groups();
+  const std::vector<bool> decays = decay_flags(*m);
   const int last = static_cast<int>(groups.size()) - 1;
   cudaStream_t stream = context.stream();
   Timer timer(world, stream, o.reps);
@@ -222,7 +224,7 @@ int run(int argc, char** argv) {
   // Stage 2's reductions over `nccl`, alone and beside the products: every group opened before the
   // clock starts (their buffers zeroed) and closed in the backward pass's order.
   auto stage2_times = [&](ncclComm_t nccl) {
-    GpuZeroEngine<T> engine(table, groups, zero, o.wire, world, nccl, stream);
+    GpuZeroEngine<T> engine(table, groups, decays, zero, o.wire, world, nccl, stream);
     auto open_all = [&] {
       engine.zero_grads();
       for (int g = 0; g <= last; ++g) engine.open_grads(g);
@@ -255,7 +257,7 @@ int run(int argc, char** argv) {
   {
     ZeroConfig one = zero;
     one.stage = 1;
-    GpuZeroEngine<T> stage1(table, groups, one, o.wire, world, context.nccl(), stream);
+    GpuZeroEngine<T> stage1(table, groups, decays, one, o.wire, world, context.nccl(), stream);
     stage1_alone = timer.ms([&] { stage1.zero_grads(); }, [&](cudaEvent_t) { stage1.reduce_grads(); });
   }
 

@@ -19,6 +19,7 @@
 #include "trainer/cuda/gpu_model.cuh"
 #include "trainer/cuda/kernels.cuh"
 #include "trainer/cuda/matmul.cuh"
+#include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {
@@ -184,8 +185,14 @@ int run(int argc, char** argv) {
   add("head gemm dwte", head_blocks,
       [&] { head_weight_grad(cublas, gwte.data(), logits.data(), ldv, x.data(), V, C, head_rows); });
   const AdamWCoefficients args = AdamWCoefficients::of({6e-4, 0.9, 0.95, 1e-8, 0.1, true, true, 1, 1.0});
+  // With the model's decay groups, as one rank at stage 0 passes them: biases and norms undecayed.
+  const std::vector<ElementRange> skip =
+      no_decay_ranges(ckpt::Layout(spec->table(), {}).fragments(0), decay_flags(*spec));
+  DeviceBuffer<ElementRange> skip_table(skip.size());
+  CUDA_CHECK(cudaMemcpy(skip_table.data(), skip.data(), skip_table.bytes(), cudaMemcpyHostToDevice));
+  const NoDecayRanges no_decay{skip_table.data(), static_cast<int64_t>(skip.size())};
   add("adamw (all parameters)", 1,
-      [&] { adamw(master.data(), m.data(), v.data(), g.data(), params.data(), P, args, st); });
+      [&] { adamw(master.data(), m.data(), v.data(), g.data(), params.data(), P, args, no_decay, st); });
 
   double total = 0;
   for (const auto& r : rows) total += r.ms_per_call * r.calls_per_step;

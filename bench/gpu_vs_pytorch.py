@@ -2,7 +2,8 @@
 """GPU training speed of `shardkit train --device cuda` against PyTorch on the same GPU(s), side by side.
 
 GPT-2 (default: 124M, sequence 1024, batch 16 per GPU) or a Llama preset (sequence 2048), bf16, AdamW
-(lr 6e-4, weight decay 0.1), gradient clipping 1.0. PyTorch: GPT-2 as an nn.Module written here, Llama
+(lr 6e-4, weight decay 0.1 on the matrices and embeddings, none on biases and norms: two parameter
+groups on PyTorch's side), gradient clipping 1.0. PyTorch: GPT-2 as an nn.Module written here, Llama
 as transformers' LlamaForCausalLM, both with scaled_dot_product_attention, bf16 autocast, fused AdamW,
 eager and torch.compile. shardkit: 1 GPU (ZeRO stage 1), and with two visible GPUs stage 2 and stage 3
 on 2 GPUs (and ZeRO-Offload on 1 GPU, when --offload). The figure is the median tokens/s over the
@@ -20,6 +21,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -27,6 +29,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "trainer"))
+from torch_decay import adamw_groups  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--shardkit", default=os.path.join(os.path.dirname(__file__), "..", "build-gpu", "shardkit"))
@@ -123,7 +128,8 @@ class GPT2(nn.Module):
 def pytorch_tokens_per_s(compiled, tokens):
     torch.manual_seed(0)
     model = (llama_module() if LLAMA_FAMILY else GPT2(*PRESETS[args.model])).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, fused=True)
+    # decay and no_decay, as shardkit forms them
+    opt = torch.optim.AdamW(adamw_groups(model.parameters(), 0.1), lr=6e-4, fused=True)
     step_fn = torch.compile(model) if compiled else model
     windows = (len(tokens) - 1) // SEQ
     rng = np.random.default_rng(0)

@@ -3,7 +3,8 @@
 training the same GPT-2 with the same batch, optimizer and thread count, measured in one run.
 
 Cases (issue 3): gpt2-tiny at batch 12 x sequence 64, and a 6-layer, 384-wide, 6-head model with a
-256-token vocabulary at batch 4 x sequence 256. Both sides run fp32 AdamW with gradient clipping; the
+256-token vocabulary at batch 4 x sequence 256. Both sides run fp32 AdamW (weight decay on the matrices
+and embeddings only: two parameter groups on PyTorch's side) with gradient clipping; the
 figure is the median tokens/s over the timed steps (after warm-up steps). Prints one JSON line per case
 and a table.
 
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "trainer"))
+from torch_decay import adamw_groups  # noqa: E402
 from torch_gpt2 import gpt2_loss, shapes  # noqa: E402
 
 ap = argparse.ArgumentParser()
@@ -56,7 +58,7 @@ def pytorch_tokens_per_s(cfg, batch, tokens):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     params = {n: (torch.randn(s) * 0.02).requires_grad_() for n, s in shapes(cfg).items()}
-    opt = torch.optim.AdamW(params.values(), lr=1e-3, weight_decay=0.01)
+    opt = torch.optim.AdamW(adamw_groups(params.values(), 0.01), lr=1e-3)  # decay and no_decay, as shardkit
     T = cfg["n_positions"]
     windows = (len(tokens) - 1) // T
     rng = np.random.default_rng(0)

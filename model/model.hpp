@@ -93,6 +93,10 @@ class Model {
   // ZeRO-3's gathers and of the gradient buckets.
   virtual const std::vector<TensorGroup>& groups() const = 0;
   virtual InitRule init_rule(int tensor) const = 0;
+  // Whether AdamW's weight decay applies to the tensor, by its role: the matrices and embeddings
+  // decay, biases and normalisation weights do not -- the two parameter groups Hugging Face's Trainer,
+  // nanoGPT and llm.c give torch.optim.AdamW, so a run here and theirs regularise the same weights.
+  virtual bool decays(int tensor) const = 0;
 
   // config.json for the family's Hugging Face class; torch_dtype "float32", "bfloat16" or "float16".
   virtual nlohmann::json hf_config(const std::string& torch_dtype) const = 0;

@@ -69,14 +69,48 @@ void narrow_weights(std::span<const float> in, Narrow narrow, uint16_t* out) {
   }
 }
 
+namespace {
+
+// Calls f(lo, len, decays) for the runs of elements [lo, lo + len) of the updated arrays that alike
+// decay or do not, in order.
+template <typename F>
+void for_each_run(const NoDecayRanges& nd, int64_t lo, int64_t len, F&& f) {
+  const ElementRange* const end = nd.ranges + nd.count;
+  // The first range that ends after the block starts.
+  const ElementRange* r =
+      std::partition_point(nd.ranges, end, [&](const ElementRange& x) { return x.end <= nd.origin + lo; });
+  int64_t at = lo;
+  const int64_t hi = lo + len;
+  while (at < hi) {
+    if (r == end || r->begin - nd.origin >= hi) {
+      f(at, hi - at, true);
+      return;
+    }
+    const int64_t skip_lo = std::max(at, r->begin - nd.origin), skip_hi = std::min(hi, r->end - nd.origin);
+    if (skip_lo > at) f(at, skip_lo - at, true);
+    f(skip_lo, skip_hi - skip_lo, false);
+    at = skip_hi;
+    ++r;
+  }
+}
+
+}  // namespace
+
 void cpu_adamw(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq,
-               std::span<const float> grad, const AdamWCoefficients& c, Narrow narrow, uint16_t* narrowed) {
+               std::span<const float> grad, const AdamWCoefficients& c, NoDecayRanges no_decay, Narrow narrow,
+               uint16_t* narrowed) {
   const int64_t n = static_cast<int64_t>(master.size());
   const int64_t blocks = (n + kBlock - 1) / kBlock;
+  // Without weight decay every element takes the same update: no runs to find.
+  if (!c.decays()) no_decay.count = 0;
+  const AdamWCoefficients plain = c.without_decay();
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t lo = b * kBlock, len = std::min(kBlock, n - lo);
-    update_block(master.data() + lo, exp_avg.data() + lo, exp_avg_sq.data() + lo, grad.data() + lo, len, c);
+    for_each_run(no_decay, lo, len, [&](int64_t at, int64_t count, bool decays) {
+      update_block(master.data() + at, exp_avg.data() + at, exp_avg_sq.data() + at, grad.data() + at, count,
+                   decays ? c : plain);
+    });
     if (narrow != Narrow::kNone)
       narrow_block(master.subspan(static_cast<size_t>(lo), static_cast<size_t>(len)), narrow, narrowed + lo);
   }

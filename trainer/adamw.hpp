@@ -22,7 +22,8 @@ struct AdamWStep {
 //   g = grad * grad_multiplier + l2 * w
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   w = w - decay * w - step_size * m / (sqrt(v) * inv_sqrt_bc2 + eps)
-// with decay = lr * weight_decay for AdamW (decoupled), l2 = weight_decay for Adam with L2.
+// with decay = lr * weight_decay for AdamW (decoupled), l2 = weight_decay for Adam with L2 -- both 0
+// for the elements of tensors the model says do not decay (Model::decays).
 struct AdamWCoefficients {
   float beta1, beta2, eps;
   float step_size;     // lr / bias_correction1
@@ -32,16 +33,42 @@ struct AdamWCoefficients {
   float l2;     // weight_decay (Adam with L2 regularisation), else 0
 
   static AdamWCoefficients of(const AdamWStep& step);
+  bool decays() const noexcept { return decay != 0.0f || l2 != 0.0f; }
+  // For the elements of tensors that do not decay: both terms zero, the update otherwise the same.
+  AdamWCoefficients without_decay() const noexcept {
+    AdamWCoefficients c = *this;
+    c.decay = 0.0f;
+    c.l2 = 0.0f;
+    return c;
+  }
+};
+
+// Positions [begin, end) of an optimizer view.
+struct ElementRange {
+  int64_t begin = 0, end = 0;
+};
+
+// Where weight decay does not apply (weight_decay.hpp derives it from the model): `count` sorted,
+// disjoint ranges of optimizer-view positions -- in host memory for cpu_adamw, device memory for the
+// GPU kernel -- and the view position of the updated arrays' first element, so that an update of a
+// chunk of the view passes the whole table, shifted with at(). The default: every element decays.
+struct NoDecayRanges {
+  const ElementRange* ranges = nullptr;
+  int64_t count = 0;
+  int64_t origin = 0;
+
+  NoDecayRanges at(int64_t offset) const noexcept { return {ranges, count, origin + offset}; }
 };
 
 enum class Narrow { kNone, kBf16, kFp16 };
 
-// One update of the flat arrays (equal lengths). With `narrow`, `narrowed` (same length) receives the
-// updated weights as bf16/fp16 bit patterns, rounded to nearest even. Runs on the calling thread's
-// OpenMP team (all threads of a parallel region it opens).
+// One update of the flat arrays (equal lengths), without weight decay on the elements `no_decay`
+// names. With `narrow`, `narrowed` (same length) receives the updated weights as bf16/fp16 bit
+// patterns, rounded to nearest even. Runs on the calling thread's OpenMP team (all threads of a
+// parallel region it opens).
 void cpu_adamw(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq,
-               std::span<const float> grad, const AdamWCoefficients& c, Narrow narrow = Narrow::kNone,
-               uint16_t* narrowed = nullptr);
+               std::span<const float> grad, const AdamWCoefficients& c, NoDecayRanges no_decay = {},
+               Narrow narrow = Narrow::kNone, uint16_t* narrowed = nullptr);
 
 // out = in rounded to bf16/fp16 bit patterns (nearest even), on all threads. kNone copies nothing.
 void narrow_weights(std::span<const float> in, Narrow narrow, uint16_t* out);

@@ -7,6 +7,7 @@
 #include "ckpt/fault.hpp"
 #include "model/cpu/gemm.hpp"
 #include "trainer/backend.hpp"
+#include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer {
 namespace {
@@ -16,7 +17,8 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const BackendOptions& o)
       : options_(o),
         model_(o.model->make_cpu_model(o.micro_batch, o.seq_len)),
-        engine_(o.model->table(), o.model->groups(), o.config->zero, comm_dtype(*o.config), *o.comm) {}
+        engine_(o.model->table(), o.model->groups(), decay_flags(*o.model), o.config->zero, comm_dtype(*o.config),
+                *o.comm) {}
 
   const ckpt::Layout& layout() const override { return engine_.layout(); }
   std::string describe() const override {

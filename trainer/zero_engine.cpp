@@ -6,11 +6,13 @@
 #include "ckpt/error.hpp"
 #include "model/cpu/ops.hpp"
 #include "trainer/grad_wire.hpp"
+#include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer {
 
-ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const ZeroConfig& config,
-                       ckpt::DType wire, comm::MpiCollective& comm)
+ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups,
+                       const std::vector<bool>& decays, const ZeroConfig& config, ckpt::DType wire,
+                       comm::MpiCollective& comm)
     : table_(table),
       groups_(std::move(groups)),
       config_(config),
@@ -49,6 +51,7 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::Tensor
   }
   acquired_count_.assign(groups_.size(), 0);
   if (stage() >= 2) grad_buffers_.resize(table.size());
+  no_decay_ = no_decay_ranges(load_plan(), decays);
 }
 
 MemoryReport ZeroEngine::memory() const noexcept {
@@ -284,7 +287,8 @@ double ZeroEngine::global_grad_sq() {
 }
 
 void ZeroEngine::step(const AdamWStep& s) {
-  cpu_adamw(master_, exp_avg_, exp_avg_sq_, optimizer_grads(), AdamWCoefficients::of(s));
+  cpu_adamw(master_, exp_avg_, exp_avg_sq_, optimizer_grads(), AdamWCoefficients::of(s),
+            {no_decay_.data(), static_cast<int64_t>(no_decay_.size())});
   publish_params();
 }
 

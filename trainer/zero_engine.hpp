@@ -38,9 +38,10 @@ struct MemoryReport {
 
 class ZeroEngine final : public model::ParameterStore {
  public:
-  // `wire`: communication_data_type (grad_wire.hpp).
-  ZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const ZeroConfig& config,
-             ckpt::DType wire, comm::MpiCollective& comm);
+  // `decays`: per tensor, whether weight decay applies (weight_decay.hpp). `wire`:
+  // communication_data_type (grad_wire.hpp).
+  ZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const std::vector<bool>& decays,
+             const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& comm);
 
   const ckpt::Layout& layout() const noexcept { return layout_; }
   int stage() const noexcept { return layout_.stage(); }
@@ -65,7 +66,8 @@ class ZeroEngine final : public model::ParameterStore {
   void reduce_grads();
   // Sum of squares of the rank's reduced gradient partition, summed over ranks (all ranks agree).
   double global_grad_sq();
-  // AdamW on the rank's partition, then the updated parameters are made visible to the model.
+  // AdamW on the rank's partition (each element decayed as its tensor is), then the updated
+  // parameters are made visible to the model.
   void step(const AdamWStep& step);
 
   // The rank's flat buffers in the checkpoint layout (layout().flat_size() elements each).
@@ -109,6 +111,7 @@ class ZeroEngine final : public model::ParameterStore {
   ckpt::LargeVector<float> grads_full_;
   // The optimizer's view: stage 0 full (W * P), stages 1-2 the partition (P), stage 3 the slots (F).
   ckpt::LargeVector<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
+  std::vector<ElementRange> no_decay_;  // positions of the optimizer view that weight decay skips
 
   // Stage 3: gathered parameters of acquired groups, one buffer per tensor.
   std::vector<ckpt::LargeVector<float>> gathered_;

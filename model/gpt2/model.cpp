@@ -44,6 +44,21 @@ class Gpt2Model final : public Model {
     }
   }
 
+  // The embeddings (wte, wpe) and the four matrices of each block; no bias or LayerNorm weight.
+  bool decays(int tensor) const override {
+    if (tensor < block_tensor(0, 0)) return true;
+    if (tensor >= block_tensor(config_.n_layer, 0)) return false;  // ln_f
+    switch ((tensor - block_tensor(0, 0)) % kTensorsPerBlock) {
+      case kQkvW:
+      case kAttProjW:
+      case kFcW:
+      case kFcProjW:
+        return true;
+      default:
+        return false;
+    }
+  }
+
   nlohmann::json hf_config(const std::string& torch_dtype) const override {
     return hf_config_json(config_, torch_dtype);
   }

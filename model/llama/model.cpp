@@ -33,10 +33,10 @@ class LlamaModel final : public Model {
   // Hugging Face's LlamaPreTrainedModel: embedding and every projection N(0, initializer_range = 0.02),
   // RMSNorm weights 1.
   InitRule init_rule(int tensor) const override {
-    const bool norm = tensor == final_norm_tensor(config_) || (tensor >= 1 && tensor < final_norm_tensor(config_) &&
-                                                               (tensor - 1) % kTensorsPerLayer >= kInputNorm);
-    return norm ? InitRule{InitRule::kOnes} : InitRule{InitRule::kNormal, 0.02f};
+    return is_norm(tensor) ? InitRule{InitRule::kOnes} : InitRule{InitRule::kNormal, 0.02f};
   }
+  // The embedding, every projection and the untied head; no RMSNorm weight.
+  bool decays(int tensor) const override { return !is_norm(tensor); }
 
   nlohmann::json hf_config(const std::string& torch_dtype) const override {
     return hf_config_json(config_, torch_dtype);
@@ -53,6 +53,12 @@ class LlamaModel final : public Model {
   }
 
  private:
+  // The RMSNorm weights: each layer's two and the final one.
+  bool is_norm(int tensor) const {
+    return tensor == final_norm_tensor(config_) ||
+           (tensor >= 1 && tensor < final_norm_tensor(config_) && (tensor - 1) % kTensorsPerLayer >= kInputNorm);
+  }
+
   LlamaConfig config_;
   ckpt::TensorTable table_;
   std::vector<TensorGroup> groups_;

@@ -54,20 +54,22 @@ TEST(GradWireCuda, NcclReductionsInEveryCommunicationTypeGiveWhatCpuRanksGive) {
   const ckpt::TensorTable table(
       {{"a", {1037}, DType::kF32}, {"b", {50, 9}, DType::kF32}, {"c", {4096}, DType::kF32}, {"d", {3}, DType::kF32}});
   const std::vector<model::TensorGroup> groups = {{0, 2}, {2, 4}};
+  const std::vector<bool> decays(table.size(), true);  // no optimizer step here
   for (const DType wire : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (int stage = 0; stage <= 3; ++stage) {
       trainer::ZeroConfig config;
       config.stage = stage;
       config.reduce_bucket_size = 1500;
       config.allgather_bucket_size = 1500;
-      trainer::ZeroEngine cpu(table, groups, config, wire, world);
+      trainer::ZeroEngine cpu(table, groups, decays, config, wire, world);
       const double want = reduced_sq(cpu, table, groups, world.rank(), [&](int t, const std::vector<float>& g) {
         float* grad = cpu.grad(t);
         for (size_t i = 0; i < g.size(); ++i) grad[i] += g[i];
       });
       for (const bool overlap : {false, true}) {
         config.overlap_comm = overlap;
-        trainer::cuda::GpuZeroEngine<float> gpu(table, groups, config, wire, world, context.nccl(), context.stream());
+        trainer::cuda::GpuZeroEngine<float> gpu(table, groups, decays, config, wire, world, context.nccl(),
+                                                context.stream());
         const double got = reduced_sq(gpu, table, groups, world.rank(), [&](int t, const std::vector<float>& g) {
           // Added as the model's kernels add (stages 0-1 accumulate over micro-batches in place).
           const trainer::cuda::DeviceBuffer<float> values(g.size());

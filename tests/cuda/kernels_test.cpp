@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <random>
 #include <string>
@@ -275,6 +276,81 @@ TEST(CudaKernels, BiasBackwardMatchesDoubleAndIsDeterministic) {
     const std::vector<float> want_f(want.begin(), want.end());
     EXPECT_LT(relative_error(got32, want_f), 1e-5) << what << " fp32 vs double";
     EXPECT_LT(relative_error(got16, want_f), 1e-5) << what << " bf16 inputs, fp32 sums";
+  }
+}
+
+// AdamW's weight decay by parameter group in one launch: a view cut by a no-decay table in ~200
+// places (ranges of one element, ranges at the ends). Every element as the CPU update computes it (the
+// same formula; the GPU may fuse a multiply-add the CPU rounds twice, hence the tolerance -- far below
+// the 5 % a wrong decay would make), an update in two chunks (NoDecayRanges::at) bit for bit the
+// update of the whole view, and with zero gradients the undecayed elements unchanged to the bit.
+TEST(CudaKernels, AdamWSkipsWeightDecayOnTheNoDecayRanges) {
+  REQUIRE_GPUS(1);
+  const int64_t n = (int64_t{1} << 20) + 37;
+  std::mt19937 rng(31);
+  std::vector<ElementRange> skip = {{0, 3}};
+  for (int64_t at = 1000; at < n - 10000; at += 5000) {
+    const int64_t begin = at + static_cast<int64_t>(rng() % 1000), length = 1 + static_cast<int64_t>(rng() % 3000);
+    skip.push_back({begin, begin + length});
+  }
+  skip.push_back({n - 1, n});
+  const auto table = upload(skip);
+  const NoDecayRanges on_device{table.data(), static_cast<int64_t>(skip.size())};
+  const NoDecayRanges on_host{skip.data(), static_cast<int64_t>(skip.size())};
+  AdamWStep step;
+  step.lr = 0.1;
+  step.weight_decay = 0.5;
+  step.step = 2;
+  const AdamWCoefficients c = AdamWCoefficients::of(step);
+
+  std::vector<float> w, m, v, g, unused;
+  random_values<float>(static_cast<size_t>(n), 1.0f, 41, w, unused);
+  random_values<float>(static_cast<size_t>(n), 0.1f, 42, m, unused);
+  random_values<float>(static_cast<size_t>(n), 0.1f, 43, v, unused);
+  random_values<float>(static_cast<size_t>(n), 1.0f, 44, g, unused);
+  for (float& x : v) x = x * x;
+  // On the GPU from the host values, whole (split = 0) or in two chunks; returns (w, m, v, params).
+  auto gpu = [&](const std::vector<float>& m0, const std::vector<float>& v0, const std::vector<float>& g0,
+                 int64_t split) {
+    auto dw = upload(w), dm = upload(m0), dv = upload(v0), dg = upload(g0);
+    DeviceBuffer<float> params(static_cast<size_t>(n));
+    const std::pair<int64_t, int64_t> chunks[] = {{0, split}, {split, n}};
+    for (const auto& [lo, hi] : chunks) {
+      adamw<float>(dw.data() + lo, dm.data() + lo, dv.data() + lo, dg.data() + lo, params.data() + lo, hi - lo, c,
+                   on_device.at(lo), nullptr);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return std::array<std::vector<float>, 4>{download(dw), download(dm), download(dv), download(params)};
+  };
+  auto skipped = [&](int64_t i) {
+    return std::ranges::any_of(skip, [&](const ElementRange& r) { return r.begin <= i && i < r.end; });
+  };
+
+  const auto whole = gpu(m, v, g, 0);
+  std::vector<float> cw = w, cm = m, cv = v;
+  cpu_adamw(cw, cm, cv, g, c, on_host);
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t k = static_cast<size_t>(i);
+    ASSERT_NEAR(whole[0][k], cw[k], 1e-6 * (1 + std::abs(double{cw[k]})))
+        << "weight " << i << " skipped " << skipped(i);
+    ASSERT_NEAR(whole[1][k], cm[k], 1e-6 * (1 + std::abs(double{cm[k]}))) << "exp_avg " << i;
+    ASSERT_NEAR(whole[2][k], cv[k], 1e-6 * (1 + std::abs(double{cv[k]}))) << "exp_avg_sq " << i;
+  }
+  EXPECT_EQ(whole[3], whole[0]) << "params in fp32 are the master weights";
+  const auto chunked = gpu(m, v, g, 300001);  // inside a range or not, the answer is the same
+  EXPECT_EQ(chunked[0], whole[0]);
+  EXPECT_EQ(chunked[1], whole[1]);
+  EXPECT_EQ(chunked[2], whole[2]);
+
+  const std::vector<float> zeros(static_cast<size_t>(n), 0.0f);
+  const auto still = gpu(zeros, zeros, zeros, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t k = static_cast<size_t>(i);
+    if (skipped(i)) {
+      ASSERT_EQ(still[0][k], w[k]) << "undecayed weight " << i;
+    } else {
+      ASSERT_FLOAT_EQ(still[0][k], w[k] - c.decay * w[k]) << "decayed weight " << i;
+    }
   }
 }
 

@@ -217,6 +217,40 @@ TEST(Model, InitialisationFollowsEachTensorsRole) {
   EXPECT_FLOAT_EQ(gpt2->init_rule(g.find("transformer.wpe.weight")).std, 0.02f);
 }
 
+TEST(Model, WeightDecayFollowsEachTensorsRole) {
+  // Matrices and embeddings decay, biases and normalisation weights do not: in both families exactly
+  // the tensors of two or more dimensions, the rule the PyTorch references (tests/trainer, bench/)
+  // apply on their side -- checked for every tensor of tied and untied, one- and many-layer models.
+  for (const char* name : {"gpt2-tiny", "gpt2", "llama-tiny", "smollm-135m", "tinyllama-1.1b"}) {
+    const auto m = model::resolve_model(name);
+    const ckpt::TensorTable& t = m->table();
+    for (size_t i = 0; i < t.size(); ++i)
+      EXPECT_EQ(m->decays(static_cast<int>(i)), t[i].shape.size() >= 2) << t[i].name;
+  }
+  const auto gpt2 = model::resolve_model("gpt2-tiny");
+  const ckpt::TensorTable& g = gpt2->table();
+  for (const char* name :
+       {"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.attn.c_attn.weight",
+        "transformer.h.1.attn.c_proj.weight", "transformer.h.0.mlp.c_fc.weight", "transformer.h.1.mlp.c_proj.weight"}) {
+    EXPECT_TRUE(gpt2->decays(g.find(name))) << name;
+  }
+  for (const char* name : {"transformer.h.0.ln_1.weight", "transformer.h.0.ln_1.bias",
+                           "transformer.h.1.attn.c_attn.bias", "transformer.h.1.ln_2.weight",
+                           "transformer.h.0.mlp.c_proj.bias", "transformer.ln_f.weight", "transformer.ln_f.bias"}) {
+    EXPECT_FALSE(gpt2->decays(g.find(name))) << name;
+  }
+  const auto llama = model::resolve_model("llama-tiny");
+  const ckpt::TensorTable& l = llama->table();
+  for (const char* name : {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                           "model.layers.1.mlp.down_proj.weight", "lm_head.weight"}) {
+    EXPECT_TRUE(llama->decays(l.find(name))) << name;
+  }
+  for (const char* name : {"model.layers.0.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight",
+                           "model.norm.weight"}) {
+    EXPECT_FALSE(llama->decays(l.find(name))) << name;
+  }
+}
+
 TEST(Model, HuggingFaceNamesOfEachFamily) {
   const auto untied = model::resolve_model("llama-tiny");
   const auto tied = model::resolve_model("smollm-135m");

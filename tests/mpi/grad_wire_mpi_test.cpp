@@ -48,13 +48,14 @@ TEST(GradWireMpi, ReducedGradientsAreRoundedToTheCommunicationTypeAtEveryStage) 
   const ckpt::TensorTable table(
       {{"a", {37}, DType::kF32}, {"b", {5, 9}, DType::kF32}, {"c", {64}, DType::kF32}, {"d", {3}, DType::kF32}});
   const std::vector<model::TensorGroup> groups = {{0, 2}, {2, 4}};
+  const std::vector<bool> decays(table.size(), true);  // no optimizer step here
   for (const DType wire : {DType::kF32, DType::kBF16, DType::kF16}) {
     const double want = expected_sq(table, world.size(), wire);
     for (int stage = 0; stage <= 3; ++stage) {
       trainer::ZeroConfig config;
       config.stage = stage;
       config.reduce_bucket_size = 50;  // several reductions per step
-      trainer::ZeroEngine engine(table, groups, config, wire, world);
+      trainer::ZeroEngine engine(table, groups, decays, config, wire, world);
       engine.zero_grads();
       // Opened in the forward order and closed in the backward order, as the model does.
       for (int g = 0; g < 2; ++g) engine.open_grads(g);

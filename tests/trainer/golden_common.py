@@ -12,6 +12,8 @@ import h5py
 import numpy as np
 import torch
 
+from torch_decay import adamw_groups
+
 RTOL = 1e-5
 SEED = 42
 failures = []
@@ -113,8 +115,9 @@ def check_dump(dump_tool, model, tokens, data, out_dir, loss_fn, shapes_fn, labe
 
 
 def check_training(shardkit, model, cfg, init, inputs, targets, data, tmp, loss_fn, label):
-    """Three steps of `shardkit train` (AdamW with weight decay, gradient clipping, gradient accumulation
-    over 2 micro-batches of the 4 windows) against torch.optim.AdamW on the reference: the loss and
+    """Three steps of `shardkit train` (AdamW with weight decay on the matrices and embeddings, gradient
+    clipping, gradient accumulation over 2 micro-batches of the 4 windows) against torch.optim.AdamW
+    with the same two parameter groups (torch_decay.py) on the reference: the loss and
     gradient norm of each step element-wise, and the fp32 master weights and both Adam moments of the
     checkpoint written after step 3 as close_after_adam() explains."""
     config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
@@ -133,7 +136,7 @@ def check_training(shardkit, model, cfg, init, inputs, targets, data, tmp, loss_
 
     def train_torch(dtype):
         params = {n: torch.tensor(v, dtype=dtype, requires_grad=True) for n, v in init.items()}
-        opt = torch.optim.AdamW(params.values(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+        opt = torch.optim.AdamW(adamw_groups(params.values(), 0.1), lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
         history = []
         for step in range(3):
             opt.zero_grad()

@@ -5,10 +5,11 @@ GPT2LMHeadModel math, written out here in plain torch), in float64 from the same
 Checks, to 1e-5 relative:
   1. the forward loss and every gradient of gpt2-tiny on a batch (golden_dump), element-wise
      (per tensor: max |ours - torch| <= 1e-5 * max |torch|);
-  2. three training steps of `shardkit train` (AdamW with weight decay, gradient clipping, gradient
-     accumulation over 2 micro-batches): the loss and gradient norm of each step element-wise, and
-     the fp32 master weights and both Adam moments of the checkpoint written after step 3 norm-wise,
-     as golden_common.close_after_adam() explains."""
+  2. three training steps of `shardkit train` (AdamW with weight decay on the matrices and embeddings,
+     PyTorch given the same two parameter groups; gradient clipping, gradient accumulation over 2
+     micro-batches): the loss and gradient norm of each step element-wise, and the fp32 master weights
+     and both Adam moments of the checkpoint written after step 3 norm-wise, as
+     golden_common.close_after_adam() explains."""
 import argparse
 import os
 import sys

@@ -8,6 +8,7 @@
 #include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
 #include "trainer/cuda/kernels.cuh"
+#include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer {
 namespace cuda {
@@ -20,8 +21,8 @@ class CudaBackend final : public Backend {
       : options_(o),
         context_(*o.comm),
         model_(make_gpu_model<T>(*o.model, o.micro_batch, o.seq_len, context_.cublas(), context_.stream())),
-        engine_(o.model->table(), o.model->groups(), o.config->zero, comm_dtype(*o.config), *o.comm, context_.nccl(),
-                context_.stream()),
+        engine_(o.model->table(), o.model->groups(), decay_flags(*o.model), o.config->zero, comm_dtype(*o.config),
+                *o.comm, context_.nccl(), context_.stream()),
         inputs_(static_cast<size_t>(o.micro_batch) * o.seq_len),
         targets_(static_cast<size_t>(o.micro_batch) * o.seq_len),
         replay_(engine_.fixed_buffers() && !o.config->wall_clock_breakdown) {}

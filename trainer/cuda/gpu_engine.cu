@@ -11,6 +11,7 @@
 #include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
 #include "trainer/cuda/kernels.cuh"
+#include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {
@@ -34,8 +35,8 @@ void delay_stream(cudaStream_t stream, double ms) {
 
 template <typename T>
 GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups,
-                                const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& mpi, ncclComm_t nccl,
-                                cudaStream_t stream)
+                                const std::vector<bool>& decays, const ZeroConfig& config, ckpt::DType wire,
+                                comm::MpiCollective& mpi, ncclComm_t nccl, cudaStream_t stream)
     : table_(table),
       groups_(std::move(groups)),
       config_(config),
@@ -79,6 +80,11 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<mode
   for (size_t g = 0; g < groups_.size(); ++g) gathered_at_.push_back(std::make_unique<Event>());
   scalar_.resize(kSumScratch);
   scalar_host_.resize(1);
+  no_decay_ = no_decay_ranges(plan(), decays);
+  if (!host_ && !no_decay_.empty()) {
+    no_decay_device_.resize(no_decay_.size());
+    CUDA_CHECK(cudaMemcpy(no_decay_device_.data(), no_decay_.data(), no_decay_device_.bytes(), cudaMemcpyHostToDevice));
+  }
 }
 
 template <typename T>
@@ -584,11 +590,13 @@ void GpuZeroEngine<T>::step(const AdamWStep& s) {
   const AdamWCoefficients c = AdamWCoefficients::of(s);
   // AdamW is elementwise: updating in chunks (for the pipelined gather below, or a partition in host
   // memory) gives the same results.
+  const NoDecayRanges no_decay{no_decay_device_.data(), static_cast<int64_t>(no_decay_device_.size())};
   const typename ParamPartition<T>::Producer update = [&](int64_t lo, int64_t n, T* out) {
-    adamw(master_.data() + lo, exp_avg_.data() + lo, exp_avg_sq_.data() + lo, grads + lo, out, n, c, stream_);
+    adamw(master_.data() + lo, exp_avg_.data() + lo, exp_avg_sq_.data() + lo, grads + lo, out, n, c, no_decay.at(lo),
+          stream_);
   };
   if (host_) {
-    host_->step(grads, params, c, stream_);
+    host_->step(grads, params, c, {no_decay_.data(), static_cast<int64_t>(no_decay_.size())}, stream_);
     if (stage == 1 || stage == 2) all_gather_params();
   } else if (stage == 1 || stage == 2) {
     update_and_gather(update);

@@ -27,9 +27,11 @@ namespace shardkit::trainer::cuda {
 template <typename T>
 class GpuZeroEngine final : public GpuParamStore<T> {
  public:
-  // `wire`: communication_data_type, the type gradients are reduced in (grad_wire.cuh).
-  GpuZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const ZeroConfig& config,
-                ckpt::DType wire, comm::MpiCollective& mpi, ncclComm_t nccl, cudaStream_t stream);
+  // `decays`: per tensor, whether weight decay applies (weight_decay.hpp). `wire`:
+  // communication_data_type, the type gradients are reduced in (grad_wire.cuh).
+  GpuZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const std::vector<bool>& decays,
+                const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& mpi, ncclComm_t nccl,
+                cudaStream_t stream);
 
   const ckpt::Layout& layout() const noexcept { return layout_; }
   MemoryReport memory() const noexcept;
@@ -117,6 +119,10 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   // Optimizer view: stage 0 the full W * P, stages 1-2 the partition P, stage 3 the slots F.
   DeviceBuffer<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
   std::unique_ptr<HostOptimizer<T>> host_;  // offloaded: master weights and moments (then not on the device)
+  // Positions of the optimizer view that weight decay skips: for the host optimizer, and a copy in
+  // device memory for the kernel.
+  std::vector<ElementRange> no_decay_;
+  DeviceBuffer<ElementRange> no_decay_device_;
 
   Stream comm_stream_;
   Event order_;

@@ -59,7 +59,8 @@ void HostOptimizer<T>::upload(T* params, cudaStream_t stream) {
 }
 
 template <typename T>
-void HostOptimizer<T>::step(const float* grads, T* params, const AdamWCoefficients& c, cudaStream_t stream) {
+void HostOptimizer<T>::step(const float* grads, T* params, const AdamWCoefficients& c, NoDecayRanges no_decay,
+                            cudaStream_t stream) {
   const int64_t n = static_cast<int64_t>(master_.size());
   const int64_t chunks = chunks_of(master_.size());
   T* const weights = host_weights(params);
@@ -79,10 +80,10 @@ void HostOptimizer<T>::step(const float* grads, T* params, const AdamWCoefficien
     const auto part = [&](std::vector<float>& v) { return std::span<float>(v.data() + lo, static_cast<size_t>(len)); };
     const std::span<const float> g(grad_staging_.data() + lo, static_cast<size_t>(len));
     if constexpr (std::is_same_v<T, float>) {
-      cpu_adamw(part(master_), part(exp_avg_), part(exp_avg_sq_), g, c);
+      cpu_adamw(part(master_), part(exp_avg_), part(exp_avg_sq_), g, c, no_decay.at(lo));
       narrow(lo, len, weights);
     } else {
-      cpu_adamw(part(master_), part(exp_avg_), part(exp_avg_sq_), g, c, DeviceType<T>::kNarrow,
+      cpu_adamw(part(master_), part(exp_avg_), part(exp_avg_sq_), g, c, no_decay.at(lo), DeviceType<T>::kNarrow,
                 reinterpret_cast<uint16_t*>(weights + lo));
     }
     if (params_on_host_) continue;

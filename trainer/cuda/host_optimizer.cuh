@@ -32,9 +32,10 @@ class HostOptimizer {
   void upload(T* params, cudaStream_t stream);
 
   // One AdamW step from the device gradients `grads` (count fp32, complete once `stream` reaches this
-  // point); the updated weights land in `params` in T: in device memory queued on `stream`, in host
-  // memory on return (written once `stream` has reached this point, so work queued before may read them).
-  void step(const float* grads, T* params, const AdamWCoefficients& c, cudaStream_t stream);
+  // point), without weight decay on the elements `no_decay` names (its table in host memory); the
+  // updated weights land in `params` in T: in device memory queued on `stream`, in host memory on
+  // return (written once `stream` has reached this point, so work queued before may read them).
+  void step(const float* grads, T* params, const AdamWCoefficients& c, NoDecayRanges no_decay, cudaStream_t stream);
 
  private:
   // The master weights of [lo, lo + len) in T, into out[lo, lo + len) (host memory; all threads).

@@ -102,11 +102,12 @@ void softmax_cross_entropy(T* logits, int64_t ld, float* losses, const int32_t* 
 template <typename T>
 void cast_from_float(T* out, const float* in, int64_t n, cudaStream_t st);
 
-// AdamW on fp32 master weights and moments (trainer/adamw.hpp gives the formula); `params` (may be
-// null) receives the updated weights in T.
+// AdamW on fp32 master weights and moments (trainer/adamw.hpp gives the formula), one launch,
+// without weight decay on the elements `no_decay` names (its table in device memory); `params` (may
+// be null) receives the updated weights in T.
 template <typename T>
 void adamw(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, T* params, int64_t n,
-           const AdamWCoefficients& c, cudaStream_t st);
+           const AdamWCoefficients& c, NoDecayRanges no_decay, cudaStream_t st);
 
 // out[0] = sum(x^2), or sum(x), in double, the same bits on every run; out has kSumScratch doubles
 // (out[1..] holds the blocks' partial sums).
