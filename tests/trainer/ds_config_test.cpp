@@ -90,7 +90,10 @@ auto fields(const Fp16Config& f) {
                   f.consecutive_hysteresis, f.min_loss_scale);
 }
 auto fields(const OffloadConfig& o) {
-  return std::tie(o.device, o.pin_memory);
+  return std::tie(o.device, o.pin_memory, o.nvme_path, o.buffer_count, o.fast_init);
+}
+auto fields(const AioConfig& a) {
+  return std::tie(a.block_size, a.queue_depth, a.intra_op_parallelism, a.single_submit, a.overlap_events, a.use_gds);
 }
 auto fields(const ZeroConfig& z) {
   return std::tie(z.stage, z.contiguous_gradients, z.reduce_scatter, z.overlap_comm, z.allgather_partitions,
@@ -475,8 +478,53 @@ TEST(DsConfigZero, ReadsEveryField) {
   expected.round_robin_gradients = true;
   EXPECT_EQ(fields(c.zero), fields(expected));
   EXPECT_EQ(fields(c.zero.offload_optimizer), fields(OffloadConfig{"cpu", true}));
-  EXPECT_EQ(fields(c.zero.offload_param), fields(OffloadConfig{"nvme", false}));
+  EXPECT_EQ(fields(c.zero.offload_param), fields(OffloadConfig{"nvme", false, "/nvme"}));
   EXPECT_TRUE(c.warnings.empty());  // offload keys shardkit does not use are accepted silently
+}
+
+// ZeRO-Infinity's optimizer offload as DeepSpeed's docs write it: the swapper's keys and the aio block
+// are read (and round-trip through to_json); keys of DeepSpeed's swapper that shardkit's has no
+// counterpart for are accepted silently.
+TEST(DsConfigZero, NvmeOffloadAndTheAioBlockAreRead) {
+  const DsConfig c = parse(with({{"zero_optimization",
+                                  {{"stage", 3},
+                                   {"offload_optimizer",
+                                    {{"device", "nvme"},
+                                     {"nvme_path", "/local_nvme"},
+                                     {"pin_memory", true},
+                                     {"buffer_count", 5},
+                                     {"fast_init", true},
+                                     {"ratio", 1.0}}}}},
+                                 {"aio",
+                                  {{"block_size", 262144},
+                                   {"queue_depth", 32},
+                                   {"thread_count", 2},
+                                   {"single_submit", true},
+                                   {"overlap_events", false}}}}));
+  OffloadConfig expected{"nvme", true, "/local_nvme"};
+  expected.buffer_count = 5;
+  expected.fast_init = true;
+  EXPECT_EQ(fields(c.zero.offload_optimizer), fields(expected));
+  EXPECT_EQ(fields(c.aio), fields(AioConfig{262144, 32, 2, true, false, false}));
+  EXPECT_TRUE(c.warnings.empty());
+  const DsConfig again = parse(to_json(c));
+  EXPECT_EQ(fields(again.zero.offload_optimizer), fields(expected));
+  EXPECT_EQ(fields(again.aio), fields(c.aio));
+}
+
+TEST(DsConfigZero, NvmeOffloadNeedsAPathAndAioBlocksAlignedForDirectIo) {
+  EXPECT_EQ(error_of(with({{"zero_optimization", {{"offload_optimizer", {{"device", "nvme"}}}}}})),
+            "config.json: zero_optimization.offload_optimizer.nvme_path must be given for device nvme (the folder of "
+            "the swap files)");
+  EXPECT_EQ(error_of(with({{"aio", {{"block_size", 10000}}}})),
+            "config.json: aio.block_size is 10000, must be a multiple of 4096 (O_DIRECT)");
+  EXPECT_TRUE(Contains(error_of(with({{"aio", {{"queue_depth", 0}}}})), "aio.queue_depth is 0, must be in [1, 4096]"));
+  EXPECT_TRUE(Contains(error_of(with({{"aio", {{"thread_count", 1}, {"intra_op_parallelism", 1}}}})),
+                       "aio.thread_count and aio.intra_op_parallelism are the same setting"));
+  EXPECT_TRUE(Contains(
+      error_of(with({{"zero_optimization",
+                      {{"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/n"}, {"buffer_count", 0}}}}}})),
+      "zero_optimization.offload_optimizer.buffer_count is 0, must be in [1, "));
 }
 
 TEST(DsConfigZero, RejectsBadStageOddAllgatherBucketAndUnknownDevice) {
