@@ -31,7 +31,7 @@ struct OffloadConfig {
   bool pin_memory = false;
   // Device "nvme" (ZeRO-Infinity): the folder of the swap files, the swapper's bounce buffers, and
   // DeepSpeed's lazy initialisation of the swap (accepted; shardkit allocates the file up front).
-  std::string nvme_path;
+  std::string nvme_path{};
   int64_t buffer_count = 4;
   bool fast_init = false;
 };

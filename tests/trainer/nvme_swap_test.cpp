@@ -101,7 +101,7 @@ TEST(NvmeSwap, AFailingVisitLeavesNothingInFlightAndTheSwapUsable) {
                std::runtime_error);
   double sum = 0;
   swap.visit(Access::kRead, [&](const StateSwapper::Chunk& c) {
-    for (float x : c.states[2]) sum += x;
+    for (float x : c.states[2]) sum += static_cast<double>(x);
   });
   EXPECT_EQ(sum, 8 * 1024);
 }
