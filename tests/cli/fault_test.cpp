@@ -320,6 +320,7 @@ std::filesystem::path write_nvme_config(const testing::TempDir& dir, const std::
 // step 3): the run ends with a line naming the swap file and the system's error, and the checkpoint
 // committed before (step 2) is intact.
 TEST(Faults, ASwapDiskThatFillsUpEndsTheRunAndKeepsTheLastCheckpoint) {
+  if (!SHARDKIT_HAVE_LIBURING) GTEST_SKIP() << "this build has no liburing: NVMe offload is refused";
   testing::TempDir dir;
   const auto data = write_text_tokens(dir);
   std::filesystem::create_directory(dir / "nvme");

@@ -34,7 +34,7 @@ StateSwapper::StateSwapper(const SwapOptions& options, const std::string& file_n
             "the optimizer states of this rank's " + std::to_string(elements) +
                 "-element partition (12 bytes per element)",
             notice),
-      io_(file_.fd(), file_.path(), options.queue_depth, static_cast<size_t>(options.chunk_bytes)) {
+      io_(open_async_io(file_.fd(), file_.path(), options.queue_depth, static_cast<size_t>(options.chunk_bytes))) {
   // Three is the least a pipeline needs: one chunk read ahead, one computed, one written behind.
   const int count = std::max(3, options.buffer_count);
   for (int i = 0; i < count; ++i) buffers_.emplace_back(static_cast<size_t>(kStates * options.chunk_bytes));
@@ -48,7 +48,7 @@ AsyncIo::Batch StateSwapper::transfer(IoOp op, int64_t chunk, std::span<const in
     const int64_t offset = (s * chunk_count() + chunk) * static_cast<int64_t>(bytes);
     requests.push_back({op, buffer + static_cast<size_t>(s) * bytes, bytes, offset});
   }
-  return io_.submit(requests);
+  return io_->submit(requests);
 }
 
 void StateSwapper::visit(Access access, const Visit& visit_chunk) {
@@ -60,7 +60,7 @@ void StateSwapper::visit(Access access, std::span<const int> states, const Visit
   try {
     run(access, states, visit_chunk);
   } catch (...) {
-    io_.drain();  // nothing in flight may outlive the visit that started it
+    io_->drain();  // nothing in flight may outlive the visit that started it
     throw;
   }
 }
@@ -75,7 +75,7 @@ void StateSwapper::run(Access access, std::span<const int> states, const Visit& 
   std::vector<std::optional<AsyncIo::Batch>> reading(static_cast<size_t>(B)), writing(static_cast<size_t>(B));
   const auto settle_write = [&](int64_t c) {
     auto& w = writing[static_cast<size_t>(c % B)];
-    if (w) io_.wait(*std::exchange(w, std::nullopt));
+    if (w) io_->wait(*std::exchange(w, std::nullopt));
   };
   int64_t next_read = 0;
   for (int64_t c = 0; c < chunks; ++c) {
@@ -84,7 +84,7 @@ void StateSwapper::run(Access access, std::span<const int> states, const Visit& 
         settle_write(next_read);  // the buffer's previous chunk is on disk before it is overwritten
         reading[static_cast<size_t>(next_read % B)] = transfer(IoOp::kRead, next_read, states);
       }
-      io_.wait(*std::exchange(reading[static_cast<size_t>(c % B)], std::nullopt));
+      io_->wait(*std::exchange(reading[static_cast<size_t>(c % B)], std::nullopt));
     } else {
       settle_write(c);
     }

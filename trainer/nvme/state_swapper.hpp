@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -74,7 +75,7 @@ class StateSwapper {
   std::mutex mutex_;
   SwapFile file_;
   std::vector<AlignedBuffer> buffers_;  // declared before io_: destroyed after it has drained
-  AsyncIo io_;
+  std::unique_ptr<AsyncIo> io_;
 };
 
 }  // namespace shardkit::trainer::nvme

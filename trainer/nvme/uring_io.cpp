@@ -1,16 +1,21 @@
-#include "trainer/nvme/aio.hpp"
-
+// AsyncIo on io_uring (liburing): requests are split into pieces that each take a slot; a slot is
+// free again once its piece has completed (a short transfer, EAGAIN or EINTR resubmits the rest).
 #include <liburing.h>
 
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "ckpt/error.hpp"
 #include "ckpt/fault.hpp"
+#include "trainer/nvme/aio.hpp"
 
 namespace shardkit::trainer::nvme {
+namespace {
 
-struct AsyncIo::Ring {
+struct Ring {
   io_uring ring{};
   explicit Ring(unsigned entries, const std::filesystem::path& path) {
     if (const int rc = io_uring_queue_init(entries, &ring, 0); rc < 0) {
@@ -22,21 +27,56 @@ struct AsyncIo::Ring {
   Ring& operator=(const Ring&) = delete;
 };
 
-AsyncIo::AsyncIo(int fd, std::filesystem::path path, unsigned queue_depth, size_t request_bytes)
+class UringIo final : public AsyncIo {
+ public:
+  UringIo(int fd, std::filesystem::path path, unsigned queue_depth, size_t request_bytes);
+  ~UringIo() override;
+  UringIo(const UringIo&) = delete;
+  UringIo& operator=(const UringIo&) = delete;
+
+  Batch submit(std::span<const IoRequest> requests) override;
+  void wait(Batch batch) override;
+  void drain() noexcept override;
+
+ private:
+  struct Slot {  // one piece in flight
+    Batch batch = -1;
+    IoRequest piece;
+  };
+  struct BatchState {
+    int pending = 0;
+    std::string error;  // the first failure, empty if none
+  };
+  void queue(size_t slot);
+  void reap_one();
+  void complete(size_t slot, int result);
+
+  int fd_;
+  std::filesystem::path path_;
+  size_t request_bytes_;
+  std::unique_ptr<Ring> ring_;
+  std::vector<Slot> slots_;
+  std::vector<size_t> free_slots_;
+  size_t unsubmitted_ = 0;
+  std::map<Batch, BatchState> batches_;
+  Batch next_batch_ = 0;
+};
+
+UringIo::UringIo(int fd, std::filesystem::path path, unsigned queue_depth, size_t request_bytes)
     : fd_(fd), path_(std::move(path)), request_bytes_(request_bytes) {
   if (queue_depth == 0 || request_bytes == 0) {
-    fail(ErrorKind::kInternal, path_.string() + ": AsyncIo needs a queue depth and a request size above 0");
+    fail(ErrorKind::kInternal, path_.string() + ": an I/O queue needs a depth and a request size above 0");
   }
   ring_ = std::make_unique<Ring>(queue_depth, path_);
   slots_.resize(queue_depth);
   for (size_t i = queue_depth; i > 0; --i) free_slots_.push_back(i - 1);
 }
 
-AsyncIo::~AsyncIo() {
+UringIo::~UringIo() {
   drain();
 }
 
-AsyncIo::Batch AsyncIo::submit(std::span<const IoRequest> requests) {
+AsyncIo::Batch UringIo::submit(std::span<const IoRequest> requests) {
   const Batch batch = next_batch_++;
   BatchState& state = batches_[batch];
   for (const IoRequest& r : requests) {
@@ -58,7 +98,7 @@ AsyncIo::Batch AsyncIo::submit(std::span<const IoRequest> requests) {
   return batch;
 }
 
-void AsyncIo::queue(size_t slot) {
+void UringIo::queue(size_t slot) {
   // Never more pieces than slots, and the ring has as many entries as slots: an entry is always free.
   io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
   const IoRequest& p = slots_[slot].piece;
@@ -72,7 +112,7 @@ void AsyncIo::queue(size_t slot) {
   ++unsubmitted_;
 }
 
-void AsyncIo::reap_one() {
+void UringIo::reap_one() {
   io_uring_cqe* cqe = nullptr;
   int rc = unsubmitted_ > 0 ? io_uring_submit_and_wait(&ring_->ring, 1) : io_uring_wait_cqe(&ring_->ring, &cqe);
   unsubmitted_ = 0;
@@ -85,7 +125,7 @@ void AsyncIo::reap_one() {
   complete(slot, result);
 }
 
-void AsyncIo::complete(size_t slot, int result) {
+void UringIo::complete(size_t slot, int result) {
   IoRequest& p = slots_[slot].piece;
   // The swapped states live on this thread's FaultScope's rank and step (the trainer's step).
   if (p.op == IoOp::kWrite && result >= 0 && ckpt::fault_armed("swap-enospc")) result = -ENOSPC;
@@ -116,7 +156,7 @@ void AsyncIo::complete(size_t slot, int result) {
   free_slots_.push_back(slot);
 }
 
-void AsyncIo::wait(Batch batch) {
+void UringIo::wait(Batch batch) {
   auto it = batches_.find(batch);
   if (it == batches_.end()) fail(ErrorKind::kInternal, path_.string() + ": waiting for an unknown I/O batch");
   while (it->second.pending > 0) reap_one();
@@ -125,13 +165,20 @@ void AsyncIo::wait(Batch batch) {
   if (!error.empty()) fail(ErrorKind::kIo, error);
 }
 
-void AsyncIo::drain() noexcept {
+void UringIo::drain() noexcept {
   try {
     while (free_slots_.size() < slots_.size()) reap_one();
   } catch (const std::exception&) {
     // The ring itself failed: nothing more will complete through it.
   }
   batches_.clear();
+}
+
+}  // namespace
+
+std::unique_ptr<AsyncIo> open_async_io(int fd, const std::filesystem::path& path, unsigned queue_depth,
+                                       size_t request_bytes) {
+  return std::make_unique<UringIo>(fd, path, queue_depth, request_bytes);
 }
 
 }  // namespace shardkit::trainer::nvme
