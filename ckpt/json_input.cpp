@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "ckpt/file_util.hpp"
 
@@ -14,7 +17,8 @@ constexpr size_t kShownBytes = 160;
 
 // The first pass over a document: nlohmann's own lexer (so comments and strings are read exactly as
 // the real parse reads them) with a handler that builds nothing and stops at the first level or value
-// beyond the limits.
+// beyond the limits, or at a key its object already has: parsers disagree on which of the two wins
+// (nlohmann and Python the last, others the first), and DeepSpeed refuses such a config.
 class ShapeCheck {
  public:
   ShapeCheck(std::string_view text, size_t max_values) : text_(text), max_values_(max_values) {}
@@ -28,9 +32,21 @@ class ShapeCheck {
   bool number_float(json::number_float_t, const json::string_t&) { return count(); }
   bool string(json::string_t&) { return count(); }
   bool binary(json::binary_t&) { return count(); }
-  bool key(json::string_t&) { return count(); }  // a key costs a node of its own in the tree
-  bool start_object(std::size_t) { return open(); }
-  bool start_array(std::size_t) { return open(); }
+  bool key(json::string_t& k) {
+    if (!keys_.back().insert(k).second) {
+      problem = "duplicate key " + quoted_excerpt(k) + " in one object";
+      return false;
+    }
+    return count();  // a key costs a node of its own in the tree
+  }
+  bool start_object(std::size_t) {
+    keys_.emplace_back();
+    return open();
+  }
+  bool start_array(std::size_t) {
+    keys_.emplace_back();  // unused: keeps keys_ in step with the nesting
+    return open();
+  }
   bool end_object() { return close(); }
   bool end_array() { return close(); }
   bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception&) {
@@ -60,6 +76,7 @@ class ShapeCheck {
   }
   bool close() {
     --depth_;
+    keys_.pop_back();
     return true;
   }
 
@@ -67,6 +84,7 @@ class ShapeCheck {
   size_t max_values_;
   size_t values_ = 0;
   int depth_ = 0;
+  std::vector<std::set<std::string, std::less<>>> keys_;  // of each open object or array
 };
 
 // `text` with each comma that directly precedes a `}` or `]` (whitespace and, when allowed, comments

@@ -87,7 +87,7 @@ void commit_checkpoint(const std::filesystem::path& step_dir, const Manifest& ma
 SaveResult save_checkpoint(Collective& group, const SaveRequest& request) {
   const int rank = group.rank();
   const CheckpointMeta& meta = request.meta;
-  if (meta.layout.world_size != group.size() || request.buffers.size() != meta.states.size()) {
+  if (meta.layout.world_size != group.size() || (!request.stream && request.buffers.size() != meta.states.size())) {
     fail(ErrorKind::kInternal, "save_checkpoint: layout world size " + std::to_string(meta.layout.world_size) +
                                    " or buffer count differs from the group size " + std::to_string(group.size()) +
                                    " or state count");
@@ -124,7 +124,13 @@ SaveResult save_checkpoint(Collective& group, const SaveRequest& request) {
           fail(ErrorKind::kIo, shard.string() + ".tmp: write: No space left on device (SHARDKIT_FAULT=enospc)");
         }
       }
-      writer.write_state(meta.states[s], request.buffers[s]);
+      if (request.stream) {
+        writer.begin_state(meta.states[s]);
+        request.stream(s, [&](std::span<const float> piece) { writer.append(piece); });
+        writer.end_state();
+      } else {
+        writer.write_state(meta.states[s], request.buffers[s]);
+      }
     }
     const ShardRecord r = writer.commit();
     crash_point("shard-written");

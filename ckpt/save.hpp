@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -39,10 +40,15 @@ struct CheckpointMeta {
   nlohmann::json config = nlohmann::json::object();
 };
 
+// Hands this rank's flat buffer of state `state` (an index into meta.states) to `sink` in flat order,
+// in pieces of any size (all of it at once, or chunk by chunk from a swap file).
+using StateStream = std::function<void(size_t state, const std::function<void(std::span<const float>)>& sink)>;
+
 struct SaveRequest {
   std::filesystem::path run_dir;
   CheckpointMeta meta;                          // meta.layout.world_size must equal the group's size
-  std::vector<std::span<const float>> buffers;  // this rank's flat buffer of each of meta.states
+  std::vector<std::span<const float>> buffers;  // this rank's flat buffer of each of meta.states ...
+  StateStream stream;                           // ... or, when set, the states streamed (buffers empty)
   bool update_latest = true;
 };
 

@@ -59,3 +59,15 @@ else()
   set(SHARDKIT_HAVE_CBLAS OFF)
 endif()
 message(STATUS "shardkit: OpenBLAS for the CPU trainer: ${SHARDKIT_HAVE_CBLAS}")
+
+# The NVMe offload's asynchronous I/O: io_uring through liburing (Debian: liburing-dev;
+# trainer/nvme/aio.hpp says why io_uring). Without it the build goes on and a run that asks for
+# NVMe offload is refused with a message saying what to install.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(LIBURING IMPORTED_TARGET liburing)
+if(LIBURING_FOUND)
+  set(SHARDKIT_HAVE_LIBURING ON)
+else()
+  set(SHARDKIT_HAVE_LIBURING OFF)
+endif()
+message(STATUS "shardkit: io_uring (liburing) for the NVMe optimizer offload: ${SHARDKIT_HAVE_LIBURING}")

@@ -12,6 +12,7 @@ packages=(
   libgtest-dev libgmock-dev        # tests
   python3-torch                    # golden numerics: the CPU model against PyTorch
   libopenblas-dev                  # matrix products of the CPU trainer
+  liburing-dev                     # io_uring: the NVMe offload's asynchronous swap I/O
   python3 python3-h5py python3-numpy python3-xxhash  # interop tests: Debian h5py reads shards
   clang-format
   clang libclang-rt-dev            # libFuzzer targets of the parsers (scripts/fuzz.sh)

@@ -29,6 +29,7 @@ struct BackendOptions {
   int micro_batch = 1;
   int seq_len = 1;
   comm::MpiCollective* comm = nullptr;
+  std::function<void(const std::string&)> log;  // notices for the run's log (rank 0 prints them)
 };
 
 // Fills elements [offset, offset + out.size()) of a tensor (initialisation).
@@ -107,6 +108,15 @@ class Backend {
   // begin_snapshot() returns, or when no optimizer step has had to wait for it.
   virtual double snapshot_wait_ms() = 0;
   virtual std::array<std::span<const float>, 3> snapshot_buffers() const = 0;
+  // What the save writes: state `state` (0 master, 1 exp_avg, 2 exp_avg_sq) handed to `sink` in flat
+  // order, after wait_snapshot(). The snapshot buffer whole, unless the states are too large to be
+  // held twice (NVMe offload): then they are streamed from where they live, and the backend's next
+  // optimizer step waits for end_snapshot() instead of the copy.
+  virtual void stream_snapshot(int state, const std::function<void(std::span<const float>)>& sink) {
+    sink(snapshot_buffers()[static_cast<size_t>(state)]);
+  }
+  // The save is done with the snapshot (committed, failed or abandoned).
+  virtual void end_snapshot() {}
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options);

@@ -103,11 +103,14 @@ void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& b
   request.meta.trainer_state = trainer_state;
   request.meta.model = model;
   request.meta.config = config;
-  for (const auto& buffer : backend.snapshot_buffers()) request.buffers.push_back(buffer);
+  request.stream = [&backend](size_t state, const std::function<void(std::span<const float>)>& sink) {
+    backend.stream_snapshot(static_cast<int>(state), sink);
+  };
 
   if (mode_ == SaveMode::kSync) {
     backend.wait_snapshot();
     SaveOutcome outcome = write(comm_, request);
+    backend.end_snapshot();
     outcome.write_ms = ms_since(start);
     outcome.loop_blocked_ms = ms_since(requested);
     outcome.device_wait_ms = backend.snapshot_wait_ms();  // 0: the copy was done before save() returned
@@ -128,6 +131,7 @@ void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& b
     } catch (...) {
       job->error = std::current_exception();
     }
+    backend.end_snapshot();  // the training thread's next optimizer step may change the states again
     job->done.store(true, std::memory_order_release);
   });
 }

@@ -1,16 +1,41 @@
 // The CPU backend: the family's fp32 CPU model over the ZeRO engine of zero_engine.hpp, on MPI ranks.
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "ckpt/error.hpp"
 #include "ckpt/fault.hpp"
 #include "model/cpu/gemm.hpp"
 #include "trainer/backend.hpp"
+#include "trainer/nvme/swap_config.hpp"
+#include "trainer/nvme/swap_file.hpp"
 #include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer {
 namespace {
+
+// NVMe offload of the optimizer states (ZeRO-Infinity), or none. Offloading to the CPU changes
+// nothing on CPU ranks; parameters stay in memory.
+ZeroEngine::SwapFactory optimizer_swap(const BackendOptions& o) {
+  const ZeroConfig& z = o.config->zero;
+  if (z.offload_param.device == "nvme") {
+    fail(ErrorKind::kInvalidInput,
+         "zero_optimization.offload_param device nvme: parameter offload to NVMe is not implemented (offload_optimizer "
+         "device nvme swaps the optimizer states)");
+  }
+  if (z.offload_optimizer.device != "nvme") return {};
+  std::vector<std::string> notes;
+  const nvme::SwapOptions options = nvme::optimizer_swap_options(*o.config, notes);
+  for (const std::string& line : notes) o.log(line);
+  comm::MpiCollective& comm = *o.comm;
+  const auto log = o.log;
+  return [options, &comm, log](int64_t elements) {
+    return std::make_unique<nvme::StateSwapper>(options, nvme::rank_swap_name(comm, "optimizer"), elements, log);
+  };
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -18,11 +43,16 @@ class CpuBackend final : public Backend {
       : options_(o),
         model_(o.model->make_cpu_model(o.micro_batch, o.seq_len)),
         engine_(o.model->table(), o.model->groups(), decay_flags(*o.model), o.config->zero, comm_dtype(*o.config),
-                *o.comm) {}
+                *o.comm, optimizer_swap(o)) {}
 
   const ckpt::Layout& layout() const override { return engine_.layout(); }
   std::string describe() const override {
-    return std::string("CPU, fp32, matrix products: ") + model::cpu::gemm_backend();
+    std::string out = std::string("CPU, fp32, matrix products: ") + model::cpu::gemm_backend();
+    if (const nvme::StateSwapper* swap = engine_.swapper()) {
+      out +=
+          "; optimizer states swapped to " + swap->path().string() + (swap->direct() ? " (O_DIRECT)" : " (buffered)");
+    }
+    return out;
   }
   MemoryReport memory() const override { return engine_.memory(); }
   int64_t activation_bytes() const override { return model_->activation_bytes(); }
@@ -30,9 +60,9 @@ class CpuBackend final : public Backend {
   void initialize(const InitFn& init) override { engine_.initialize(init); }
 
   void load(const LoadFn& read) override {
-    const std::span<float> targets[3] = {engine_.load_master(), engine_.load_exp_avg(), engine_.load_exp_avg_sq()};
-    read(load_requests(engine_.load_plan(), targets));
-    engine_.finish_load();
+    engine_.fill_states([&](std::span<const ckpt::Fragment> plan, std::span<const std::span<float>> states) {
+      read(load_requests({plan.begin(), plan.end()}, states));
+    });
   }
 
   void zero_grads() override { engine_.zero_grads(); }
@@ -43,32 +73,75 @@ class CpuBackend final : public Backend {
   }
   void reduce_grads() override { engine_.reduce_grads(); }
   double global_grad_sq() override { return engine_.global_grad_sq(); }
-  void step(const AdamWStep& s) override { engine_.step(s); }
-
-  void reserve_snapshot() override {
-    for (auto& buffer : snapshot_) buffer.resize(engine_.master_flat().size());
+  void step(const AdamWStep& s) override {
+    if (swapped()) {
+      // The save streams the states from the swap file: they may not change under it.
+      std::unique_lock lock(snapshot_mutex_);
+      if (snapshot_in_use_) {
+        const auto start = std::chrono::steady_clock::now();
+        snapshot_done_.wait(lock, [this] { return !snapshot_in_use_; });
+        snapshot_wait_ms_ +=
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      }
+    }
+    engine_.step(s);
   }
-  // A plain copy, done when begin_snapshot returns.
+
+  // Swapped states are streamed from the swap file by the save (they are too large to be held twice);
+  // otherwise a plain copy, done when begin_snapshot returns.
+  void reserve_snapshot() override {
+    if (swapped()) return;
+    for (auto& buffer : snapshot_) buffer.resize(static_cast<size_t>(engine_.layout().flat_size()));
+  }
   void begin_snapshot() override {
+    if (swapped()) {
+      const std::lock_guard lock(snapshot_mutex_);
+      snapshot_in_use_ = true;
+      snapshot_wait_ms_ = 0;
+      return;
+    }
     reserve_snapshot();
     if (ckpt::fault_armed("slow-snapshot")) {
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ckpt::fault_delay_ms()));
     }
-    const std::span<const float> sources[3] = {engine_.master_flat(), engine_.exp_avg_flat(),
-                                               engine_.exp_avg_sq_flat()};
-    for (int s = 0; s < 3; ++s) std::ranges::copy(sources[s], snapshot_[s].begin());
+    for (int s = 0; s < 3; ++s) {
+      float* out = snapshot_[s].data();
+      engine_.read_state(s, [&](std::span<const float> piece) { out = std::ranges::copy(piece, out).out; });
+    }
   }
   void wait_snapshot() override {}
-  double snapshot_wait_ms() override { return 0; }
+  // Swapped: how long the optimizer step waited for the save to finish streaming the states.
+  double snapshot_wait_ms() override {
+    const std::lock_guard lock(snapshot_mutex_);
+    return snapshot_wait_ms_;
+  }
   std::array<std::span<const float>, 3> snapshot_buffers() const override {
     return {snapshot_[0], snapshot_[1], snapshot_[2]};
   }
+  void stream_snapshot(int state, const std::function<void(std::span<const float>)>& sink) override {
+    if (!swapped()) return Backend::stream_snapshot(state, sink);
+    engine_.read_state(state, sink);
+  }
+  void end_snapshot() override {
+    if (!swapped()) return;
+    {
+      const std::lock_guard lock(snapshot_mutex_);
+      snapshot_in_use_ = false;
+    }
+    snapshot_done_.notify_all();
+  }
 
  private:
+  bool swapped() const noexcept { return engine_.swapper() != nullptr; }
+
   BackendOptions options_;
   std::unique_ptr<model::CpuModel> model_;
   ZeroEngine engine_;
   ckpt::LargeVector<float> snapshot_[3];
+  std::mutex snapshot_mutex_;
+  std::condition_variable snapshot_done_;
+  bool snapshot_in_use_ = false;
+  double snapshot_wait_ms_ = 0;
 };
 
 }  // namespace

@@ -54,7 +54,6 @@ constexpr const char* kUnusedTopLevelKeys[] = {"zero_allow_untested_optimizer",
                                                "comet",
                                                "comms_logger",
                                                "activation_checkpointing",
-                                               "aio",
                                                "nebula",
                                                "amp",
                                                "torch_autocast",
@@ -358,14 +357,42 @@ OffloadConfig parse_offload(Section& zero, const std::string& key, const std::st
     if (*legacy) out.device = "cpu";
     return out;
   }
-  // The other keys (nvme_path, buffer_count, ratio, ...) tune DeepSpeed's swapper, which shardkit
-  // does not have: they are accepted without a warning.
+  // The other keys (ratio, buffer_size, max_in_cpu, ...) tune parts of DeepSpeed's swapper that
+  // shardkit does not have: they are accepted without a warning.
   Section offload = zero.child(key);
   set_if(offload.text("device"), out.device);
   if (out.device != "none" && out.device != "cpu" && out.device != "nvme") {
     offload.bad("device", "is '" + out.device + "', must be none, cpu or nvme");
   }
   set_if(offload.flag("pin_memory"), out.pin_memory);
+  set_if(offload.text("nvme_path"), out.nvme_path);
+  // (offload_param to NVMe is refused by both backends, with its own message.)
+  if (key == "offload_optimizer" && out.device == "nvme" && out.nvme_path.empty()) {
+    offload.bad("nvme_path", "must be given for device nvme (the folder of the swap files)");
+  }
+  set_if(offload.integer("buffer_count", 1, kMaxInt), out.buffer_count);
+  set_if(offload.flag("fast_init"), out.fast_init);
+  return out;
+}
+
+// DeepSpeed's "aio" block (its AioConfig): thread_count is the older name of intra_op_parallelism.
+AioConfig parse_aio(Section aio) {
+  AioConfig out;
+  constexpr int64_t kAlignment = 4096;  // O_DIRECT's transfers are multiples of the block size
+  if (set_if(aio.integer("block_size", kAlignment, int64_t{1} << 30), out.block_size) &&
+      out.block_size % kAlignment != 0) {
+    aio.bad("block_size", "is " + std::to_string(out.block_size) + ", must be a multiple of 4096 (O_DIRECT)");
+  }
+  set_if(aio.integer("queue_depth", 1, 4096), out.queue_depth);
+  if (aio.has("thread_count") && aio.has("intra_op_parallelism")) {
+    aio.bad("thread_count", "and " + aio.name("intra_op_parallelism") + " are the same setting: give one of them");
+  }
+  set_if(aio.integer(aio.has("thread_count") ? "thread_count" : "intra_op_parallelism", 1, kMaxInt),
+         out.intra_op_parallelism);
+  set_if(aio.flag("single_submit"), out.single_submit);
+  set_if(aio.flag("overlap_events"), out.overlap_events);
+  set_if(aio.flag("use_gds"), out.use_gds);
+  aio.warn_unknown();
   return out;
 }
 
@@ -466,6 +493,7 @@ OptimizerConfig parse_optimizer(Section& top) {
   set_if(params.number("eps", 0, kNoLimit), out.eps);
   set_if(params.number("weight_decay", 0, kNoLimit), out.weight_decay);
   set_if(params.flag("adam_w_mode"), out.adam_w_mode);
+  if (is_true(params, "amsgrad")) params.bad("amsgrad", "is true: AMSGrad is not implemented (Adam and AdamW are)");
   if (out.type == "AdamW" && !out.adam_w_mode) {
     params.warn(params.name("adam_w_mode") + " false ignored: AdamW always decouples weight decay");
     out.adam_w_mode = true;
@@ -561,6 +589,13 @@ void warn_unimplemented(Section& top) {
     if (section_enabled(key)) warn_ignored(top, std::string(key) + ".enabled", consequence);
   }
   if (top.has("sparse_attention")) warn_ignored(top, "sparse_attention", "attention stays dense");
+  // Dividing before the reduction instead of after: the same mean, rounded in another order.
+  if (is_true(top, "prescale_gradients")) {
+    warn_ignored(top, "prescale_gradients", "gradients are averaged after their reduction");
+  }
+  if (top.number("gradient_predivide_factor", 0, kNoLimit).value_or(1.0) != 1.0) {
+    warn_ignored(top, "gradient_predivide_factor", "gradients are averaged after their reduction");
+  }
   if (top.has("compression_training")) {
     Section compression = top.child("compression_training");
     // Each technique has shared_parameters.enabled; layer_reduction has enabled of its own.
@@ -613,7 +648,22 @@ json fp16_json(const Fp16Config& f) {
 }
 
 json offload_json(const OffloadConfig& o) {
-  return {{"device", o.device}, {"pin_memory", o.pin_memory}};
+  json out = {{"device", o.device}, {"pin_memory", o.pin_memory}};
+  if (o.device == "nvme") {
+    out["nvme_path"] = o.nvme_path;
+    out["buffer_count"] = o.buffer_count;
+    out["fast_init"] = o.fast_init;
+  }
+  return out;
+}
+
+json aio_json(const AioConfig& a) {
+  return {{"block_size", a.block_size},
+          {"queue_depth", a.queue_depth},
+          {"intra_op_parallelism", a.intra_op_parallelism},
+          {"single_submit", a.single_submit},
+          {"overlap_events", a.overlap_events},
+          {"use_gds", a.use_gds}};
 }
 
 json zero_json(const ZeroConfig& z) {
@@ -699,6 +749,7 @@ DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const Aut
   c.bf16 = parse_bf16(top);
   if (c.fp16.enabled && c.bf16) top.reject("fp16.enabled and bf16.enabled are both true");
   c.zero = parse_zero(top.child("zero_optimization"), context.hidden_size);
+  c.aio = parse_aio(top.child("aio"));
   c.optimizer = parse_optimizer(top);
   c.scheduler = parse_scheduler(top, context.total_steps, c.optimizer.lr);
   set_if(top.number("gradient_clipping", 0, kNoLimit), c.gradient_clipping);
@@ -746,6 +797,7 @@ nlohmann::json to_json(const DsConfig& c) {
   if (c.optimizer.given) j["optimizer"] = optimizer_json(c.optimizer);
   if (c.scheduler.type != SchedulerType::kNone) j["scheduler"] = scheduler_json(c.scheduler);
   if (c.communication_data_type) j["communication_data_type"] = comm_dtype_name(*c.communication_data_type);
+  if (c.zero.offload_optimizer.device == "nvme" || c.zero.offload_param.device == "nvme") j["aio"] = aio_json(c.aio);
   return j;
 }
 

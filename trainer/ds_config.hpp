@@ -29,6 +29,23 @@ struct Fp16Config {
 struct OffloadConfig {
   std::string device = "none";  // "none" | "cpu" | "nvme"
   bool pin_memory = false;
+  // Device "nvme" (ZeRO-Infinity): the folder of the swap files, the swapper's bounce buffers, and
+  // DeepSpeed's lazy initialisation of the swap (accepted; shardkit allocates the file up front).
+  std::string nvme_path{};
+  int64_t buffer_count = 4;
+  bool fast_init = false;
+};
+
+// DeepSpeed's "aio" block: how the NVMe swap does its I/O. block_size (bytes, a multiple of 4096 for
+// O_DIRECT) is the size of every request and of the swapper's chunks; queue_depth the requests in
+// flight. The rest tune DeepSpeed's own thread pool and event handling, which io_uring replaces.
+struct AioConfig {
+  int64_t block_size = 1'048'576;
+  int64_t queue_depth = 8;
+  int64_t intra_op_parallelism = 1;  // "thread_count" in older DeepSpeed versions
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool use_gds = false;
 };
 
 struct ZeroConfig {
@@ -82,6 +99,7 @@ struct DsConfig {
   Fp16Config fp16;
   bool bf16 = false;
   ZeroConfig zero;
+  AioConfig aio;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   double gradient_clipping = 1.0;  // 0 disables

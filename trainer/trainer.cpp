@@ -140,9 +140,10 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
     s.log(std::string("notice: ") + (s.config.bf16 ? "bf16" : "fp16") +
           " requested: on CPU ranks the arithmetic stays fp32; loss scaling and overflow checks run as configured");
   }
-  if (cpu && (s.config.zero.offload_optimizer.device != "none" || s.config.zero.offload_param.device != "none")) {
+  if (cpu && (s.config.zero.offload_optimizer.device == "cpu" || s.config.zero.offload_param.device == "cpu")) {
     s.log(
-        "notice: offload_optimizer/offload_param have no effect on CPU ranks (the states are already in host memory)");
+        "notice: offload_optimizer/offload_param device cpu have no effect on CPU ranks (the states are already in "
+        "host memory)");
   }
   model::cpu::set_compute_threads(options.threads > 0 ? options.threads : default_threads(comm));
 
@@ -161,6 +162,7 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   bo.micro_batch = micro;
   bo.seq_len = T;
   bo.comm = &comm;
+  bo.log = [&s](const std::string& line) { s.log(line); };
   // Start-up work grows with the model: at billions of parameters allocating, initialising and loading
   // take seconds to minutes, and say so while they run.
   SlowPhases phases([&s](const std::string& line) { s.log(line); });
@@ -209,12 +211,13 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   // Every rank reports what it holds, so that ZeRO's 1/N savings are visible.
   const MemoryReport m = s.backend->memory();
   const auto bytes = [](int64_t b) { return ckpt::format_bytes(static_cast<double>(b)); };
-  const auto held = [&](int64_t device, int64_t host) {  // offloaded states are named by where they are
-    return host > 0 ? bytes(host) + " (in host memory)" : bytes(device);
+  const auto held = [&](int64_t device, int64_t host, int64_t nvme) {  // offloaded states are named by where they are
+    return nvme > 0 ? bytes(nvme) + " (on NVMe)" : host > 0 ? bytes(host) + " (in host memory)" : bytes(device);
   };
   const std::string mine = "rank " + std::to_string(comm.rank()) + ": parameters " +
-                           held(m.parameters, m.host_parameters) + ", gradients " + bytes(m.gradients) +
-                           ", optimizer states " + held(m.optimizer_states, m.host_optimizer_states) +
+                           held(m.parameters, m.host_parameters, 0) + ", gradients " + bytes(m.gradients) +
+                           ", optimizer states " +
+                           held(m.optimizer_states, m.host_optimizer_states, m.nvme_optimizer_states) +
                            ", activations " + bytes(s.backend->activation_bytes());
   const std::vector<std::string> all = comm.gather(mine);
   const ckpt::DType comm_type = comm_dtype(s.config);
@@ -248,6 +251,7 @@ StepRecord Trainer::State::train_step() {
   const double scale = scaler->scale();
   const float grad_scale = static_cast<float>(scale / static_cast<double>(gas));
   double fwd_ms = 0, bwd_ms = 0;
+  const ckpt::FaultScope faults(comm.rank(), step + 1);  // for fault points deep in the step (swap-enospc)
   if (ckpt::fault_armed("step-error", comm.rank(), step + 1)) {
     fail(ErrorKind::kIo, "step " + std::to_string(step + 1) + ": injected failure (SHARDKIT_FAULT=step-error)");
   }

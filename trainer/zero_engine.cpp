@@ -12,7 +12,7 @@ namespace shardkit::trainer {
 
 ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups,
                        const std::vector<bool>& decays, const ZeroConfig& config, ckpt::DType wire,
-                       comm::MpiCollective& comm)
+                       comm::MpiCollective& comm, const SwapFactory& swap)
     : table_(table),
       groups_(std::move(groups)),
       config_(config),
@@ -36,18 +36,26 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::Tensor
     case 2:
       params_full_.resize(full);
       if (stage() == 1) grads_full_.resize(full);
-      master_.resize(flat);
-      exp_avg_.resize(flat);
-      exp_avg_sq_.resize(flat);
       grad_part_.resize(flat);
       break;
     default:
-      master_.resize(flat);
-      exp_avg_.resize(flat);
-      exp_avg_sq_.resize(flat);
       grad_part_.resize(flat);
       gathered_.resize(table.size());
       break;
+  }
+  if (stage() == 0) {
+    if (swap) {
+      fail(ErrorKind::kInvalidInput,
+           "zero_optimization.offload_optimizer device nvme needs ZeRO stage 1, 2 or 3 (stage 0 keeps no optimizer "
+           "partition)");
+    }
+  } else if (swap) {
+    swap_ = swap(static_cast<int64_t>(flat));
+    if (stage() == 3) params_part_.resize(flat);
+  } else {
+    master_.resize(flat);
+    exp_avg_.resize(flat);
+    exp_avg_sq_.resize(flat);
   }
   acquired_count_.assign(groups_.size(), 0);
   if (stage() >= 2) grad_buffers_.resize(table.size());
@@ -59,9 +67,10 @@ MemoryReport ZeroEngine::memory() const noexcept {
   MemoryReport r;
   // Stage 3 keeps no replicated parameters: the fp32 partition is what the model's groups are
   // gathered from.
-  r.parameters = stage() == 3 ? bytes(master_) : bytes(params_full_);
+  r.parameters = stage() == 3 ? bytes(swap_ ? params_part_ : master_) : bytes(params_full_);
   r.gradients = stage() <= 1 ? bytes(grads_full_) : bytes(grad_part_);
   r.optimizer_states = bytes(master_) + bytes(exp_avg_) + bytes(exp_avg_sq_);
+  r.nvme_optimizer_states = swap_ ? swap_->file_bytes() : 0;
   return r;
 }
 
@@ -78,26 +87,59 @@ std::vector<ckpt::Fragment> ZeroEngine::load_plan() const {
 }
 
 void ZeroEngine::initialize(const std::function<void(int, int64_t, std::span<float>)>& init) {
-  model::cpu::fill(master_.data(), static_cast<int64_t>(master_.size()), 0.0f);
-  for (const ckpt::Fragment& f : load_plan()) {
-    init(f.tensor, f.tensor_offset, std::span<float>(master_.data() + f.flat_offset, static_cast<size_t>(f.length)));
+  fill_states([&](std::span<const ckpt::Fragment> plan, std::span<const std::span<float>> states) {
+    const std::span<float> master = states[0];
+    model::cpu::fill(master.data(), static_cast<int64_t>(master.size()), 0.0f);
+    for (const ckpt::Fragment& f : plan) {
+      init(f.tensor, f.tensor_offset,
+           master.subspan(static_cast<size_t>(f.flat_offset), static_cast<size_t>(f.length)));
+    }
+    for (const std::span<float> moment : states.subspan(1)) {
+      model::cpu::fill(moment.data(), static_cast<int64_t>(moment.size()), 0.0f);
+    }
+  });
+}
+
+void ZeroEngine::fill_states(const StateFill& fill) {
+  if (swap_) {
+    fill_swapped_states(fill);
+  } else {
+    const std::span<float> states[] = {master_, exp_avg_, exp_avg_sq_};
+    fill(load_plan(), states);
   }
-  model::cpu::fill(exp_avg_.data(), static_cast<int64_t>(exp_avg_.size()), 0.0f);
-  model::cpu::fill(exp_avg_sq_.data(), static_cast<int64_t>(exp_avg_sq_.size()), 0.0f);
   publish_params();
 }
 
-void ZeroEngine::finish_load() {
-  publish_params();
+void ZeroEngine::fill_swapped_states(const StateFill& fill) {
+  std::vector<ckpt::Fragment> plan = load_plan();
+  std::ranges::sort(plan, {}, &ckpt::Fragment::flat_offset);
+  const std::span<float> params = params_partition();
+  std::vector<ckpt::Fragment> in_chunk;
+  swap_->visit(nvme::StateSwapper::Access::kWrite, [&](const nvme::StateSwapper::Chunk& chunk) {
+    // The fragments' parts inside the chunk, relative to its start.
+    const int64_t lo = chunk.offset, hi = lo + static_cast<int64_t>(chunk.states[0].size());
+    in_chunk.clear();
+    for (const ckpt::Fragment& f : plan) {
+      const int64_t a = std::max(lo, f.flat_offset), b = std::min(hi, f.flat_offset + f.length);
+      if (a < b) in_chunk.push_back({f.tensor, f.tensor_offset + (a - f.flat_offset), b - a, a - lo});
+    }
+    fill(in_chunk, chunk.states);
+    std::ranges::copy(chunk.states[0], params.begin() + lo);
+  });
+}
+
+std::span<float> ZeroEngine::params_partition() noexcept {
+  if (stage() == 3) return swap_ ? std::span<float>(params_part_) : std::span<float>(master_);
+  const size_t P = static_cast<size_t>(layout_.partition_size());
+  return {params_full_.data() + static_cast<size_t>(rank_) * P, P};
 }
 
 void ZeroEngine::publish_params() {
   if (stage() == 0) {
     std::copy(master_.begin(), master_.end(), params_full_.begin());
   } else if (stage() <= 2) {
-    const int64_t P = layout_.partition_size();
-    std::copy(master_.begin(), master_.end(), params_full_.begin() + rank_ * P);
-    comm_.allgather_inplace(params_full_.data(), P);
+    if (!swap_) std::ranges::copy(master_, params_partition().begin());
+    comm_.allgather_inplace(params_full_.data(), layout_.partition_size());
   }
   // Stage 3: the partition is the source of every gather; nothing to publish.
 }
@@ -128,7 +170,7 @@ void ZeroEngine::gather_stage3(int group) {
     const int64_t base = layout_.slot_offset(a);
     const int64_t span = slot_end(b) - base;
     recv_buffer_.resize(static_cast<size_t>(span * world_));
-    comm_.allgather(master_.data() + base, recv_buffer_.data(), span);
+    comm_.allgather(params_partition().data() + base, recv_buffer_.data(), span);
     for (int t = a; t < b; ++t) {
       const int64_t n = numel(t);
       const int64_t piece = layout_.piece_size(t);
@@ -287,19 +329,33 @@ double ZeroEngine::global_grad_sq() {
 }
 
 void ZeroEngine::step(const AdamWStep& s) {
-  cpu_adamw(master_, exp_avg_, exp_avg_sq_, optimizer_grads(), AdamWCoefficients::of(s),
-            {no_decay_.data(), static_cast<int64_t>(no_decay_.size())});
+  const AdamWCoefficients c = AdamWCoefficients::of(s);
+  const NoDecayRanges no_decay{no_decay_.data(), static_cast<int64_t>(no_decay_.size())};
+  if (swap_) {
+    // Element-wise, so chunk by chunk gives the same bits as the whole partition at once.
+    const std::span<const float> grads = grad_part_;
+    const std::span<float> params = params_partition();
+    swap_->visit(nvme::StateSwapper::Access::kUpdate, [&](const nvme::StateSwapper::Chunk& chunk) {
+      const auto& [master, m, v] = chunk.states;
+      cpu_adamw(master, m, v, grads.subspan(static_cast<size_t>(chunk.offset), master.size()), c,
+                no_decay.at(chunk.offset));
+      std::ranges::copy(master, params.begin() + chunk.offset);
+    });
+  } else {
+    cpu_adamw(master_, exp_avg_, exp_avg_sq_, optimizer_grads(), c, no_decay);
+  }
   publish_params();
 }
 
-std::span<const float> ZeroEngine::master_flat() const noexcept {
-  return owned(master_);
-}
-std::span<const float> ZeroEngine::exp_avg_flat() const noexcept {
-  return owned(exp_avg_);
-}
-std::span<const float> ZeroEngine::exp_avg_sq_flat() const noexcept {
-  return owned(exp_avg_sq_);
+void ZeroEngine::read_state(int state, const StateSink& sink) {
+  if (swap_) {
+    const int states[] = {state};
+    swap_->visit(nvme::StateSwapper::Access::kRead, states,
+                 [&](const nvme::StateSwapper::Chunk& chunk) { sink(chunk.states[static_cast<size_t>(state)]); });
+    return;
+  }
+  const ckpt::LargeVector<float>* buffers[] = {&master_, &exp_avg_, &exp_avg_sq_};
+  sink(owned(*buffers[state]));
 }
 
 }  // namespace shardkit::trainer

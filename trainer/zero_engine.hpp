@@ -11,10 +11,16 @@
 //            gradients are reduce-scattered into their owners' pieces as groups complete.
 //
 // Gradients are summed across ranks; the caller divides by the world size (in step()'s multiplier).
+//
+// With NVMe offload (stages 1-3, a StateSwapper given) the optimizer states live in the rank's swap file
+// instead: the step streams them through the swapper chunk by chunk and writes each updated chunk of
+// master weights into the parameters the model reads (stage 3: a partition of its own in memory, the
+// source of the gathers, since the master weights are on disk).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -24,6 +30,7 @@
 #include "model/param_store.hpp"
 #include "trainer/adamw.hpp"
 #include "trainer/ds_config.hpp"
+#include "trainer/nvme/state_swapper.hpp"
 
 namespace shardkit::trainer {
 
@@ -34,14 +41,23 @@ struct MemoryReport {
   int64_t gradients = 0;
   int64_t optimizer_states = 0;       // fp32 master weights + exp_avg + exp_avg_sq
   int64_t host_optimizer_states = 0;  // the same, where offloaded to host memory (GPU ranks)
+  int64_t nvme_optimizer_states = 0;  // the same, where swapped to NVMe (the swap file's size)
 };
 
 class ZeroEngine final : public model::ParameterStore {
  public:
+  // Opens the swap of a rank's optimizer states (NVMe offload) for `elements` elements of each state.
+  using SwapFactory = std::function<std::unique_ptr<nvme::StateSwapper>(int64_t elements)>;
+  // What fills the rank's states chunk by chunk (the whole buffers in one call without NVMe offload):
+  // `plan` holds the fragments of the chunk, flat offsets relative to its start; `states` the chunk of
+  // master weights, exp_avg and exp_avg_sq, every element of which the call must set (padding to 0).
+  using StateFill = std::function<void(std::span<const ckpt::Fragment> plan, std::span<const std::span<float>> states)>;
+  using StateSink = std::function<void(std::span<const float>)>;
+
   // `decays`: per tensor, whether weight decay applies (weight_decay.hpp). `wire`:
-  // communication_data_type (grad_wire.hpp).
+  // communication_data_type (grad_wire.hpp). `swap`: NVMe offload (stages 1-3 only).
   ZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const std::vector<bool>& decays,
-             const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& comm);
+             const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& comm, const SwapFactory& swap = {});
 
   const ckpt::Layout& layout() const noexcept { return layout_; }
   int stage() const noexcept { return layout_.stage(); }
@@ -50,6 +66,9 @@ class ZeroEngine final : public model::ParameterStore {
   // Fills every parameter element this rank keeps master weights for: init(tensor, offset, out)
   // writes elements [offset, offset + out.size()) of the tensor. Moments start at zero.
   void initialize(const std::function<void(int tensor, int64_t offset, std::span<float> out)>& init);
+  // Sets every state (an initialisation, a checkpoint's load) through `fill`, then publishes the
+  // parameters. Collective.
+  void fill_states(const StateFill& fill);
 
   // ParameterStore.
   void acquire(int group) override;
@@ -70,20 +89,20 @@ class ZeroEngine final : public model::ParameterStore {
   // parameters are made visible to the model.
   void step(const AdamWStep& step);
 
-  // The rank's flat buffers in the checkpoint layout (layout().flat_size() elements each).
-  std::span<const float> master_flat() const noexcept;
-  std::span<const float> exp_avg_flat() const noexcept;
-  std::span<const float> exp_avg_sq_flat() const noexcept;
-
-  // Load: what the rank must read to restore its states: (tensor, offset, length, position in the
-  // buffers returned by load_master/...). Then finish_load() publishes the parameters.
-  std::vector<ckpt::Fragment> load_plan() const;
-  std::span<float> load_master() noexcept { return master_; }
-  std::span<float> load_exp_avg() noexcept { return exp_avg_; }
-  std::span<float> load_exp_avg_sq() noexcept { return exp_avg_sq_; }
-  void finish_load();
+  // The rank's flat buffer of state 0 (master), 1 (exp_avg) or 2 (exp_avg_sq) in the checkpoint layout
+  // (layout().flat_size() elements), handed to `sink` in order: whole, or chunk by chunk from the swap.
+  void read_state(int state, const StateSink& sink);
+  // The NVMe swap of the optimizer states, or nullptr.
+  const nvme::StateSwapper* swapper() const noexcept { return swap_.get(); }
 
  private:
+  // What the rank keeps states for: (tensor, offset, length, position in the flat buffers).
+  std::vector<ckpt::Fragment> load_plan() const;
+  // The rank's parameters in its partition's layout: what the step updates and stage 3 gathers from.
+  std::span<float> params_partition() noexcept;
+  void fill_swapped_states(const StateFill& fill);
+  // Stages 0-2: the partitions' parameters to every rank (after copying the master weights, unless
+  // the swapped step wrote them already).
   void publish_params();
   std::span<float> optimizer_grads() noexcept;
   std::span<const float> owned(const ckpt::LargeVector<float>& buffer) const noexcept;
@@ -110,8 +129,11 @@ class ZeroEngine final : public model::ParameterStore {
   // Stages 0-1: gradients, replicated, accumulated in place across micro-batches.
   ckpt::LargeVector<float> grads_full_;
   // The optimizer's view: stage 0 full (W * P), stages 1-2 the partition (P), stage 3 the slots (F).
+  // Empty with NVMe offload, where swap_ holds the states.
   ckpt::LargeVector<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
   std::vector<ElementRange> no_decay_;  // positions of the optimizer view that weight decay skips
+  std::unique_ptr<nvme::StateSwapper> swap_;
+  ckpt::LargeVector<float> params_part_;  // stage 3 with NVMe offload: the parameters of the slots (F)
 
   // Stage 3: gathered parameters of acquired groups, one buffer per tensor.
   std::vector<ckpt::LargeVector<float>> gathered_;

@@ -319,5 +319,46 @@ TEST(Faults, ASaveDirectoryTheSystemCannotCreateIsAnIoErrorOnEveryRank) {
   EXPECT_NE(r.err.find("cannot create directory"), std::string::npos) << r.err;
 }
 
+// tiny_zero2.json with the optimizer states swapped to `nvme_path` (NVMe offload), in `dir`.
+std::filesystem::path write_nvme_config(const testing::TempDir& dir, const std::filesystem::path& nvme_path) {
+  nlohmann::json config = nlohmann::json::parse(slurp(samples() + "tiny_zero2.json"));
+  config["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", nvme_path.string()}};
+  config["aio"] = {{"block_size", 65536}};
+  std::ofstream(dir / "nvme.json") << config.dump();
+  return dir / "nvme.json";
+}
+
+// The disk of the swap fills up halfway through a run (both ranks' swap writes fail with ENOSPC in
+// step 3): the run ends with a line naming the swap file and the system's error, and the checkpoint
+// committed before (step 2) is intact.
+TEST(Faults, ASwapDiskThatFillsUpEndsTheRunAndKeepsTheLastCheckpoint) {
+  if (!SHARDKIT_HAVE_LIBURING) GTEST_SKIP() << "this build has no liburing: NVMe offload is refused";
+  testing::TempDir dir;
+  const auto data = write_text_tokens(dir);
+  std::filesystem::create_directory(dir / "nvme");
+  const std::string args = "train --config " + write_nvme_config(dir, dir / "nvme").string() +
+                           " --model gpt2-tiny --steps 6 --save-interval 2 --save-mode sync --threads 1 --data " +
+                           data.string() + " --save-dir " + (dir / "run").string();
+  const Result r = run(args, "timeout -s KILL 120 " + mpirun(2), "SHARDKIT_FAULT=swap-enospc SHARDKIT_FAULT_STEP=3");
+  EXPECT_NE(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find((dir / "nvme").string() + "/shardkit-"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("-optimizer-rank"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(": No space left on device"), std::string::npos) << r.err;
+  EXPECT_EQ(latest_of(dir / "run"), "step-00000002");
+  EXPECT_EQ(run("ckpt verify " + (dir / "run").string()).code, 0);
+}
+
+// A folder for the swap that is not there: refused at start-up, one line naming it.
+TEST(Faults, AMissingNvmePathIsRefusedNamingIt) {
+  testing::TempDir dir;
+  const auto data = write_text_tokens(dir);
+  const Result r = run("train --config " + write_nvme_config(dir, dir / "absent").string() +
+                       " --model gpt2-tiny --steps 1 --threads 1 --data " + data.string());
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find((dir / "absent").string() + ": nvme_path does not exist (expected a writable directory)"),
+            std::string::npos)
+      << r.err;
+}
+
 }  // namespace
 }  // namespace shardkit

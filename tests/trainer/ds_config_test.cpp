@@ -90,7 +90,10 @@ auto fields(const Fp16Config& f) {
                   f.consecutive_hysteresis, f.min_loss_scale);
 }
 auto fields(const OffloadConfig& o) {
-  return std::tie(o.device, o.pin_memory);
+  return std::tie(o.device, o.pin_memory, o.nvme_path, o.buffer_count, o.fast_init);
+}
+auto fields(const AioConfig& a) {
+  return std::tie(a.block_size, a.queue_depth, a.intra_op_parallelism, a.single_submit, a.overlap_events, a.use_gds);
 }
 auto fields(const ZeroConfig& z) {
   return std::tie(z.stage, z.contiguous_gradients, z.reduce_scatter, z.overlap_comm, z.allgather_partitions,
@@ -475,8 +478,53 @@ TEST(DsConfigZero, ReadsEveryField) {
   expected.round_robin_gradients = true;
   EXPECT_EQ(fields(c.zero), fields(expected));
   EXPECT_EQ(fields(c.zero.offload_optimizer), fields(OffloadConfig{"cpu", true}));
-  EXPECT_EQ(fields(c.zero.offload_param), fields(OffloadConfig{"nvme", false}));
+  EXPECT_EQ(fields(c.zero.offload_param), fields(OffloadConfig{"nvme", false, "/nvme"}));
   EXPECT_TRUE(c.warnings.empty());  // offload keys shardkit does not use are accepted silently
+}
+
+// ZeRO-Infinity's optimizer offload as DeepSpeed's docs write it: the swapper's keys and the aio block
+// are read (and round-trip through to_json); keys of DeepSpeed's swapper that shardkit's has no
+// counterpart for are accepted silently.
+TEST(DsConfigZero, NvmeOffloadAndTheAioBlockAreRead) {
+  const DsConfig c = parse(with({{"zero_optimization",
+                                  {{"stage", 3},
+                                   {"offload_optimizer",
+                                    {{"device", "nvme"},
+                                     {"nvme_path", "/local_nvme"},
+                                     {"pin_memory", true},
+                                     {"buffer_count", 5},
+                                     {"fast_init", true},
+                                     {"ratio", 1.0}}}}},
+                                 {"aio",
+                                  {{"block_size", 262144},
+                                   {"queue_depth", 32},
+                                   {"thread_count", 2},
+                                   {"single_submit", true},
+                                   {"overlap_events", false}}}}));
+  OffloadConfig expected{"nvme", true, "/local_nvme"};
+  expected.buffer_count = 5;
+  expected.fast_init = true;
+  EXPECT_EQ(fields(c.zero.offload_optimizer), fields(expected));
+  EXPECT_EQ(fields(c.aio), fields(AioConfig{262144, 32, 2, true, false, false}));
+  EXPECT_TRUE(c.warnings.empty());
+  const DsConfig again = parse(to_json(c));
+  EXPECT_EQ(fields(again.zero.offload_optimizer), fields(expected));
+  EXPECT_EQ(fields(again.aio), fields(c.aio));
+}
+
+TEST(DsConfigZero, NvmeOffloadNeedsAPathAndAioBlocksAlignedForDirectIo) {
+  EXPECT_EQ(error_of(with({{"zero_optimization", {{"offload_optimizer", {{"device", "nvme"}}}}}})),
+            "config.json: zero_optimization.offload_optimizer.nvme_path must be given for device nvme (the folder of "
+            "the swap files)");
+  EXPECT_EQ(error_of(with({{"aio", {{"block_size", 10000}}}})),
+            "config.json: aio.block_size is 10000, must be a multiple of 4096 (O_DIRECT)");
+  EXPECT_TRUE(Contains(error_of(with({{"aio", {{"queue_depth", 0}}}})), "aio.queue_depth is 0, must be in [1, 4096]"));
+  EXPECT_TRUE(Contains(error_of(with({{"aio", {{"thread_count", 1}, {"intra_op_parallelism", 1}}}})),
+                       "aio.thread_count and aio.intra_op_parallelism are the same setting"));
+  EXPECT_TRUE(Contains(
+      error_of(with({{"zero_optimization",
+                      {{"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/n"}, {"buffer_count", 0}}}}}})),
+      "zero_optimization.offload_optimizer.buffer_count is 0, must be in [1, "));
 }
 
 TEST(DsConfigZero, RejectsBadStageOddAllgatherBucketAndUnknownDevice) {
@@ -653,7 +701,7 @@ TEST(DsConfigKeys, UnknownKeysWarnWithTheirPath) {
                            {"fp16", {{"bar", 1}}},
                            {"bf16", {{"baz", 1}}},
                            {"zero_optimization", {{"qux", 1}}},
-                           {"optimizer", {{"type", "Adam"}, {"extra", 1}, {"params", {{"amsgrad", false}}}}},
+                           {"optimizer", {{"type", "Adam"}, {"extra", 1}, {"params", {{"amsgrad2", false}}}}},
                            {"scheduler", {{"type", "WarmupLR"}, {"x", 1}, {"params", {{"total_num_steps", 9}}}}}}));
   std::vector<std::string> expected = {
       "unknown key 'foo' ignored",
@@ -661,7 +709,7 @@ TEST(DsConfigKeys, UnknownKeysWarnWithTheirPath) {
       "unknown key 'bf16.baz' ignored",
       "unknown key 'zero_optimization.qux' ignored",
       "unknown key 'optimizer.extra' ignored",
-      "unknown key 'optimizer.params.amsgrad' ignored",
+      "unknown key 'optimizer.params.amsgrad2' ignored",
       "unknown key 'scheduler.x' ignored",
       "unknown key 'scheduler.params.total_num_steps' ignored",  // WarmupLR has no total
   };
@@ -676,12 +724,13 @@ TEST(DsConfigKeys, KnownButUnusedKeysAreSilent) {
                       {"zero_optimization", {{"stage3_gather_16bit_weights_on_model_save", true}}},
                       {"optimizer", {{"type", "Adam"}, {"params", {{"torch_adam", false}}}}},
                       {"scheduler", {{"type", "WarmupLR"}, {"params", {{"last_batch_iteration", -1}}}}}});
-  for (const char* key :
-       {"zero_allow_untested_optimizer", "prescale_gradients", "gradient_predivide_factor", "dump_state",
-        "memory_breakdown", "sparse_gradients", "checkpoint", "data_types", "flops_profiler", "tensorboard", "wandb",
-        "csv_monitor", "activation_checkpointing", "aio", "comms_logger"}) {
+  for (const char* key : {"zero_allow_untested_optimizer", "dump_state", "memory_breakdown", "sparse_gradients",
+                          "checkpoint", "data_types", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
+                          "activation_checkpointing", "aio", "comms_logger"}) {
     config[key] = json::object();
   }
+  config["prescale_gradients"] = false;
+  config["gradient_predivide_factor"] = 1.0;
   EXPECT_EQ(parse(config).warnings, std::vector<std::string>{});
 }
 
@@ -862,6 +911,31 @@ TEST(DsConfigLoad, TrailingCommasAreAllowedAsDeepSpeedAllowsThem) {
     SCOPED_TRACE(text);
     EXPECT_THROW(parse_ds_config_text(text, 1, {}, kWhere), Error);
   }
+}
+
+// DeepSpeed refuses a config whose object repeats a key; parsers disagree on which value would win.
+TEST(DsConfigLoad, ADuplicateKeyIsRefusedNamingIt) {
+  try {
+    parse_ds_config_text(R"({"train_batch_size": 8, "optimizer": {"params": {"lr": 1e-4, "lr": 1e-3}}})", 1, {},
+                         kWhere);
+    FAIL() << "duplicate key accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    EXPECT_EQ(std::string(e.what()), std::string(kWhere) + ": duplicate key 'lr' in one object");
+  }
+  // The same key in two objects is no duplicate.
+  EXPECT_NO_THROW(parse_ds_config_text(R"({"train_batch_size": 8, "a": {"enabled": true}, "b": {"enabled": true}})", 1,
+                                       {}, kWhere));
+}
+
+TEST(DsConfigOptimizer, AmsgradIsRefusedAndPrescalingWarns) {
+  EXPECT_TRUE(Contains(error_of(with({{"optimizer", {{"type", "Adam"}, {"params", {{"amsgrad", true}}}}}})),
+                       "optimizer.params.amsgrad is true: AMSGrad is not implemented"));
+  EXPECT_TRUE(parse(with({{"optimizer", {{"type", "Adam"}, {"params", {{"amsgrad", false}}}}}})).warnings.empty());
+  const DsConfig c = parse(with({{"prescale_gradients", true}, {"gradient_predivide_factor", 2.0}}));
+  EXPECT_EQ(c.warnings, (std::vector<std::string>{
+                            "prescale_gradients ignored: gradients are averaged after their reduction",
+                            "gradient_predivide_factor ignored: gradients are averaged after their reduction"}));
 }
 
 TEST(DsConfigLoad, MissingOrInvalidFilesAreInputErrors) {

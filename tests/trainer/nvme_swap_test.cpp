@@ -1,0 +1,170 @@
+// The NVMe swap of optimizer states on its own: every access mode of the chunk pipeline returns and
+// keeps exactly the values given (partial last chunk, few and many bounce buffers), and each refusal
+// is one line naming the path and what was expected.
+#include "trainer/nvme/state_swapper.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "ckpt/error.hpp"
+#include "tests/support/test_support.hpp"
+
+namespace shardkit::trainer::nvme {
+namespace {
+
+using Access = StateSwapper::Access;
+
+void ignore(const std::string&) {}
+
+SwapOptions small_chunks(const std::filesystem::path& dir, int buffer_count) {
+  SwapOptions o;
+  o.dir = dir;
+  o.chunk_bytes = 4096;  // 1024 elements: a few thousand elements make many chunks
+  o.queue_depth = 3;
+  o.buffer_count = buffer_count;
+  return o;
+}
+
+float value(int state, int64_t i) {
+  return static_cast<float>(state * 1000003 + i) * 0.5f;
+}
+
+// Error(kind)'s message of `f`, or "" (and a failure) when it does not throw.
+template <typename F>
+std::string error_of(F&& f, ErrorKind kind = ErrorKind::kInvalidInput) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), kind) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+TEST(NvmeSwap, EveryAccessModeKeepsTheValuesChunkByChunk) {
+  testing::TempDir dir;
+  for (const int buffers : {1, 3, 6}) {  // 1 is raised to 3
+    const int64_t n = 5 * 1024 + 77;     // a partial last chunk
+    StateSwapper swap(small_chunks(dir.path(), buffers), "swap.bin", n, ignore);
+    EXPECT_EQ(swap.file_bytes(), 3 * 6 * 4096);  // 12 bytes per element, in whole chunks
+    int64_t next = 0;
+    swap.visit(Access::kWrite, [&](const StateSwapper::Chunk& c) {
+      EXPECT_EQ(c.offset, next);
+      next += static_cast<int64_t>(c.states[0].size());
+      for (int s = 0; s < kStates; ++s) {
+        for (size_t i = 0; i < c.states[s].size(); ++i) c.states[s][i] = value(s, c.offset + static_cast<int64_t>(i));
+      }
+    });
+    EXPECT_EQ(next, n);
+    // An update doubles the master weights and adds 1 to the moments.
+    swap.visit(Access::kUpdate, [&](const StateSwapper::Chunk& c) {
+      for (size_t i = 0; i < c.states[0].size(); ++i) {
+        EXPECT_EQ(c.states[1][i], value(1, c.offset + static_cast<int64_t>(i)));
+        c.states[0][i] *= 2;
+        c.states[1][i] += 1;
+        c.states[2][i] += 1;
+      }
+    });
+    for (int s = 0; s < kStates; ++s) {
+      const int one[] = {s};
+      std::vector<float> got;
+      swap.visit(Access::kRead, one, [&](const StateSwapper::Chunk& c) {
+        for (int other = 0; other < kStates; ++other) EXPECT_EQ(c.states[other].empty(), other != s);
+        got.insert(got.end(), c.states[s].begin(), c.states[s].end());
+      });
+      ASSERT_EQ(got.size(), static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = s == 0 ? value(0, i) * 2 : value(s, i) + 1;
+        ASSERT_EQ(got[static_cast<size_t>(i)], want)
+            << "state " << s << " element " << i << ", " << buffers << " buffers";
+      }
+    }
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the swap file outlived its swapper";
+}
+
+TEST(NvmeSwap, AFailingVisitLeavesNothingInFlightAndTheSwapUsable) {
+  testing::TempDir dir;
+  StateSwapper swap(small_chunks(dir.path(), 4), "swap.bin", 8 * 1024, ignore);
+  swap.visit(Access::kWrite, [](const StateSwapper::Chunk& c) {
+    for (auto s : c.states) std::fill(s.begin(), s.end(), 1.0f);
+  });
+  EXPECT_THROW(swap.visit(Access::kUpdate,
+                          [](const StateSwapper::Chunk& c) {
+                            if (c.offset == 3 * 1024) throw std::runtime_error("stop");
+                          }),
+               std::runtime_error);
+  double sum = 0;
+  swap.visit(Access::kRead, [&](const StateSwapper::Chunk& c) {
+    for (float x : c.states[2]) sum += static_cast<double>(x);
+  });
+  EXPECT_EQ(sum, 8 * 1024);
+}
+
+TEST(NvmeSwap, BadFoldersAreRefusedNamingThePath) {
+  testing::TempDir dir;
+  const auto missing = dir / "absent";
+  EXPECT_EQ(error_of([&] { StateSwapper(small_chunks(missing, 3), "s", 10, ignore); }),
+            missing.string() + ": nvme_path does not exist (expected a writable directory)");
+  std::ofstream(dir / "file") << "x";
+  EXPECT_EQ(error_of([&] { StateSwapper(small_chunks(dir / "file", 3), "s", 10, ignore); }),
+            (dir / "file").string() + ": nvme_path is not a directory (expected a writable directory)");
+  SwapOptions unaligned = small_chunks(dir.path(), 3);
+  unaligned.chunk_bytes = 1000;
+  EXPECT_TRUE(error_of([&] { StateSwapper(unaligned, "s", 10, ignore); }).find("multiple of 4096") !=
+              std::string::npos);
+}
+
+TEST(NvmeSwap, TooLittleFreeSpaceIsRefusedBeforeAnythingIsWritten) {
+  testing::TempDir dir;
+  const std::string e = error_of([&] { StateSwapper(small_chunks(dir.path(), 3), "s", int64_t{1} << 50, ignore); });
+  EXPECT_EQ(e.rfind(dir.path().string() + ": ", 0), 0u) << e;
+  EXPECT_NE(e.find(" free, but the optimizer states of this rank's 1125899906842624-element partition (12 bytes per "
+                   "element) needs 13.51 PB"),
+            std::string::npos)
+      << e;
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+// A disk that fills while the file is allocated (here a file-size limit, RLIMIT_FSIZE): an I/O error
+// naming the file, which is removed again.
+TEST(NvmeSwap, AnAllocationThatRunsOutOfSpaceFailsAndLeavesNoFile) {
+  testing::TempDir dir;
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  rlimit small = old;
+  small.rlim_cur = 64 * 1024;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::string e =
+      error_of([&] { StateSwapper(small_chunks(dir.path(), 3), "s", 1 << 20, ignore); }, ErrorKind::kIo);
+  setrlimit(RLIMIT_FSIZE, &old);
+  EXPECT_EQ(e, (dir / "s").string() +
+                   ": cannot allocate 12.58 MB for the optimizer states of this rank's "
+                   "1048576-element partition (12 bytes per element): File too large");
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+TEST(NvmeSwap, ALiveRunsFileIsRefusedAndAKilledRunsFileReplaced) {
+  testing::TempDir dir;
+  {
+    StateSwapper live(small_chunks(dir.path(), 3), "s.swap", 100, ignore);
+    EXPECT_EQ(error_of([&] { StateSwapper(small_chunks(dir.path(), 3), "s.swap", 100, ignore); }),
+              (dir / "s.swap").string() +
+                  ": in use by a running shardkit job (its optimizer swap file is locked); expected no other run with "
+                  "this name in nvme_path");
+    EXPECT_TRUE(std::filesystem::exists(dir / "s.swap")) << "the refusal removed the live run's file";
+  }
+  std::ofstream(dir / "s.swap") << "left by a killed run";
+  std::vector<std::string> notices;
+  StateSwapper again(small_chunks(dir.path(), 3), "s.swap", 100, [&](const std::string& l) { notices.push_back(l); });
+  ASSERT_FALSE(notices.empty());
+  EXPECT_NE(notices[0].find("was left by a run that ended without removing it: replaced"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardkit::trainer::nvme
