@@ -71,6 +71,16 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
   train->add_option("--steps", o->options.steps, "Total optimizer steps; a resumed run continues to this number")
       ->required()
       ->check(CLI::PositiveNumber);
+  train
+      ->add_option("--lr", o->options.lr,
+                   "Learning rate where the config's optimizer.params.lr is \"auto\" (as Hugging Face's Trainer "
+                   "fills it) or the config has no optimizer; a different number in the config is an error")
+      ->check(CLI::PositiveNumber);
+  train
+      ->add_option("--warmup-steps", o->options.warmup_steps,
+                   "Warmup steps where the config's scheduler.params.warmup_num_steps is \"auto\"; a different "
+                   "number in the config is an error")
+      ->check(CLI::NonNegativeNumber);
   train->add_option("--save-dir", o->save_dir,
                     "Run directory for checkpoints (step-NNNNNNNN folders and 'latest'); without it nothing is saved");
   train

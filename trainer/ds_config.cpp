@@ -478,17 +478,33 @@ void parse_betas(Section& params, OptimizerConfig& out) {
   out.beta2 = (*betas)[1].get<double>();
 }
 
-OptimizerConfig parse_optimizer(Section& top) {
+// A value the command line gives beside the config: it fills "auto"; a number that differs is an error.
+template <typename T>
+void check_command_line(Section& section, const std::string& key, const std::optional<T>& config_value,
+                        const std::optional<T>& option, const std::string& option_name) {
+  if (option && config_value && *config_value != *option) {
+    section.bad(key, "is " + json(*config_value).dump() + " but " + option_name + " is " + json(*option).dump() +
+                         ": give one of them");
+  }
+}
+
+OptimizerConfig parse_optimizer(Section& top, const std::optional<double>& lr) {
   OptimizerConfig out;
-  if (!top.has("optimizer")) return out;
+  if (!top.has("optimizer")) {
+    if (lr) out.lr = *lr;
+    return out;
+  }
   out.given = true;
   Section optimizer = top.child("optimizer");
   if (const std::optional<std::string> type = optimizer.text("type")) out.type = optimizer_type(optimizer, *type);
   Section params = optimizer.child("params");
   if (params.has("max_grad_norm")) params.bad("max_grad_norm", "is not supported: use gradient_clipping");
   // The Trainer's default learning rate (5e-5) is not shardkit's (1e-3): "auto" cannot mean either.
-  params.refuse_auto("lr", "give the learning rate as a number");
-  set_if(params.number("lr", 0, kNoLimit), out.lr);
+  if (!lr) params.refuse_auto("lr", "give the learning rate as a number, or with --lr");
+  const std::optional<double> config_lr = params.number("lr", 0, kNoLimit);
+  check_command_line(params, "lr", config_lr, lr, "--lr");
+  set_if(config_lr, out.lr);
+  set_if(lr, out.lr);
   parse_betas(params, out);
   set_if(params.number("eps", 0, kNoLimit), out.eps);
   set_if(params.number("weight_decay", 0, kNoLimit), out.weight_decay);
@@ -515,7 +531,8 @@ SchedulerType scheduler_type(Section& scheduler, const std::string& type) {
 
 // The params each scheduler type takes; a param of another type is reported as an unknown key.
 // `total_steps` and `optimizer_lr` stand for the "auto" values the Trainer would fill in.
-void parse_scheduler_params(Section params, int64_t total_steps, double optimizer_lr, SchedulerConfig& out) {
+void parse_scheduler_params(Section params, int64_t total_steps, double optimizer_lr,
+                            const std::optional<int64_t>& warmup_steps, SchedulerConfig& out) {
   const bool cosine = out.type == SchedulerType::kWarmupCosineLR;
   if (!cosine) {
     set_if(params.number("warmup_min_lr", 0, kNoLimit), out.warmup_min_lr);
@@ -527,8 +544,11 @@ void parse_scheduler_params(Section params, int64_t total_steps, double optimize
     }
   }
   // The Trainer fills it from its warmup_steps or warmup_ratio (default 0); shardkit's default is 1000.
-  params.refuse_auto("warmup_num_steps", "give the number of warmup steps");
-  set_if(params.integer("warmup_num_steps", 0, kMaxInteger), out.warmup_num_steps);
+  if (!warmup_steps) params.refuse_auto("warmup_num_steps", "give the number of warmup steps, or with --warmup-steps");
+  const std::optional<int64_t> config_warmup = params.integer("warmup_num_steps", 0, kMaxInteger);
+  check_command_line(params, "warmup_num_steps", config_warmup, warmup_steps, "--warmup-steps");
+  set_if(config_warmup, out.warmup_num_steps);
+  set_if(warmup_steps, out.warmup_num_steps);
   set_if(params.text("warmup_type"), out.warmup_type);
   if (out.warmup_type != "log" && out.warmup_type != "linear") {
     params.bad("warmup_type", "is '" + out.warmup_type + "', must be log or linear");
@@ -553,16 +573,21 @@ void parse_scheduler_params(Section params, int64_t total_steps, double optimize
   params.warn_unknown();
 }
 
-SchedulerConfig parse_scheduler(Section& top, int64_t total_steps, double optimizer_lr) {
+SchedulerConfig parse_scheduler(Section& top, int64_t total_steps, double optimizer_lr,
+                                const std::optional<int64_t>& warmup_steps) {
   SchedulerConfig out;
   Section scheduler = top.child("scheduler");
   const std::optional<std::string> type = scheduler.text("type");
   if (type) {
     out.type = scheduler_type(scheduler, *type);
-    parse_scheduler_params(scheduler.child("params"), total_steps, optimizer_lr, out);
+    parse_scheduler_params(scheduler.child("params"), total_steps, optimizer_lr, warmup_steps, out);
   } else if (scheduler.has("params")) {
     // DeepSpeed builds no scheduler without a type; its params are then unused.
     scheduler.warn(scheduler.name("params") + " ignored: no scheduler type");
+  }
+  if (!type && warmup_steps) {
+    top.reject("--warmup-steps " + std::to_string(*warmup_steps) +
+               " needs a scheduler in the config (scheduler.type WarmupLR, WarmupDecayLR or WarmupCosineLR)");
   }
   scheduler.warn_unknown();
   return out;
@@ -750,8 +775,8 @@ DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const Aut
   if (c.fp16.enabled && c.bf16) top.reject("fp16.enabled and bf16.enabled are both true");
   c.zero = parse_zero(top.child("zero_optimization"), context.hidden_size);
   c.aio = parse_aio(top.child("aio"));
-  c.optimizer = parse_optimizer(top);
-  c.scheduler = parse_scheduler(top, context.total_steps, c.optimizer.lr);
+  c.optimizer = parse_optimizer(top, context.lr);
+  c.scheduler = parse_scheduler(top, context.total_steps, c.optimizer.lr, context.warmup_steps);
   set_if(top.number("gradient_clipping", 0, kNoLimit), c.gradient_clipping);
   set_if(top.integer("steps_per_print", 1, kMaxInteger), c.steps_per_print);
   set_if(top.flag("wall_clock_breakdown"), c.wall_clock_breakdown);

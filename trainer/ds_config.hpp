@@ -123,6 +123,11 @@ const char* comm_dtype_name(ckpt::DType type) noexcept;
 struct AutoContext {
   int64_t hidden_size = 0;  // n_embd of the model: reduce_bucket_size = h*h, etc.
   int64_t total_steps = 0;  // the run's optimizer steps (--steps): scheduler total_num_steps; 0 = unknown
+  // The command line's --lr and --warmup-steps, which stand in for the Trainer's arguments: they fill
+  // optimizer.params.lr and scheduler.params.warmup_num_steps where the config says "auto" (or leaves
+  // the optimizer out); a number in the config that differs is an error, as the Trainer makes it.
+  std::optional<double> lr;
+  std::optional<int64_t> warmup_steps;
 };
 
 // Parses and validates `config`; `where` (a file name) starts every error message. Errors are

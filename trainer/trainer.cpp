@@ -133,7 +133,8 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   State& s = *s_;
   if (options.steps < 1) fail(ErrorKind::kInvalidInput, "--steps must be at least 1");
   s.model = model::resolve_model(options.model);
-  s.config = load_ds_config(options.config, comm.size(), {s.model->hidden_size(), options.steps});
+  s.config = load_ds_config(options.config, comm.size(),
+                            {s.model->hidden_size(), options.steps, options.lr, options.warmup_steps});
   for (const std::string& w : s.config.warnings) s.log("warning: " + options.config.string() + ": " + w);
   const bool cpu = options.device != "cuda";
   if (cpu && (s.config.fp16.enabled || s.config.bf16)) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,11 +14,13 @@
 namespace shardkit::trainer {
 
 struct TrainOptions {
-  std::filesystem::path config;  // DeepSpeed JSON
-  std::string model;             // preset, JSON model file or Hugging Face config.json
-  int seq_len = 0;               // tokens per sample; 0: the model's longest
-  std::filesystem::path data;    // token file
-  int64_t steps = 0;             // total optimizer steps (a resumed run continues to this number)
+  std::filesystem::path config;         // DeepSpeed JSON
+  std::string model;                    // preset, JSON model file or Hugging Face config.json
+  int seq_len = 0;                      // tokens per sample; 0: the model's longest
+  std::filesystem::path data;           // token file
+  int64_t steps = 0;                    // total optimizer steps (a resumed run continues to this number)
+  std::optional<double> lr;             // fills the config's "auto" learning rate (ds_config.hpp's AutoContext)
+  std::optional<int64_t> warmup_steps;  // fills its "auto" warmup_num_steps
   std::filesystem::path save_dir;
   int64_t save_interval = 0;        // 0: save only at the end (when save_dir is set)
   int keep_last = 0;                // 0: keep every checkpoint

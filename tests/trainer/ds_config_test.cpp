@@ -57,7 +57,7 @@ constexpr char kSeedAuto[] = R"({
 })";
 
 DsConfig parse(const json& config, int world_size = 1, int64_t hidden_size = 0, int64_t total_steps = 0) {
-  return parse_ds_config(config, world_size, AutoContext{hidden_size, total_steps}, kWhere);
+  return parse_ds_config(config, world_size, AutoContext{hidden_size, total_steps, {}, {}}, kWhere);
 }
 
 // A minimal valid config (train batch 8) with `patch` merged into its top level.
@@ -371,10 +371,50 @@ TEST(DsConfigAuto, ValuesOnlyTheTrainerKnowsAreRefused) {
   // The Trainer's own defaults differ from shardkit's here, so no default could stand in for them.
   EXPECT_EQ(error_of(with({{"optimizer", {{"type", "AdamW"}, {"params", {{"lr", "auto"}}}}}})),
             "config.json: optimizer.params.lr is \"auto\", which only Hugging Face's Trainer fills in: give the "
-            "learning rate as a number");
+            "learning rate as a number, or with --lr");
   EXPECT_EQ(error_of(with({{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", "auto"}}}}}})),
             "config.json: scheduler.params.warmup_num_steps is \"auto\", which only Hugging Face's Trainer fills in: "
-            "give the number of warmup steps");
+            "give the number of warmup steps, or with --warmup-steps");
+}
+
+// --lr and --warmup-steps stand in for the Trainer's arguments: they fill "auto", and a config number
+// that disagrees with them is an error (the Trainer raises one too).
+TEST(DsConfigAuto, CommandLineValuesFillAutoAndMustAgreeWithNumbers) {
+  AutoContext context{0, 100, 3e-4, 20};
+  const json scheduler = {
+      {"type", "WarmupDecayLR"},
+      {"params", {{"warmup_num_steps", "auto"}, {"warmup_max_lr", "auto"}, {"total_num_steps", 100}}}};
+  DsConfig c = parse_ds_config(
+      with({{"optimizer", {{"type", "AdamW"}, {"params", {{"lr", "auto"}}}}}, {"scheduler", scheduler}}), 1, context,
+      kWhere);
+  EXPECT_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 20);
+  EXPECT_EQ(c.scheduler.warmup_max_lr, 3e-4);
+  // Without an optimizer section, --lr is the learning rate; the same numbers in the config are fine.
+  EXPECT_EQ(parse_ds_config(with(), 1, {0, 0, 3e-4, {}}, kWhere).optimizer.lr, 3e-4);
+  EXPECT_NO_THROW(parse_ds_config(with({{"optimizer", {{"params", {{"lr", 3e-4}}}}}}), 1, {0, 0, 3e-4, {}}, kWhere));
+  // Different numbers.
+  try {
+    parse_ds_config(with({{"optimizer", {{"params", {{"lr", 1e-3}}}}}}), 1, {0, 0, 3e-4, {}}, kWhere);
+    FAIL() << "a disagreeing --lr accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "config.json: optimizer.params.lr is 0.001 but --lr is 0.0003: give one of them");
+  }
+  try {
+    parse_ds_config(with({{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 5}}}}}}), 1,
+                    {0, 0, {}, 20}, kWhere);
+    FAIL() << "a disagreeing --warmup-steps accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "config.json: scheduler.params.warmup_num_steps is 5 but --warmup-steps is 20: give one of them");
+  }
+  // --warmup-steps without a scheduler would do nothing: refused.
+  try {
+    parse_ds_config(with(), 1, {0, 0, {}, 20}, kWhere);
+    FAIL() << "--warmup-steps without a scheduler accepted";
+  } catch (const Error& e) {
+    EXPECT_TRUE(Contains(e.what(), "--warmup-steps 20 needs a scheduler in the config")) << e.what();
+  }
 }
 
 TEST(DsConfigPrecision, Fp16FieldsAndTheirDefaults) {
