@@ -1,5 +1,5 @@
-// Where a GPT-2 training step spends its GPU time: every kernel and matrix product of one step, timed
-// alone with CUDA events at the step's shapes, times the number of calls per step. Prints a table and
+// Where a GPT-2 or Llama training step spends its GPU time: every kernel and matrix product of one
+// step, timed alone with CUDA events at the step's shapes, times the number of calls per step. Prints a table and
 // (with --json) one JSON object. Usage: shardkit_gpu_kernels_bench [--model gpt2] [--batch 16]
 // [--seq 1024] [--json]
 #include <cuda_bf16.h>
@@ -14,6 +14,10 @@
 #include <vector>
 
 #include "model/gpt2/model.hpp"
+#include "model/llama/config.hpp"
+#include "model/llama/cuda/kernels.cuh"
+#include "model/llama/model.hpp"
+#include "model/registry.hpp"
 #include "trainer/cuda/cuda_common.hpp"
 #include "trainer/cuda/encoder_backward.cuh"
 #include "trainer/cuda/gpu_model.cuh"
@@ -57,38 +61,27 @@ DeviceBuffer<U> filled(size_t n, cudaStream_t st) {
   return b;
 }
 
-int run(int argc, char** argv) {
-  std::string model_name = "gpt2";
-  int B = 16, S = 1024;
-  bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--model" && i + 1 < argc)
-      model_name = argv[++i];
-    else if (a == "--batch" && i + 1 < argc)
-      B = std::stoi(argv[++i]);
-    else if (a == "--seq" && i + 1 < argc)
-      S = std::stoi(argv[++i]);
-    else if (a == "--json")
-      json = true;
-    else {
-      std::fprintf(stderr, "usage: %s [--model NAME] [--batch B] [--seq S] [--json]\n", argv[0]);
-      return 2;
-    }
+// Prints the table (and the JSON object with `json`) of the rows' times.
+void report(const std::vector<Row>& rows, const std::string& model_name, int B, int S, bool json) {
+  double total = 0;
+  for (const auto& r : rows) total += r.ms_per_call * r.calls_per_step;
+  nlohmann::json out = {{"model", model_name}, {"batch", B}, {"seq", S}, {"dtype", "bf16"}, {"step_ms", total}};
+  std::printf("%-36s %6s %10s %10s %6s\n", "kernel", "calls", "ms/call", "ms/step", "%");
+  for (const auto& r : rows) {
+    const double step = r.ms_per_call * r.calls_per_step;
+    std::printf("%-36s %6d %10.4f %10.3f %6.1f\n", r.name.c_str(), r.calls_per_step, r.ms_per_call, step,
+                100 * step / total);
+    out["kernels"].push_back({{"name", r.name}, {"calls", r.calls_per_step}, {"ms_per_call", r.ms_per_call}});
   }
-  const std::shared_ptr<const model::Model> spec = model::resolve_model(model_name);
-  if (!model::gpt2::config_of(*spec)) {
-    std::fprintf(stderr, "--model %s: these are GPT-2's kernels\n", model_name.c_str());
-    return 2;
-  }
-  const model::gpt2::GptConfig& cfg = *model::gpt2::config_of(*spec);
+  std::printf("sum of kernel times per step: %.2f ms = %.0f tokens/s if nothing else ran\n", total,
+              B * S / total * 1e3);
+  if (json) std::printf("%s\n", out.dump().c_str());
+}
+
+std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t st, cublasHandle_t cublas) {
+  const model::gpt2::GptConfig& cfg = *model::gpt2::config_of(spec);
   const int C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size, L = cfg.n_layer, N = B * S;
   const size_t NC = size_t{1} * N * C;
-  Stream stream;
-  cudaStream_t st = stream.get();
-  cublasHandle_t cublas;
-  CUBLAS_CHECK(cublasCreate(&cublas));
-  CUBLAS_CHECK(cublasSetStream(cublas, st));
 
   auto x = filled<T>(NC, st), y = filled<T>(NC, st), big = filled<T>(4 * NC, st), big2 = filled<T>(4 * NC, st);
   auto pre = filled<T>(4 * NC, st);
@@ -105,7 +98,7 @@ int run(int argc, char** argv) {
   auto gwte = filled<float>(size_t{1} * V * C, st), losses = filled<float>(N, st);
   DeviceBuffer<int32_t> targets(N);
   CUDA_CHECK(cudaMemsetAsync(targets.data(), 0, targets.bytes(), st));
-  const int64_t P = spec->table().total_elements();
+  const int64_t P = spec.table().total_elements();
   auto master = filled<float>(P, st), m = filled<float>(P, st), v = filled<float>(P, st), g = filled<float>(P, st);
   auto params = filled<T>(P, st);
   CUDA_CHECK(cudaMemsetAsync(master.data(), 0, master.bytes(), st));
@@ -194,18 +187,188 @@ int run(int argc, char** argv) {
   add("adamw (all parameters)", 1,
       [&] { adamw(master.data(), m.data(), v.data(), g.data(), params.data(), P, args, no_decay, st); });
 
-  double total = 0;
-  for (const auto& r : rows) total += r.ms_per_call * r.calls_per_step;
-  nlohmann::json out = {{"model", model_name}, {"batch", B}, {"seq", S}, {"dtype", "bf16"}, {"step_ms", total}};
-  std::printf("%-32s %6s %10s %10s %6s\n", "kernel", "calls", "ms/call", "ms/step", "%");
-  for (const auto& r : rows) {
-    const double step = r.ms_per_call * r.calls_per_step;
-    std::printf("%-32s %6d %10.4f %10.3f %6.1f\n", r.name.c_str(), r.calls_per_step, r.ms_per_call, step,
-                100 * step / total);
-    out["kernels"].push_back({{"name", r.name}, {"calls", r.calls_per_step}, {"ms_per_call", r.ms_per_call}});
+  return rows;
+}
+
+// Llama's step: every kernel and product of GpuLlama's passes at their shapes. Rows with no calls
+// (marked "alt") time a variant the model does not run, for comparison.
+std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t st, cublasHandle_t cublas) {
+  namespace llama = model::llama;
+  const llama::LlamaConfig& c = *llama::config_of(spec);
+  const int H = c.hidden_size, I = c.intermediate_size, D = c.head_dim, V = c.vocab_size, L = c.n_layer;
+  const int NH = c.n_head, NKV = c.n_kv_head, QW = NH * D, KW = NKV * D, N = B * S;
+  const size_t NH_ = size_t{1} * N * H;
+  const size_t widest = static_cast<size_t>(std::max({2 * I, QW + 2 * KW, H}));
+  auto x = filled<T>(NH_, st), y = filled<T>(NH_, st);
+  auto a = filled<T>(size_t{1} * N * widest, st), b = filled<T>(size_t{1} * N * widest, st);
+  auto out = filled<T>(size_t{1} * N * widest, st);
+  auto w = filled<T>(widest * H, st);
+  auto gw = filled<float>(widest * H, st), gnorm = filled<float>(H, st);
+  auto rstd = filled<float>(N, st), scratch = filled<float>(static_cast<size_t>(llama::rmsnorm_scratch_floats(H)), st);
+  auto lse = filled<float>(size_t{1} * N * NH, st), delta = filled<float>(size_t{1} * N * NH, st);
+  auto q = filled<T>(size_t{1} * N * QW, st), k = filled<T>(size_t{1} * N * KW, st),
+       v = filled<T>(size_t{1} * N * KW, st);
+  auto dq = filled<T>(size_t{1} * N * QW, st), dk = filled<T>(size_t{1} * N * KW, st);
+  auto dv = filled<T>(size_t{1} * N * KW, st);
+  auto att = filled<T>(size_t{1} * N * QW, st), datt = filled<T>(size_t{1} * N * QW, st);
+  const llama::RopeTables tables = llama::rope_tables(c, S);
+  DeviceBuffer<float> cos(tables.cos.size()), sin(tables.sin.size());
+  CUDA_CHECK(cudaMemcpy(cos.data(), tables.cos.data(), cos.bytes(), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(sin.data(), tables.sin.data(), sin.bytes(), cudaMemcpyHostToDevice));
+  const int ldv = padded_vocab(V);
+  const int head_rows = head_block_rows(ldv, sizeof(T), static_cast<int>(N));
+  auto logits = filled<T>(size_t{1} * head_rows * ldv, st), head = filled<T>(size_t{1} * ldv * H, st);
+  auto head_copy = filled<T>(size_t{1} * ldv * H, st);
+  auto ghead = filled<float>(size_t{1} * V * H, st), losses = filled<float>(N, st);
+  DeviceBuffer<int32_t> tokens(N);
+  {
+    std::vector<int32_t> t(static_cast<size_t>(N));
+    for (int i = 0; i < N; ++i) t[static_cast<size_t>(i)] = static_cast<int32_t>((i * 2654435761u) % V);
+    CUDA_CHECK(cudaMemcpy(tokens.data(), t.data(), tokens.bytes(), cudaMemcpyHostToDevice));
   }
-  std::printf("sum of kernel times per step: %.2f ms = %.0f tokens/s if nothing else ran\n", total, N / total * 1e3);
-  if (json) std::printf("%s\n", out.dump().c_str());
+  const int64_t P = spec.table().total_elements();
+  auto master = filled<float>(P, st), m = filled<float>(P, st), vv = filled<float>(P, st), g = filled<float>(P, st);
+  auto params = filled<T>(P, st);
+  CUDA_CHECK(cudaMemsetAsync(m.data(), 0, m.bytes(), st));
+  CUDA_CHECK(cudaMemsetAsync(vv.data(), 0, vv.bytes(), st));
+
+  Matmul matmul(st);
+  // y (N, out) = x (N, in) W^T [+ residual], W (out, in) as nn.Linear holds it
+  auto linear = [&](int o, int in, bool residual) {
+    return [&, o, in, residual] {
+      matmul.run<T>(Epilogue::kNone, false, true, N, o, in, a.data(), in, w.data(), in, out.data(), o, nullptr, nullptr,
+                    residual ? y.data() : nullptr);
+    };
+  };
+  // dx (N, in) = dy (N, out) W
+  auto dinp = [&](int o, int in) {
+    return
+        [&, o, in] { gemm<T, T>(cublas, false, false, N, in, o, 1.0f, a.data(), o, w.data(), in, 0.0f, b.data(), in); };
+  };
+  // dW (out, in) += dy^T x
+  auto dweight = [&](int o, int in) {
+    return [&, o, in] {
+      gemm<T, float>(cublas, true, false, o, in, N, 1.0f, a.data(), o, b.data(), in, 1.0f, gw.data(), in);
+    };
+  };
+  std::vector<Row> rows;
+  auto add = [&](const std::string& name, int calls, const std::function<void()>& fn) {
+    rows.push_back({name, calls, time_ms(st, fn)});
+  };
+  const AttentionShape shape{B, S, NH, NKV, D, QW, KW};
+  EncoderBackward embedding(N, V);
+  add("embedding_forward", 1, [&] { llama::embedding_forward(x.data(), tokens.data(), head.data(), N, H, st); });
+  add("embedding_backward (sort, sums)", 1,
+      [&] { embedding.run(ghead.data(), static_cast<float*>(nullptr), x.data(), tokens.data(), B, S, H, st); });
+  add("rmsnorm_forward", 2 * L + 1,
+      [&] { llama::rmsnorm_forward(y.data(), rstd.data(), x.data(), head.data(), N, H, 1e-5f, st); });
+  add("rmsnorm_backward", 2 * L + 1, [&] {
+    llama::rmsnorm_backward(y.data(), gnorm.data(), x.data(), x.data(), head.data(), rstd.data(), N, H, scratch.data(),
+                            st);
+  });
+  add("linear q", L, linear(QW, H, false));
+  add("linear k, v", 2 * L, linear(KW, H, false));
+  add("(alt) linear q|k|v as one product", 0, linear(QW + 2 * KW, H, false));
+  add("rope_forward q", L, [&] { llama::rope_forward(q.data(), cos.data(), sin.data(), B, S, NH, D, st); });
+  add("rope_forward k", L, [&] { llama::rope_forward(k.data(), cos.data(), sin.data(), B, S, NKV, D, st); });
+  add("attention_forward", L,
+      [&] { attention_forward(att.data(), lse.data(), q.data(), k.data(), v.data(), shape, st); });
+  add("linear o (+residual)", L, linear(H, QW, true));
+  add("linear gate, up", 2 * L, linear(I, H, false));
+  add("(alt) linear gate|up as one product", 0, linear(2 * I, H, false));
+  add("swiglu_forward", L, [&] { llama::swiglu_forward(out.data(), a.data(), b.data(), int64_t{N} * I, st); });
+  add("linear down (+residual)", L, linear(H, I, true));
+  const int head_blocks = (N + head_rows - 1) / head_rows;
+  add("head weight copy (padded)", 1, [&] {
+    CUDA_CHECK(cudaMemcpyAsync(head_copy.data(), head.data(), sizeof(T) * V * H, cudaMemcpyDeviceToDevice, st));
+  });
+  add("head gemm logits", head_blocks, [&] {
+    gemm<T, T>(cublas, false, true, head_rows, ldv, H, 1.0f, x.data(), H, head.data(), H, 0.0f, logits.data(), ldv);
+  });
+  add("head softmax_cross_entropy", head_blocks,
+      [&] { softmax_cross_entropy(logits.data(), ldv, losses.data(), tokens.data(), head_rows, V, 1.0f, true, st); });
+  add("head gemm dinp", head_blocks, [&] {
+    gemm<T, T>(cublas, false, false, head_rows, H, ldv, 1.0f, logits.data(), ldv, head.data(), H, 0.0f, y.data(), H);
+  });
+  add("head gemm dweight", head_blocks,
+      [&] { head_weight_grad(cublas, ghead.data(), logits.data(), ldv, x.data(), V, H, head_rows); });
+  add("gemm down dinp, dweight", L, [&] {
+    dinp(H, I)();
+    dweight(H, I)();
+  });
+  add("swiglu_backward", L,
+      [&] { llama::swiglu_backward(a.data(), b.data(), a.data(), out.data(), x.data(), int64_t{N} * I, st); });
+  add("gemm gate, up dinp, dweight", 2 * L, [&] {
+    dinp(I, H)();
+    dweight(I, H)();
+  });
+  add("(alt) gemm gate|up dinp, dweight", 0, [&] {
+    dinp(2 * I, H)();
+    dweight(2 * I, H)();
+  });
+  add("gemm o dinp, dweight", L, [&] {
+    dinp(H, QW)();
+    dweight(H, QW)();
+  });
+  add("attention_backward", L, [&] {
+    attention_backward(dq.data(), dk.data(), dv.data(), delta.data(), datt.data(), att.data(), q.data(), k.data(),
+                       v.data(), lse.data(), shape, st);
+  });
+  add("rope_backward q", L, [&] { llama::rope_backward(dq.data(), cos.data(), sin.data(), B, S, NH, D, st); });
+  add("rope_backward k", L, [&] { llama::rope_backward(dk.data(), cos.data(), sin.data(), B, S, NKV, D, st); });
+  add("gemm q dinp, dweight", L, [&] {
+    dinp(QW, H)();
+    dweight(QW, H)();
+  });
+  add("gemm k, v dinp, dweight", 2 * L, [&] {
+    dinp(KW, H)();
+    dweight(KW, H)();
+  });
+  add("(alt) gemm q|k|v dinp, dweight", 0, [&] {
+    dinp(QW + 2 * KW, H)();
+    dweight(QW + 2 * KW, H)();
+  });
+  const AdamWCoefficients args = AdamWCoefficients::of({3e-4, 0.9, 0.95, 1e-8, 0.1, true, true, 1, 1.0});
+  add("adamw (all parameters)", 1,
+      [&] { adamw(master.data(), m.data(), vv.data(), g.data(), params.data(), P, args, st); });
+  return rows;
+}
+
+int run(int argc, char** argv) {
+  std::string model_name = "gpt2";
+  int B = 16, S = 1024;
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--model" && i + 1 < argc)
+      model_name = argv[++i];
+    else if (a == "--batch" && i + 1 < argc)
+      B = std::stoi(argv[++i]);
+    else if (a == "--seq" && i + 1 < argc)
+      S = std::stoi(argv[++i]);
+    else if (a == "--json")
+      json = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--model NAME] [--batch B] [--seq S] [--json]\n", argv[0]);
+      return 2;
+    }
+  }
+  const std::shared_ptr<const model::Model> spec = model::resolve_model(model_name);
+  Stream stream;
+  cudaStream_t st = stream.get();
+  cublasHandle_t cublas;
+  CUBLAS_CHECK(cublasCreate(&cublas));
+  CUBLAS_CHECK(cublasSetStream(cublas, st));
+  std::vector<Row> rows;
+  if (model::gpt2::config_of(*spec)) {
+    rows = gpt2_rows(*spec, B, S, st, cublas);
+  } else if (model::llama::config_of(*spec)) {
+    rows = llama_rows(*spec, B, S, st, cublas);
+  } else {
+    std::fprintf(stderr, "--model %s: no CUDA kernels for its family\n", model_name.c_str());
+    return 2;
+  }
+  report(rows, model_name, B, S, json);
   cublasDestroy(cublas);
   return 0;
 }
