@@ -23,6 +23,7 @@
 #include "trainer/cuda/gpu_model.cuh"
 #include "trainer/cuda/kernels.cuh"
 #include "trainer/cuda/matmul.cuh"
+#include "trainer/cuda/norms.cuh"
 #include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer::cuda {
@@ -78,6 +79,22 @@ void report(const std::vector<Row>& rows, const std::string& model_name, int B, 
   if (json) std::printf("%s\n", out.dump().c_str());
 }
 
+// The model's decay groups on the device, as one rank at stage 0 passes them to AdamW: biases and
+// norms undecayed.
+class NoDecayTable {
+ public:
+  explicit NoDecayTable(const model::Model& spec)
+      : ranges_(no_decay_ranges(ckpt::Layout(spec.table(), {}).fragments(0), decay_flags(spec))),
+        device_(ranges_.size()) {
+    CUDA_CHECK(cudaMemcpy(device_.data(), ranges_.data(), device_.bytes(), cudaMemcpyHostToDevice));
+  }
+  NoDecayRanges view() const { return {device_.data(), static_cast<int64_t>(ranges_.size())}; }
+
+ private:
+  std::vector<ElementRange> ranges_;
+  DeviceBuffer<ElementRange> device_;
+};
+
 std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t st, cublasHandle_t cublas) {
   const model::gpt2::GptConfig& cfg = *model::gpt2::config_of(spec);
   const int C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size, L = cfg.n_layer, N = B * S;
@@ -89,8 +106,8 @@ std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t 
   auto w = filled<T>(size_t{4} * C * C, st), bias = filled<T>(size_t{4} * C, st);
   auto gw = filled<float>(size_t{4} * C * C, st), gb = filled<float>(size_t{4} * C, st);
   auto mean = filled<float>(N, st), rstd = filled<float>(N, st);
-  auto scratch =
-      filled<float>(static_cast<size_t>(std::max(layernorm_scratch_floats(C), bias_scratch_floats(4 * C))), st);
+  auto scratch = filled<float>(
+      static_cast<size_t>(std::max(norm_scratch_floats(Norm::kLayer, C), bias_scratch_floats(4 * C))), st);
   auto lse = filled<float>(size_t{1} * N * NH, st), delta = filled<float>(size_t{1} * N * NH, st);
   const int ldv = padded_vocab(V);  // as the model computes its logits
   const int head_rows = head_block_rows(ldv, sizeof(T), static_cast<int>(N));
@@ -178,14 +195,9 @@ std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t 
   add("head gemm dwte", head_blocks,
       [&] { head_weight_grad(cublas, gwte.data(), logits.data(), ldv, x.data(), V, C, head_rows); });
   const AdamWCoefficients args = AdamWCoefficients::of({6e-4, 0.9, 0.95, 1e-8, 0.1, true, true, 1, 1.0});
-  // With the model's decay groups, as one rank at stage 0 passes them: biases and norms undecayed.
-  const std::vector<ElementRange> skip =
-      no_decay_ranges(ckpt::Layout(spec->table(), {}).fragments(0), decay_flags(*spec));
-  DeviceBuffer<ElementRange> skip_table(skip.size());
-  CUDA_CHECK(cudaMemcpy(skip_table.data(), skip.data(), skip_table.bytes(), cudaMemcpyHostToDevice));
-  const NoDecayRanges no_decay{skip_table.data(), static_cast<int64_t>(skip.size())};
+  const NoDecayTable no_decay(spec);
   add("adamw (all parameters)", 1,
-      [&] { adamw(master.data(), m.data(), v.data(), g.data(), params.data(), P, args, no_decay, st); });
+      [&] { adamw(master.data(), m.data(), v.data(), g.data(), params.data(), P, args, no_decay.view(), st); });
 
   return rows;
 }
@@ -204,7 +216,8 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
   auto out = filled<T>(size_t{1} * N * widest, st);
   auto w = filled<T>(widest * H, st);
   auto gw = filled<float>(widest * H, st), gnorm = filled<float>(H, st);
-  auto rstd = filled<float>(N, st), scratch = filled<float>(static_cast<size_t>(llama::rmsnorm_scratch_floats(H)), st);
+  auto rstd = filled<float>(N, st),
+       scratch = filled<float>(static_cast<size_t>(norm_scratch_floats(Norm::kRms, H)), st);
   auto lse = filled<float>(size_t{1} * N * NH, st), delta = filled<float>(size_t{1} * N * NH, st);
   auto q = filled<T>(size_t{1} * N * QW, st), k = filled<T>(size_t{1} * N * KW, st),
        v = filled<T>(size_t{1} * N * KW, st);
@@ -261,10 +274,9 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
   add("embedding_backward (sort, sums)", 1,
       [&] { embedding.run(ghead.data(), static_cast<float*>(nullptr), x.data(), tokens.data(), B, S, H, st); });
   add("rmsnorm_forward", 2 * L + 1,
-      [&] { llama::rmsnorm_forward(y.data(), rstd.data(), x.data(), head.data(), N, H, 1e-5f, st); });
+      [&] { rmsnorm_forward(y.data(), rstd.data(), x.data(), head.data(), N, H, 1e-5f, st); });
   add("rmsnorm_backward", 2 * L + 1, [&] {
-    llama::rmsnorm_backward(y.data(), gnorm.data(), x.data(), x.data(), head.data(), rstd.data(), N, H, scratch.data(),
-                            st);
+    rmsnorm_backward(y.data(), gnorm.data(), x.data(), x.data(), head.data(), rstd.data(), N, H, scratch.data(), st);
   });
   add("linear q", L, linear(QW, H, false));
   add("linear k, v", 2 * L, linear(KW, H, false));
@@ -329,8 +341,9 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
     dweight(QW + 2 * KW, H)();
   });
   const AdamWCoefficients args = AdamWCoefficients::of({3e-4, 0.9, 0.95, 1e-8, 0.1, true, true, 1, 1.0});
+  const NoDecayTable no_decay(spec);
   add("adamw (all parameters)", 1,
-      [&] { adamw(master.data(), m.data(), vv.data(), g.data(), params.data(), P, args, st); });
+      [&] { adamw(master.data(), m.data(), vv.data(), g.data(), params.data(), P, args, no_decay.view(), st); });
   return rows;
 }
 

@@ -9,63 +9,13 @@
 #include "trainer/cuda/head_size.cuh"
 #include "trainer/cuda/kernels.cuh"
 #include "trainer/cuda/launch.cuh"
+#include "trainer/cuda/vec.cuh"
 
 namespace shardkit::trainer::cuda {
 namespace {
 
-constexpr float kLayerNormEps = 1e-5f;
-constexpr size_t kLayerNormMaxSharedBytes = size_t{200} << 10;  // within the 227 KiB an H100/H200 block may use
-// The widest row LayerNorm's backward pass takes: one warp's sums, two floats a channel, in that memory.
-constexpr size_t kLayerNormMaxChannels = kLayerNormMaxSharedBytes / (2 * sizeof(float));
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
-
-__device__ __forceinline__ float to_float(float x) {
-  return x;
-}
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-__device__ __forceinline__ float to_float(__half x) {
-  return __half2float(x);
-}
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-
-// The LayerNorm kernels move rows 16 bytes at a time.
-void check_layernorm_channels(int C) {
-  if (C % 8 != 0)
-    fail(ErrorKind::kInvalidInput, "CUDA LayerNorm needs a multiple of 8 channels, not " + std::to_string(C));
-}
-
-}  // namespace
-
-std::string unsupported_shape(int C, int NH) {
-  if (!supported_head_size(C / NH)) {
-    return "head size n_embd / n_head = " + std::to_string(C / NH) + ", but the CUDA attention kernels are built for " +
-           kHeadSizes;
-  }
-  // (A multiple of 32 channels per head also gives LayerNorm's 16-byte rows.)
-  if (static_cast<size_t>(C) > kLayerNormMaxChannels) {
-    return "n_embd " + std::to_string(C) + " is above the " + std::to_string(kLayerNormMaxChannels) +
-           " channels the CUDA LayerNorm backward pass supports";
-  }
-  return "";
-}
-
-namespace {
 
 // ------------------------------------------------------------------------------------------------
 // Embeddings
@@ -84,13 +34,12 @@ __global__ void encoder_forward_kernel(T* out, const int32_t* inputs, const T* w
 // ------------------------------------------------------------------------------------------------
 // Deterministic column sums
 
-// The second step of the deterministic column sums (LayerNorm and bias gradients): out[c] += the sum
-// of partial[0..rows)[c], the rows added in one fixed order. Block (32, 8) takes 32 columns; thread y
+// The second step of the deterministic column sums (norm and bias gradients): out[c] += the sum of
+// partial[0..rows)[c], the rows added in one fixed order. Block (32, 8) takes 32 columns; thread y
 // adds rows y, y + 8, ... (a warp reads 32 adjacent floats of a row), then its 8 sums are added in y
-// order. Columns [0, split) go to lo, the rest to hi[c - split] (LayerNorm's weight and bias partials
-// share one row).
+// order.
 constexpr dim3 kColumnSumBlock(32, 8);
-__global__ void column_sums_kernel(float* lo, float* hi, int split, const float* partial, int rows, int cols) {
+__global__ void column_sums_kernel(float* out, const float* partial, int rows, int cols) {
   __shared__ float sums[8][32];
   const int col = blockIdx.x * 32 + threadIdx.x;
   float acc = 0.0f;
@@ -102,135 +51,7 @@ __global__ void column_sums_kernel(float* lo, float* hi, int split, const float*
   if (threadIdx.y != 0 || col >= cols) return;
   float total = 0.0f;
   for (int y = 0; y < 8; ++y) total += sums[y][threadIdx.x];
-  if (col < split) {
-    lo[col] += total;
-  } else {
-    hi[col - split] += total;
-  }
-}
-
-// ------------------------------------------------------------------------------------------------
-// LayerNorm: one warp per row.
-
-// Sixteen bytes of T (8 bf16/fp16 values or 4 floats) at a time.
-template <typename T>
-struct Vec {
-  static constexpr int kSize = 16 / sizeof(T);
-  T v[kSize];
-};
-template <typename T>
-__device__ __forceinline__ Vec<T> load_vec(const T* p) {
-  Vec<T> out;
-  *reinterpret_cast<uint4*>(out.v) = *reinterpret_cast<const uint4*>(p);
-  return out;
-}
-template <typename T>
-__device__ __forceinline__ void store_vec(T* p, const Vec<T>& x) {
-  *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(x.v);
-}
-
-// LayerNorm forward: a warp per row, 16-byte accesses (C a multiple of 8); the row's three passes
-// after the first find it in L1.
-template <typename T>
-__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias,
-                                         int N, int C) {
-  constexpr int kVec = Vec<T>::kSize;
-  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= N) return;
-  const T* x = inp + int64_t{row} * C;
-  float sum = 0.0f;
-  for (int c = lane * kVec; c < C; c += 32 * kVec) {
-    const Vec<T> xv = load_vec(x + c);
-    for (int i = 0; i < kVec; ++i) sum += to_float(xv.v[i]);
-  }
-  const float m = warp_sum(sum) / C;
-  float var = 0.0f;
-  for (int c = lane * kVec; c < C; c += 32 * kVec) {
-    const Vec<T> xv = load_vec(x + c);
-    for (int i = 0; i < kVec; ++i) {
-      const float d = to_float(xv.v[i]) - m;
-      var += d * d;
-    }
-  }
-  const float s = rsqrtf(warp_sum(var) / C + kLayerNormEps);
-  T* o = out + int64_t{row} * C;
-  for (int c = lane * kVec; c < C; c += 32 * kVec) {
-    const Vec<T> xv = load_vec(x + c), wv = load_vec(weight + c), bv = load_vec(bias + c);
-    Vec<T> ov;
-    for (int i = 0; i < kVec; ++i) {
-      ov.v[i] = from_float<T>((to_float(xv.v[i]) - m) * s * to_float(wv.v[i]) + to_float(bv.v[i]));
-    }
-    store_vec(o + c, ov);
-  }
-  if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = s;
-  }
-}
-
-// LayerNorm backward: a warp per row (16-byte accesses; the second pass over the row finds it in
-// cache), dinp += the row's gradient. The dweight and dbias terms of the warp's rows add up in the
-// warp's own slice of shared memory, where each lane owns the columns it reads, so no float is shared;
-// the block then adds its warps' slices, in warp order, into partial[block] (2C floats) and
-// column_sums_kernel adds the blocks' partials in a fixed order. Every input is read from memory
-// once and the sums are deterministic.
-template <typename T>
-__global__ void layernorm_backward_kernel(T* dinp, float* partial, const T* dout, const T* inp, const T* weight,
-                                          const float* mean, const float* rstd, int N, int C, int R) {
-  extern __shared__ float4 sums4[];  // [warps][2C]: the dweight terms, then the dbias terms
-  constexpr int kVec = Vec<T>::kSize;
-  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
-  float* sums = reinterpret_cast<float*>(sums4);
-  float* dw_sum = sums + threadIdx.x / 32 * 2 * C;
-  float* db_sum = dw_sum + C;
-  for (int c = lane * kVec; c < C; c += 32 * kVec) {
-    for (int i = 0; i < kVec; ++i) dw_sum[c + i] = db_sum[c + i] = 0.0f;
-  }
-  const int begin = blockIdx.x * R, end = min(N, begin + R);
-  for (int row = begin + threadIdx.x / 32; row < end; row += warps) {
-    const T* x = inp + int64_t{row} * C;
-    const T* d = dout + int64_t{row} * C;
-    const float m = mean[row], s = rstd[row];
-    float sum_dnorm = 0.0f, sum_dnorm_norm = 0.0f;
-    for (int c = lane * kVec; c < C; c += 32 * kVec) {
-      const Vec<T> xv = load_vec(x + c), dv = load_vec(d + c), wv = load_vec(weight + c);
-      for (int i = 0; i < kVec; ++i) {
-        const float dnorm = to_float(wv.v[i]) * to_float(dv.v[i]);
-        sum_dnorm += dnorm;
-        sum_dnorm_norm += dnorm * (to_float(xv.v[i]) - m) * s;
-      }
-    }
-    const float mean_dnorm = warp_sum(sum_dnorm) / C, mean_dnorm_norm = warp_sum(sum_dnorm_norm) / C;
-    T* di = dinp + int64_t{row} * C;
-    for (int c = lane * kVec; c < C; c += 32 * kVec) {
-      const Vec<T> xv = load_vec(x + c), dv = load_vec(d + c), wv = load_vec(weight + c);
-      Vec<T> out = load_vec(di + c);
-      float dw[kVec], db[kVec];
-      for (int i = 0; i < kVec; ++i) {
-        const float norm = (to_float(xv.v[i]) - m) * s, dy = to_float(dv.v[i]);
-        const float g = (to_float(wv.v[i]) * dy - mean_dnorm - norm * mean_dnorm_norm) * s;
-        out.v[i] = from_float<T>(to_float(out.v[i]) + g);
-        dw[i] = norm * dy;
-        db[i] = dy;
-      }
-      store_vec(di + c, out);
-      // 16-byte shared-memory accesses: a lane's 4-float groups fall in distinct banks of a phase.
-      for (int i = 0; i < kVec; i += 4) {
-        float4& w4 = *reinterpret_cast<float4*>(dw_sum + c + i);
-        float4& b4 = *reinterpret_cast<float4*>(db_sum + c + i);
-        w4 = make_float4(w4.x + dw[i], w4.y + dw[i + 1], w4.z + dw[i + 2], w4.w + dw[i + 3]);
-        b4 = make_float4(b4.x + db[i], b4.y + db[i + 1], b4.z + db[i + 2], b4.w + db[i + 3]);
-      }
-    }
-  }
-  __syncthreads();
-  float* part = partial + int64_t{blockIdx.x} * 2 * C;
-  for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
-    float total = 0.0f;
-    for (int w = 0; w < warps; ++w) total += sums[w * 2 * C + c];
-    part[c] = total;
-  }
+  out[col] += total;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -698,41 +519,6 @@ void encoder_forward(T* out, const int32_t* inputs, const T* wte, const T* wpe, 
 }
 
 template <typename T>
-void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
-                       cudaStream_t st) {
-  check_layernorm_channels(C);
-  layernorm_forward_kernel<<<(N + 7) / 8, 256, 0, st>>>(out, mean, rstd, inp, weight, bias, N, C);
-  check_launch();
-}
-
-template <typename T>
-void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                        const float* mean, const float* rstd, int N, int C, float* scratch, cudaStream_t st) {
-  check_layernorm_channels(C);
-  if (N == 0) return;
-  const int rows = (N + kLayerNormBlocks - 1) / kLayerNormBlocks;
-  const int blocks = (N + rows - 1) / rows;
-  // Up to 8 warps, as many as 48 KiB of shared memory hold sums for; past 6144 channels one warp,
-  // with the shared memory limit raised for it.
-  const size_t warp_bytes = sizeof(float) * 2 * static_cast<size_t>(C);
-  const int warps = static_cast<int>(std::clamp<size_t>((size_t{48} << 10) / warp_bytes, 1, 8));
-  const size_t bytes = warps * warp_bytes;
-  if (bytes > (size_t{48} << 10)) {
-    if (bytes > kLayerNormMaxSharedBytes) {
-      fail(ErrorKind::kInvalidInput, "CUDA LayerNorm backward supports at most " +
-                                         std::to_string(kLayerNormMaxChannels) + " channels, not " + std::to_string(C));
-    }
-    CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(bytes)));
-  }
-  layernorm_backward_kernel<<<blocks, warps * 32, bytes, st>>>(dinp, scratch, dout, inp, weight, mean, rstd, N, C,
-                                                               rows);
-  check_launch();
-  column_sums_kernel<<<(2 * C + 31) / 32, kColumnSumBlock, 0, st>>>(dweight, dbias, C, scratch, blocks, 2 * C);
-  check_launch();
-}
-
-template <typename T>
 void bias_forward(T* out, const T* bias, int N, int OC, cudaStream_t st) {
   bias_forward_kernel<<<blocks_for(int64_t{N} * OC, 256), 256, 0, st>>>(out, bias, N, OC);
   check_launch();
@@ -748,13 +534,13 @@ void bias_backward(float* dbias, const T* dout, int N, int OC, float* scratch, c
   const dim3 grid((OC + 32 * kVec - 1) / (32 * kVec), blocks);
   bias_partial_kernel<<<grid, dim3(32, 8), 0, st>>>(scratch, dout, N, OC, rows, vectorized);
   check_launch();
-  column_sums_kernel<<<(OC + 31) / 32, kColumnSumBlock, 0, st>>>(dbias, nullptr, OC, scratch, blocks, OC);
+  column_sums_kernel<<<(OC + 31) / 32, kColumnSumBlock, 0, st>>>(dbias, scratch, blocks, OC);
   check_launch();
 }
 
 void add_column_sums(float* out, const float* partial, int rows, int cols, cudaStream_t st) {
   if (rows == 0 || cols == 0) return;
-  column_sums_kernel<<<(cols + 31) / 32, kColumnSumBlock, 0, st>>>(out, nullptr, cols, partial, rows, cols);
+  column_sums_kernel<<<(cols + 31) / 32, kColumnSumBlock, 0, st>>>(out, partial, rows, cols);
   check_launch();
 }
 
@@ -850,9 +636,6 @@ void sum_floats(double* out, const float* x, int64_t n, cudaStream_t st) {
 
 #define SHARDKIT_INSTANTIATE(T)                                                                                      \
   template void encoder_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int, cudaStream_t);             \
-  template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, cudaStream_t);      \
-  template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, const float*,  \
-                                      int, int, float*, cudaStream_t);                                               \
   template void bias_forward<T>(T*, const T*, int, int, cudaStream_t);                                               \
   template void bias_backward<T>(float*, const T*, int, int, float*, cudaStream_t);                                  \
   template void gelu_forward<T>(T*, const T*, int64_t, cudaStream_t);                                                \

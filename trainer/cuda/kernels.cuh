@@ -15,30 +15,10 @@
 
 namespace shardkit::trainer::cuda {
 
-// Why these kernels cannot train a model of C channels in NH heads (C divisible by NH, as model::validate
-// ensures), "" when they can: the attention is
-// built for head sizes 32, 64 and 128, and LayerNorm's backward pass holds a row's sums in shared
-// memory. Checked before a run starts, so a shape they cannot run fails before any work.
-std::string unsupported_shape(int C, int NH);
-
 // out (N, C) = wte[inputs] + wpe[s]
 template <typename T>
 void encoder_forward(T* out, const int32_t* inputs, const T* wte, const T* wpe, int B, int S, int C, cudaStream_t st);
 // Its backward pass: encoder_backward.cuh.
-
-// LayerNorm over C (eps 1e-5); mean, rstd (N) saved for the backward pass.
-template <typename T>
-void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
-                       cudaStream_t st);
-// dinp (N, C) += ...; dweight, dbias (C) += ..., summed in a fixed order (deterministic) through
-// `scratch`, layernorm_scratch_floats(C) floats. C must be a multiple of 8.
-constexpr int kLayerNormBlocks = 512;
-constexpr int64_t layernorm_scratch_floats(int C) {
-  return int64_t{kLayerNormBlocks} * 2 * C;
-}
-template <typename T>
-void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                        const float* mean, const float* rstd, int N, int C, float* scratch, cudaStream_t st);
 
 // out (N, OC) += bias;  dbias (OC) += column sums of dout (N, OC), deterministic (the same sums in
 // the same order on every run), with `scratch` of bias_scratch_floats(OC) floats.

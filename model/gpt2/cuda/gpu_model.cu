@@ -3,7 +3,9 @@
 
 #include "model/gpt2/cuda/gpu_model.cuh"
 #include "trainer/cuda/device_type.cuh"
+#include "trainer/cuda/head_size.cuh"
 #include "trainer/cuda/kernels.cuh"
+#include "trainer/cuda/norms.cuh"
 
 namespace shardkit::model::gpt2 {
 namespace {
@@ -28,7 +30,12 @@ void matmul_backward(cublasHandle_t h, cudaStream_t st, float* scratch, T* dinp,
 }  // namespace
 
 std::string cuda_unsupported(const GptConfig& config) {
-  return unsupported_shape(config.n_embd, config.n_head);
+  const int head_size = config.n_embd / config.n_head;
+  if (!supported_head_size(head_size)) {
+    return "head size n_embd / n_head = " + std::to_string(head_size) +
+           ", but the CUDA attention kernels are built for " + kHeadSizes;
+  }
+  return norm_unsupported(Norm::kLayer, "n_embd", config.n_embd);
 }
 
 template <typename T>
@@ -74,8 +81,8 @@ GpuGpt2<T>::GpuGpt2(const GptConfig& config, int batch, int seq_len, cublasHandl
   alloc(dbuf_4c2_, N * 4 * C);
   alloc(delta_, N * static_cast<size_t>(config.n_head));
   // The reductions' partial sums (LayerNorm and bias gradients, one kernel at a time on the stream).
-  alloc(scratch_,
-        static_cast<size_t>(std::max(layernorm_scratch_floats(config.n_embd), bias_scratch_floats(4 * config.n_embd))));
+  alloc(scratch_, static_cast<size_t>(std::max(norm_scratch_floats(Norm::kLayer, config.n_embd),
+                                               bias_scratch_floats(4 * config.n_embd))));
   activation_bytes_ += encoder_backward_.bytes();
   loss_sum_.resize(kSumScratch);
   loss_host_.resize(1);

@@ -6,6 +6,7 @@
 #include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/head_size.cuh"
 #include "trainer/cuda/kernels.cuh"
+#include "trainer/cuda/norms.cuh"
 
 namespace shardkit::model::llama {
 namespace {
@@ -27,11 +28,7 @@ std::string cuda_unsupported(const LlamaConfig& c) {
   if (!supported_head_size(c.head_dim)) {
     return "head_dim " + std::to_string(c.head_dim) + ", but the CUDA attention kernels are built for " + kHeadSizes;
   }
-  if (c.hidden_size > kRmsNormMaxChannels) {
-    return "hidden_size " + std::to_string(c.hidden_size) + " is above the " + std::to_string(kRmsNormMaxChannels) +
-           " channels the CUDA RMSNorm backward pass supports";
-  }
-  return "";
+  return norm_unsupported(Norm::kRms, "hidden_size", c.hidden_size);
 }
 
 template <typename T>
@@ -93,7 +90,7 @@ GpuLlama<T>::GpuLlama(const LlamaConfig& config, int batch, int seq_len, cublasH
   alloc(dgate_, N * I);
   alloc(dup_, N * I);
   alloc(delta_, N * NH);
-  alloc(scratch_, static_cast<size_t>(rmsnorm_scratch_floats(config.hidden_size)));
+  alloc(scratch_, static_cast<size_t>(norm_scratch_floats(Norm::kRms, config.hidden_size)));
   activation_bytes_ += embedding_backward_.bytes();
   loss_sum_.resize(kSumScratch);
   loss_host_.resize(1);

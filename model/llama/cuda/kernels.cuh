@@ -1,5 +1,5 @@
 // The Llama family's own CUDA kernels (the ones it shares with GPT-2 are trainer/cuda's): token
-// embedding, RMSNorm, rotary position embedding and SwiGLU, as host launchers on an explicit stream.
+// embedding, rotary position embedding and SwiGLU, as host launchers on an explicit stream.
 // T is float, __nv_bfloat16 or __half; arithmetic in fp32; parameter gradients fp32. Rows are N =
 // B * S tokens, row-major and contiguous. They compute what model/llama/cpu_ops.hpp's fp32 kernels do.
 #pragma once
@@ -16,23 +16,6 @@ namespace shardkit::model::llama {
 // out (N, H) = embed[inputs]. Its backward pass is trainer/cuda's EncoderBackward without positions.
 template <typename T>
 void embedding_forward(T* out, const int32_t* inputs, const T* embed, int N, int H, cudaStream_t st);
-
-// RMSNorm over H channels: out = weight * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps), saved (N).
-template <typename T>
-void rmsnorm_forward(T* out, float* rstd, const T* x, const T* weight, int N, int H, float eps, cudaStream_t st);
-
-// dx (N, H) += the norm's input gradient; dweight (H) += its weight gradient, summed in a fixed order
-// (deterministic) through `scratch`, rmsnorm_scratch_floats(H) floats. The backward kernel keeps a
-// row's weight-gradient terms in shared memory, one float a channel: H is at most kRmsNormMaxChannels.
-constexpr int kRmsNormBlocks = 512;
-constexpr size_t kRmsNormMaxSharedBytes = size_t{200} << 10;  // within the 227 KiB an H100/H200 block may use
-constexpr int kRmsNormMaxChannels = static_cast<int>(kRmsNormMaxSharedBytes / sizeof(float));
-constexpr int64_t rmsnorm_scratch_floats(int H) {
-  return int64_t{kRmsNormBlocks} * H;
-}
-template <typename T>
-void rmsnorm_backward(T* dx, float* dweight, const T* dout, const T* x, const T* weight, const float* rstd, int N,
-                      int H, float* scratch, cudaStream_t st);
 
 // Rotates, in place, each head (`heads` heads of D channels per row, rows of B sequences of S tokens)
 // by its position's angles: channel pairs (i, i + D/2) turn by the angle whose cosine and sine are
