@@ -92,6 +92,12 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
                    "async (default): training continues while the checkpoint is written and committed; sync: it waits")
       ->check(CLI::IsMember({"async", "sync"}));
   train
+      ->add_option("--snapshot-staging", o->options.snapshot_staging,
+                   "GPU ranks: where a save first copies the optimizer states. device: into a copy in GPU memory "
+                   "(milliseconds; drained to host memory while training goes on); host: straight to host memory "
+                   "(the next optimizer step waits for that copy); auto (default): device where the GPU has room")
+      ->check(CLI::IsMember({"auto", "device", "host"}));
+  train
       ->add_option_function<std::string>(
           "--on-save-error", [o](const std::string& v) { o->options.stop_on_save_error = v == "stop"; },
           "continue (default): a failed save (full disk, I/O error) is reported -- a warning and a checkpoint_error "

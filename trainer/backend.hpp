@@ -23,12 +23,18 @@
 
 namespace shardkit::trainer {
 
+// Where a GPU rank's checkpoint snapshot goes first (the train command's --snapshot-staging): a copy
+// in device memory, drained to host memory beside the following steps, or host memory directly, which
+// the next optimizer step waits for. kAuto stages where the device has room.
+enum class SnapshotStaging { kAuto, kDevice, kHost };
+
 struct BackendOptions {
   const model::Model* model = nullptr;
   const DsConfig* config = nullptr;
   int micro_batch = 1;
   int seq_len = 1;
   comm::MpiCollective* comm = nullptr;
+  SnapshotStaging snapshot_staging = SnapshotStaging::kAuto;
   std::function<void(const std::string&)> log;  // notices for the run's log (rank 0 prints them)
 };
 
@@ -102,10 +108,11 @@ class Backend {
   virtual void reserve_snapshot() = 0;
   virtual void begin_snapshot() = 0;
   virtual void wait_snapshot() = 0;
-  // How long the training stream sat idle waiting for the last snapshot's copy (ms; the device's
-  // clock): what a save costs training beyond the time begin_snapshot() blocked the host. Called
-  // once the snapshot is released (after wait_snapshot()); 0 where the copy is done when
-  // begin_snapshot() returns, or when no optimizer step has had to wait for it.
+  // The device time the last snapshot took from the training stream (ms; the device's clock): the
+  // optimizer step's wait for a copy to host memory, or the copy into device staging memory. What a
+  // save costs training beyond the time begin_snapshot() blocked the host. Called once the snapshot
+  // is released (after wait_snapshot()); 0 where the copy is done when begin_snapshot() returns, or
+  // when no optimizer step has had to wait for it.
   virtual double snapshot_wait_ms() = 0;
   virtual std::array<std::span<const float>, 3> snapshot_buffers() const = 0;
   // What the save writes: state `state` (0 master, 1 exp_avg, 2 exp_avg_sq) handed to `sink` in flat

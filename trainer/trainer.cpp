@@ -163,6 +163,17 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   bo.micro_batch = micro;
   bo.seq_len = T;
   bo.comm = &comm;
+  if (options.snapshot_staging == "device" && cpu) {
+    fail(ErrorKind::kInvalidInput, "--snapshot-staging device needs --device cuda (CPU ranks copy in host memory)");
+  }
+  if (options.snapshot_staging != "auto" && options.snapshot_staging != "device" &&
+      options.snapshot_staging != "host") {
+    fail(ErrorKind::kInvalidInput,
+         "--snapshot-staging is '" + options.snapshot_staging + "', must be auto, device or host");
+  }
+  bo.snapshot_staging = options.snapshot_staging == "device" ? SnapshotStaging::kDevice
+                        : options.snapshot_staging == "host" ? SnapshotStaging::kHost
+                                                             : SnapshotStaging::kAuto;
   bo.log = [&s](const std::string& line) { s.log(line); };
   // Start-up work grows with the model: at billions of parameters allocating, initialising and loading
   // take seconds to minutes, and say so while they run.
@@ -219,7 +230,8 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
                            held(m.parameters, m.host_parameters, 0) + ", gradients " + bytes(m.gradients) +
                            ", optimizer states " +
                            held(m.optimizer_states, m.host_optimizer_states, m.nvme_optimizer_states) +
-                           ", activations " + bytes(s.backend->activation_bytes());
+                           ", activations " + bytes(s.backend->activation_bytes()) +
+                           (m.snapshot_staging > 0 ? ", snapshot staging " + bytes(m.snapshot_staging) : "");
   const std::vector<std::string> all = comm.gather(mine);
   const ckpt::DType comm_type = comm_dtype(s.config);
   const std::string wire = comm.size() > 1 && comm_type != ckpt::DType::kF32

@@ -22,11 +22,12 @@ struct TrainOptions {
   std::optional<double> lr;             // fills the config's "auto" learning rate (ds_config.hpp's AutoContext)
   std::optional<int64_t> warmup_steps;  // fills its "auto" warmup_num_steps
   std::filesystem::path save_dir;
-  int64_t save_interval = 0;        // 0: save only at the end (when save_dir is set)
-  int keep_last = 0;                // 0: keep every checkpoint
-  std::string save_mode = "async";  // async | sync
-  bool stop_on_save_error = false;  // a failed save ends the run (default: reported, training goes on)
-  std::string resume = "auto";      // auto | none | PATH
+  int64_t save_interval = 0;              // 0: save only at the end (when save_dir is set)
+  int keep_last = 0;                      // 0: keep every checkpoint
+  std::string save_mode = "async";        // async | sync
+  std::string snapshot_staging = "auto";  // auto | device | host (GPU ranks: backend.hpp's SnapshotStaging)
+  bool stop_on_save_error = false;        // a failed save ends the run (default: reported, training goes on)
+  std::string resume = "auto";            // auto | none | PATH
   std::filesystem::path metrics;
   uint64_t seed = 1234;
   std::filesystem::path init_from;  // Hugging Face weights to start from (when not resuming)

@@ -42,6 +42,7 @@ struct MemoryReport {
   int64_t optimizer_states = 0;       // fp32 master weights + exp_avg + exp_avg_sq
   int64_t host_optimizer_states = 0;  // the same, where offloaded to host memory (GPU ranks)
   int64_t nvme_optimizer_states = 0;  // the same, where swapped to NVMe (the swap file's size)
+  int64_t snapshot_staging = 0;       // device memory that stages checkpoint snapshots (GPU ranks)
 };
 
 class ZeroEngine final : public model::ParameterStore {

@@ -255,6 +255,11 @@ TEST(Cli, ARunKilledDuringAsynchronousSavesResumesFromItsLatestCheckpoint) {
           " --steps 1 --save-mode sometimes");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--save-mode"), std::string::npos) << r.err;
+  // A device staging copy of the snapshot has no meaning on CPU ranks.
+  r = run("train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --data " + data +
+          " --steps 1 --snapshot-staging device");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--snapshot-staging device needs --device cuda"), std::string::npos) << r.err;
 }
 
 TEST(Cli, AReshardedCheckpointResumesAtItsWorldSizeAndContinuesTheRun) {

@@ -1,9 +1,11 @@
 // The CUDA backend: one GPU per MPI rank (the node-local rank picks the device), NCCL communicators
 // bootstrapped over MPI, the family's GPU model (gpu_model.cuh) over the ZeRO engine of gpu_engine.cuh. The
 // compute type follows the config: bf16, fp16, or fp32 when neither is enabled.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
+#include "ckpt/text_format.hpp"
 #include "trainer/cuda/device_context.cuh"
 #include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
@@ -67,7 +69,9 @@ class CudaBackend final : public Backend {
   double global_grad_sq() override { return engine_.global_grad_sq(); }
   void step(const AdamWStep& s) override { engine_.step(s); }
   void reserve_snapshot() override {
+    if (snapshot_[0].size() > 0) return;
     for (auto& b : snapshot_) b.resize(static_cast<size_t>(engine_.layout().flat_size()));  // page-locked
+    reserve_staging();
   }
   void begin_snapshot() override {
     reserve_snapshot();
@@ -83,6 +87,48 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Decides, once, where snapshots go first (SnapshotStaging), allocates the staging copy if there, and
+  // says which.
+  void reserve_staging() {
+    const SnapshotStaging mode = options_.snapshot_staging;
+    const auto bytes = [](int64_t b) { return ckpt::format_bytes(static_cast<double>(b)); };
+    const std::string direct = "checkpoint snapshots: copied from GPU to host memory directly";
+    if (engine_.offloaded()) {
+      if (mode == SnapshotStaging::kDevice) {
+        fail(ErrorKind::kInvalidInput,
+             "--snapshot-staging device: the optimizer states are offloaded to host memory (offload_optimizer), "
+             "where the snapshot copies them from directly");
+      }
+      return;
+    }
+    if (mode == SnapshotStaging::kHost) {
+      log(direct + " (--snapshot-staging host)");
+      return;
+    }
+    const int64_t need = engine_.staging_bytes();
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    // What the run still allocates after start-up (the matrix products' workspaces and plans, NCCL's
+    // buffers, the captured graph) needs room beside the staging copy.
+    const int64_t headroom = std::max<int64_t>(int64_t{2} << 30, static_cast<int64_t>(total / 20));
+    if (mode == SnapshotStaging::kAuto && need + headroom > static_cast<int64_t>(free)) {
+      log(direct + ": a staging copy in GPU memory would take " + bytes(need) + " of the " +
+          bytes(static_cast<int64_t>(free)) + " free (--snapshot-staging device forces it)");
+      return;
+    }
+    try {
+      engine_.reserve_staging();
+    } catch (const Error& e) {
+      throw Error(e.kind(),
+                  std::string("--snapshot-staging device: the staging copy of the optimizer states: ") + e.what());
+    }
+    log("checkpoint snapshots: staged in GPU memory (" + bytes(need) +
+        "), drained to host memory while training goes on");
+  }
+  void log(const std::string& line) const {
+    if (options_.log) options_.log(line);
+  }
+
   BackendOptions options_;
   DeviceContext context_;
   std::unique_ptr<GpuModel<T>> model_;

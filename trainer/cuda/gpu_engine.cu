@@ -94,6 +94,7 @@ MemoryReport GpuZeroEngine<T>::memory() const noexcept {
   r.host_parameters = param_part_.host_bytes();
   r.gradients = static_cast<int64_t>(grads_full_.bytes() + grad_part_.bytes());
   r.optimizer_states = static_cast<int64_t>(master_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes());
+  r.snapshot_staging = static_cast<int64_t>(staging_.bytes());
   if (host_) r.host_optimizer_states = host_->state_bytes();
   return r;
 }
@@ -199,14 +200,35 @@ void GpuZeroEngine<T>::begin_snapshot(std::span<float> master, std::span<float> 
     for (int s = 0; s < 3; ++s) std::copy_n(sources[s].begin() + owned_offset(), owned_size(), targets[s].begin());
     return;
   }
+  const DeviceBuffer<float>* sources[3] = {&master_, &exp_avg_, &exp_avg_sq_};
+  const size_t bytes = static_cast<size_t>(owned_size()) * sizeof(float);
+  if (staging_.size() > 0) {
+    // The compute stream makes the device copy itself, so its time (and any wait for the previous
+    // drain, which may still read the buffer) is timed where training pays it; the drain to host
+    // memory then runs beside the following steps, which never wait for it.
+    CUDA_CHECK(cudaEventRecord(snapshot_wait_begin_.get(), stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_done_.get(), 0));
+    if (ckpt::fault_armed("slow-snapshot")) delay_stream(stream_, ckpt::fault_delay_ms());
+    for (int s = 0; s < 3; ++s) {
+      CUDA_CHECK(cudaMemcpyAsync(staging_.data() + s * owned_size(), sources[s]->data() + owned_offset(), bytes,
+                                 cudaMemcpyDeviceToDevice, stream_));
+    }
+    CUDA_CHECK(cudaEventRecord(snapshot_wait_end_.get(), stream_));
+    snapshot_wait_timed_ = true;
+    wait(snapshot_stream_.get(), stream_);
+    for (int s = 0; s < 3; ++s) {
+      CUDA_CHECK(cudaMemcpyAsync(targets[s].data(), staging_.data() + s * owned_size(), bytes, cudaMemcpyDeviceToHost,
+                                 snapshot_stream_.get()));
+    }
+    CUDA_CHECK(cudaEventRecord(snapshot_done_.get(), snapshot_stream_.get()));
+    return;
+  }
   // The copies run beside the next micro-batches; only the next optimizer step waits for them.
   wait(snapshot_stream_.get(), stream_);
   if (ckpt::fault_armed("slow-snapshot")) delay_stream(snapshot_stream_.get(), ckpt::fault_delay_ms());
-  snapshot_wait_ = SnapshotWait::kToMeasure;
-  const DeviceBuffer<float>* sources[3] = {&master_, &exp_avg_, &exp_avg_sq_};
+  snapshot_reads_states_ = true;
   for (int s = 0; s < 3; ++s) {
-    CUDA_CHECK(cudaMemcpyAsync(targets[s].data(), sources[s]->data() + owned_offset(),
-                               static_cast<size_t>(owned_size()) * sizeof(float), cudaMemcpyDeviceToHost,
+    CUDA_CHECK(cudaMemcpyAsync(targets[s].data(), sources[s]->data() + owned_offset(), bytes, cudaMemcpyDeviceToHost,
                                snapshot_stream_.get()));
   }
   CUDA_CHECK(cudaEventRecord(snapshot_done_.get(), snapshot_stream_.get()));
@@ -219,11 +241,20 @@ void GpuZeroEngine<T>::wait_snapshot() {
 
 template <typename T>
 double GpuZeroEngine<T>::snapshot_wait_ms() {
-  const bool measured = snapshot_wait_ == SnapshotWait::kMeasured;
-  snapshot_wait_ = SnapshotWait::kNone;
-  if (!measured) return 0;
+  if (!snapshot_wait_timed_) return 0;
+  snapshot_wait_timed_ = false;
   CUDA_CHECK(cudaEventSynchronize(snapshot_wait_end_.get()));
   return snapshot_wait_end_.ms_since(snapshot_wait_begin_);
+}
+
+template <typename T>
+int64_t GpuZeroEngine<T>::staging_bytes() const noexcept {
+  return host_ ? 0 : 3 * owned_size() * static_cast<int64_t>(sizeof(float));
+}
+
+template <typename T>
+void GpuZeroEngine<T>::reserve_staging() {
+  if (!host_ && staging_.size() == 0) staging_ = DeviceBuffer<float>(static_cast<size_t>(3 * owned_size()));
 }
 
 template <typename T>
@@ -579,13 +610,12 @@ void GpuZeroEngine<T>::step(const AdamWStep& s) {
   wait(stream_, comm());
   // A snapshot still reads the states. The first wait after one is timed: begin completes when the
   // stream's own work does, end when the copy does, so their distance is the time the copy cost.
-  if (snapshot_wait_ == SnapshotWait::kToMeasure) {
+  if (snapshot_reads_states_) {
     CUDA_CHECK(cudaEventRecord(snapshot_wait_begin_.get(), stream_));
     CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_done_.get(), 0));
     CUDA_CHECK(cudaEventRecord(snapshot_wait_end_.get(), stream_));
-    snapshot_wait_ = SnapshotWait::kMeasured;
-  } else {
-    CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_done_.get(), 0));
+    snapshot_reads_states_ = false;  // the steps after this one are ordered after the copy too
+    snapshot_wait_timed_ = true;
   }
   const AdamWCoefficients c = AdamWCoefficients::of(s);
   // AdamW is elementwise: updating in chunks (for the pipelined gather below, or a partition in host

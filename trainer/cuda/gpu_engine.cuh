@@ -41,13 +41,22 @@ class GpuZeroEngine final : public GpuParamStore<T> {
 
   void initialize(const InitFn& init);
   void load(const LoadFn& read);
-  // Starts copying the rank's states into the (page-locked) host spans on a side stream; the next
-  // step() waits for it on the device. wait_snapshot() blocks until the copy is done.
+  // Starts copying the rank's states into the (page-locked) host spans. Directly: on a side stream,
+  // and the next step() waits for the copy on the device. Through the device staging buffer, once
+  // reserve_staging() has allocated it: the compute stream copies the states into it (device to
+  // device, a few milliseconds) and goes on, and the side stream drains it to the host spans over the
+  // following steps, which never wait for that. wait_snapshot() blocks until the host spans are full.
   void begin_snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq);
   void wait_snapshot();
-  // How long the compute stream waited in step() for the last snapshot's copy (ms); 0 when no step
-  // has reached the copy yet (once the snapshot is released, none will wait for it).
+  // The device time the last snapshot took from the compute stream (ms): the direct copy's wait in
+  // step() (0 when no step has reached it yet), or the staging copy (with any wait for the previous
+  // drain). Read once per snapshot.
   double snapshot_wait_ms();
+  // The device staging buffer: the three states of the rank's slice. None with the optimizer
+  // offloaded (the states are in host memory, where the snapshot copies them from directly).
+  int64_t staging_bytes() const noexcept;
+  void reserve_staging();
+  bool offloaded() const noexcept { return host_ != nullptr; }
 
   void acquire(int group) override;
   void release(int group) override;
@@ -127,10 +136,13 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   Stream comm_stream_;
   Event order_;
   Stream snapshot_stream_;
-  Event snapshot_done_;  // recorded after the last snapshot copy (never recorded: complete)
-  // Around the first step()'s wait for a snapshot: the time the compute stream sat idle for it.
+  Event snapshot_done_;          // recorded after the last snapshot copy (never recorded: complete)
+  DeviceBuffer<float> staging_;  // the states' snapshot in device memory, drained to the host spans
+  // Around the device time a snapshot takes from the compute stream: the first step()'s wait for a
+  // direct copy, or the staging copy.
   Event snapshot_wait_begin_{Event::Timing::kOn}, snapshot_wait_end_{Event::Timing::kOn};
-  enum class SnapshotWait { kNone, kToMeasure, kMeasured } snapshot_wait_ = SnapshotWait::kNone;
+  bool snapshot_reads_states_ = false;     // a direct copy the next step() must wait for
+  bool snapshot_wait_timed_ = false;       // the events above hold a time not yet read
   std::vector<DeviceBuffer<T>> gathered_;  // stage 3: full tensors of acquired (or prefetched) groups
   BufferPool<T> gather_pool_;
   std::vector<int> acquired_count_;
