@@ -591,7 +591,7 @@ template <typename T>
 double GpuZeroEngine<T>::global_grad_sq() {
   const float* g = reduced_grads() + owned_offset();
   sum_squares(scalar_.data(), g, owned_size(), stream_);
-  CUDA_CHECK(cudaMemcpyAsync(scalar_host_.data(), scalar_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  read_back(scalar_host_.data(), scalar_.data(), 1, stream_);
   synchronize(stream_);  // the host decides on overflow and clipping from it
   return mpi_.allreduce_sum(scalar_host_.data()[0]);
 }

@@ -378,6 +378,10 @@ __global__ void softmax_xent_kernel(T* logits, int64_t ld, float* losses, const 
 // ------------------------------------------------------------------------------------------------
 // Optimizer and reductions
 
+__global__ void read_back_kernel(double* host, const double* device, int n) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x) host[i] = device[i];
+}
+
 template <typename T>
 __global__ void cast_kernel(T* out, const float* in, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
@@ -632,6 +636,12 @@ void sum_squares(double* out, const float* x, int64_t n, cudaStream_t st) {
 
 void sum_floats(double* out, const float* x, int64_t n, cudaStream_t st) {
   deterministic_sum<false>(out, x, n, st);
+}
+
+void read_back(double* host, const double* device, int n, cudaStream_t st) {
+  if (n == 0) return;
+  read_back_kernel<<<1, 32, 0, st>>>(host, device, n);
+  check_launch();
 }
 
 #define SHARDKIT_INSTANTIATE(T)                                                                                      \

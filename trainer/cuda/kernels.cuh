@@ -96,4 +96,10 @@ constexpr int kSumScratch = 1 + kSumBlocks;
 void sum_squares(double* out, const float* x, int64_t n, cudaStream_t st);
 void sum_floats(double* out, const float* x, int64_t n, cudaStream_t st);
 
+// host[0..n) = device[0..n), `host` page-locked (cudaMallocHost: mapped into the device's address
+// space), written by a kernel's stores over the bus rather than by a copy engine. A copy engine runs
+// the copies of one direction one after another, so the few bytes a step reads back (its loss, its
+// gradient norm) would otherwise wait behind a checkpoint snapshot's gigabytes draining to host memory.
+void read_back(double* host, const double* device, int n, cudaStream_t st);
+
 }  // namespace shardkit::trainer::cuda

@@ -194,7 +194,7 @@ void GpuLlama<T>::queue(GpuParamStore<T>& p, const int32_t* inputs, const int32_
   backward_start_ = Clock::now();
   backward_layers(p, inputs);
   // The loss is needed on the host for the step's record; finish() waits for it.
-  CUDA_CHECK(cudaMemcpyAsync(loss_host_.data(), loss_sum_.data(), sizeof(double), cudaMemcpyDeviceToHost, stream_));
+  read_back(loss_host_.data(), loss_sum_.data(), 1, stream_);
 }
 
 template <typename T>
