@@ -93,10 +93,12 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
       ->check(CLI::IsMember({"async", "sync"}));
   train
       ->add_option("--snapshot-staging", o->options.snapshot_staging,
-                   "GPU ranks: where a save first copies the optimizer states. device: into a copy in GPU memory "
-                   "(milliseconds; drained to host memory while training goes on); host: straight to host memory "
-                   "(the next optimizer step waits for that copy); auto (default): device where the GPU has room")
-      ->check(CLI::IsMember({"auto", "device", "host"}));
+                   "Where a save copies the optimizer states to, so that training may go on. device (GPU ranks): "
+                   "GPU memory (milliseconds; drained to host memory while training goes on); host: host memory "
+                   "(from a GPU, the next optimizer step waits for that copy); none (states in host memory: CPU "
+                   "ranks or offload_optimizer): no copy, the next optimizer step waits until the save is written; "
+                   "auto (default): the first of these with room")
+      ->check(CLI::IsMember({"auto", "device", "host", "none"}));
   train
       ->add_option_function<std::string>(
           "--on-save-error", [o](const std::string& v) { o->options.stop_on_save_error = v == "stop"; },

@@ -23,10 +23,13 @@
 
 namespace shardkit::trainer {
 
-// Where a GPU rank's checkpoint snapshot goes first (the train command's --snapshot-staging): a copy
-// in device memory, drained to host memory beside the following steps, or host memory directly, which
-// the next optimizer step waits for. kAuto stages where the device has room.
-enum class SnapshotStaging { kAuto, kDevice, kHost };
+// Where a rank's checkpoint snapshot goes (the train command's --snapshot-staging). kDevice (GPU
+// ranks): a copy in device memory, drained to host memory beside the following steps. kHost: a copy in
+// host memory (from a GPU, the next optimizer step waits for that copy). kNone (states in host memory:
+// CPU ranks, or offloaded from a GPU): no copy; the save reads the live states and the next optimizer
+// step waits until it is done with them. kAuto: the first of device, host and none that has room
+// (NVMe-swapped states are always read where they live).
+enum class SnapshotStaging { kAuto, kDevice, kHost, kNone };
 
 struct BackendOptions {
   const model::Model* model = nullptr;

@@ -1,8 +1,6 @@
 // The CPU backend: the family's fp32 CPU model over the ZeRO engine of zero_engine.hpp, on MPI ranks.
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -10,6 +8,7 @@
 #include "ckpt/fault.hpp"
 #include "model/cpu/gemm.hpp"
 #include "trainer/backend.hpp"
+#include "trainer/live_snapshot.hpp"
 #include "trainer/nvme/swap_config.hpp"
 #include "trainer/nvme/swap_file.hpp"
 #include "trainer/weight_decay.hpp"
@@ -74,33 +73,33 @@ class CpuBackend final : public Backend {
   void reduce_grads() override { engine_.reduce_grads(); }
   double global_grad_sq() override { return engine_.global_grad_sq(); }
   void step(const AdamWStep& s) override {
-    if (swapped()) {
-      // The save streams the states from the swap file: they may not change under it.
-      std::unique_lock lock(snapshot_mutex_);
-      if (snapshot_in_use_) {
-        const auto start = std::chrono::steady_clock::now();
-        snapshot_done_.wait(lock, [this] { return !snapshot_in_use_; });
-        snapshot_wait_ms_ +=
-            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-      }
-    }
+    if (!copies_) snapshot_gate_.wait_open();  // a save may be reading the live states
     engine_.step(s);
   }
 
-  // Swapped states are streamed from the swap file by the save (they are too large to be held twice);
-  // otherwise a plain copy, done when begin_snapshot returns.
+  // A copy of the states in host memory where there is room (SnapshotStaging); otherwise, and always
+  // for states swapped to NVMe (too large to be held twice), the save reads them where they live.
   void reserve_snapshot() override {
-    if (swapped()) return;
+    if (decided_) return;
+    decided_ = true;
+    if (swapped()) {
+      options_.log(
+          "checkpoint snapshots: none: a save reads the optimizer states from the swap file, and the "
+          "optimizer step after it waits until they are written");
+      copies_ = false;
+      return;
+    }
+    const auto bytes = static_cast<int64_t>(3 * sizeof(float)) * engine_.layout().flat_size();
+    copies_ = snapshot_copies_states(options_, bytes);
+    if (!copies_) return;
     for (auto& buffer : snapshot_) buffer.resize(static_cast<size_t>(engine_.layout().flat_size()));
   }
   void begin_snapshot() override {
-    if (swapped()) {
-      const std::lock_guard lock(snapshot_mutex_);
-      snapshot_in_use_ = true;
-      snapshot_wait_ms_ = 0;
+    reserve_snapshot();
+    if (!copies_) {
+      snapshot_gate_.close();
       return;
     }
-    reserve_snapshot();
     if (ckpt::fault_armed("slow-snapshot")) {
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ckpt::fault_delay_ms()));
     }
@@ -110,25 +109,21 @@ class CpuBackend final : public Backend {
     }
   }
   void wait_snapshot() override {}
-  // Swapped: how long the optimizer step waited for the save to finish streaming the states.
-  double snapshot_wait_ms() override {
-    const std::lock_guard lock(snapshot_mutex_);
-    return snapshot_wait_ms_;
-  }
+  // Without a copy: how long the optimizer step waited for the save to be done with the states.
+  double snapshot_wait_ms() override { return copies_ ? 0 : snapshot_gate_.waited_ms(); }
   std::array<std::span<const float>, 3> snapshot_buffers() const override {
     return {snapshot_[0], snapshot_[1], snapshot_[2]};
   }
   void stream_snapshot(int state, const std::function<void(std::span<const float>)>& sink) override {
-    if (!swapped()) return Backend::stream_snapshot(state, sink);
+    if (copies_) return Backend::stream_snapshot(state, sink);
+    // The slow-snapshot fault delays the save's reading of the live states, which the step waits for.
+    if (state == 0 && ckpt::fault_armed("slow-snapshot")) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ckpt::fault_delay_ms()));
+    }
     engine_.read_state(state, sink);
   }
   void end_snapshot() override {
-    if (!swapped()) return;
-    {
-      const std::lock_guard lock(snapshot_mutex_);
-      snapshot_in_use_ = false;
-    }
-    snapshot_done_.notify_all();
+    if (!copies_) snapshot_gate_.open();
   }
 
  private:
@@ -138,10 +133,9 @@ class CpuBackend final : public Backend {
   std::unique_ptr<model::CpuModel> model_;
   ZeroEngine engine_;
   ckpt::LargeVector<float> snapshot_[3];
-  std::mutex snapshot_mutex_;
-  std::condition_variable snapshot_done_;
-  bool snapshot_in_use_ = false;
-  double snapshot_wait_ms_ = 0;
+  bool decided_ = false;  // reserve_snapshot() has chosen
+  bool copies_ = true;    // snapshots are a copy; else the save reads the live states behind the gate
+  SnapshotGate snapshot_gate_;
 };
 
 }  // namespace

@@ -163,17 +163,17 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   bo.micro_batch = micro;
   bo.seq_len = T;
   bo.comm = &comm;
-  if (options.snapshot_staging == "device" && cpu) {
+  const std::string& staging = options.snapshot_staging;
+  if (staging == "device" && cpu) {
     fail(ErrorKind::kInvalidInput, "--snapshot-staging device needs --device cuda (CPU ranks copy in host memory)");
   }
-  if (options.snapshot_staging != "auto" && options.snapshot_staging != "device" &&
-      options.snapshot_staging != "host") {
-    fail(ErrorKind::kInvalidInput,
-         "--snapshot-staging is '" + options.snapshot_staging + "', must be auto, device or host");
+  if (staging != "auto" && staging != "device" && staging != "host" && staging != "none") {
+    fail(ErrorKind::kInvalidInput, "--snapshot-staging is '" + staging + "', must be auto, device, host or none");
   }
-  bo.snapshot_staging = options.snapshot_staging == "device" ? SnapshotStaging::kDevice
-                        : options.snapshot_staging == "host" ? SnapshotStaging::kHost
-                                                             : SnapshotStaging::kAuto;
+  bo.snapshot_staging = staging == "device" ? SnapshotStaging::kDevice
+                        : staging == "host" ? SnapshotStaging::kHost
+                        : staging == "none" ? SnapshotStaging::kNone
+                                            : SnapshotStaging::kAuto;
   bo.log = [&s](const std::string& line) { s.log(line); };
   // Start-up work grows with the model: at billions of parameters allocating, initialising and loading
   // take seconds to minutes, and say so while they run.

@@ -25,7 +25,7 @@ struct TrainOptions {
   int64_t save_interval = 0;              // 0: save only at the end (when save_dir is set)
   int keep_last = 0;                      // 0: keep every checkpoint
   std::string save_mode = "async";        // async | sync
-  std::string snapshot_staging = "auto";  // auto | device | host (GPU ranks: backend.hpp's SnapshotStaging)
+  std::string snapshot_staging = "auto";  // auto | device | host | none (backend.hpp's SnapshotStaging)
   bool stop_on_save_error = false;        // a failed save ends the run (default: reported, training goes on)
   std::string resume = "auto";            // auto | none | PATH
   std::filesystem::path metrics;

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <fstream>
 #include <string>
 
 #include "ckpt/error.hpp"
@@ -14,6 +15,16 @@ namespace shardkit::model::cpu {
 
 inline double physical_memory_bytes() {
   return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+// What the kernel estimates can be allocated without swapping (MemAvailable: free memory plus the
+// page cache and slabs it can reclaim); the free pages alone where /proc/meminfo does not say.
+inline double available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    if (line.starts_with("MemAvailable:")) return std::stod(line.substr(13)) * 1024.0;  // in kB
+  }
+  return static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
 }
 
 // Error(kInvalidInput) when a CPU model of `model` for batch x seq_len tokens would need `bytes` of

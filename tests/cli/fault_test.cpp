@@ -198,6 +198,45 @@ TEST(Faults, ASlowSnapshotCostsTrainingItsDelayAndTheCheckpointEventSaysSo) {
   EXPECT_LT(events[0]["training_lost_ms"].get<double>(), delay_ms) << "the fault is armed for step 4 only";
 }
 
+// Without a snapshot copy (--snapshot-staging none: for states too large to be held twice in host
+// memory) the save reads the live states and the next optimizer step waits until it is done: a save
+// made slower by a known delay costs the step what of it the step's passes do not cover, and the
+// event says so as the step's wait.
+// Saving every step (each save meeting the step after the one before), the checkpoint of step 4 holds
+// exactly step 4's states: resumed, it continues the uninterrupted run bit for bit.
+TEST(Faults, WithoutASnapshotCopyTheStepWaitsForTheSaveAndTheCheckpointIsExact) {
+  testing::TempDir dir;
+  const auto data = write_text_tokens(dir);
+  const double delay_ms = 700;
+  Result r = run(train_args(data, dir / "slow", dir / "slow.jsonl", "--snapshot-staging none"), mpirun(2),
+                 "SHARDKIT_FAULT=slow-snapshot SHARDKIT_FAULT_STEP=4 SHARDKIT_FAULT_DELAY_MS=700");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("checkpoint snapshots: none: a save reads the live optimizer states"), std::string::npos)
+      << r.out;
+  const auto events = read_metrics(dir / "slow.jsonl", true);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[1]["step"], 4);
+  // The next step's forward and backward passes run beside the save; its optimizer waits for the rest.
+  EXPECT_GT(events[1]["device_wait_ms"].get<double>(), 0.5 * delay_ms) << events[1].dump();
+  EXPECT_LE(events[1]["device_wait_ms"].get<double>(), events[1]["write_ms"].get<double>()) << events[1].dump();
+  EXPECT_LT(events[1]["loop_blocked_ms"].get<double>(), 0.2 * delay_ms) << events[1].dump();
+  EXPECT_DOUBLE_EQ(events[1]["training_lost_ms"].get<double>(),
+                   events[1]["loop_blocked_ms"].get<double>() + events[1]["device_wait_ms"].get<double>());
+
+  r = run("train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --data " + data.string() +
+              " --steps 6 --save-interval 1 --threads 1 --snapshot-staging none --save-dir " +
+              (dir / "every").string() + " --metrics " + (dir / "every.jsonl").string(),
+          mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run(train_args(data, dir / "resumed", dir / "resumed.jsonl",
+                     "--resume " + (dir / "every" / "step-00000004").string()),
+          mpirun(2));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto full = losses(dir / "every.jsonl"), resumed = losses(dir / "resumed.jsonl");
+  ASSERT_EQ(resumed.size(), 2u);
+  for (const auto& [step, loss] : resumed) EXPECT_EQ(loss, full.at(step)) << "step " << step;
+}
+
 // A real full disk: a tmpfs with room for one checkpoint and a half. With --keep-last 1 the second
 // checkpoint needs room next to the first (the older one goes only after the newer one commits).
 TEST(Faults, ARealFullDiskKeepsThePreviousCheckpoint) {

@@ -2,14 +2,18 @@
 // bootstrapped over MPI, the family's GPU model (gpu_model.cuh) over the ZeRO engine of gpu_engine.cuh. The
 // compute type follows the config: bf16, fp16, or fp32 when neither is enabled.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 
+#include "ckpt/fault.hpp"
 #include "ckpt/text_format.hpp"
 #include "trainer/cuda/device_context.cuh"
 #include "trainer/cuda/device_type.cuh"
 #include "trainer/cuda/gpu_engine.cuh"
 #include "trainer/cuda/kernels.cuh"
+#include "trainer/live_snapshot.hpp"
 #include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer {
@@ -67,40 +71,66 @@ class CudaBackend final : public Backend {
   }
   void reduce_grads() override { engine_.reduce_grads(); }
   double global_grad_sq() override { return engine_.global_grad_sq(); }
-  void step(const AdamWStep& s) override { engine_.step(s); }
+  void step(const AdamWStep& s) override {
+    if (!copies_) snapshot_gate_.wait_open();  // a save may be reading the offloaded states
+    engine_.step(s);
+  }
   void reserve_snapshot() override {
-    if (snapshot_[0].size() > 0) return;
-    for (auto& b : snapshot_) b.resize(static_cast<size_t>(engine_.layout().flat_size()));  // page-locked
-    reserve_staging();
+    if (decided_) return;
+    decided_ = true;
+    const int64_t flat = engine_.layout().flat_size();
+    if (engine_.offloaded()) {
+      if (options_.snapshot_staging == SnapshotStaging::kDevice) {
+        fail(ErrorKind::kInvalidInput,
+             "--snapshot-staging device: the optimizer states are offloaded to host memory (offload_optimizer), "
+             "where a save copies them from directly");
+      }
+      copies_ = snapshot_copies_states(options_, static_cast<int64_t>(3 * sizeof(float)) * flat);
+    } else if (options_.snapshot_staging == SnapshotStaging::kNone) {
+      fail(ErrorKind::kInvalidInput,
+           "--snapshot-staging none: the optimizer states are in GPU memory, and a save copies them to host memory "
+           "(device or host); none is for states in host memory (offload_optimizer)");
+    }
+    if (!copies_) return;
+    for (auto& b : snapshot_) b.resize(static_cast<size_t>(flat));  // page-locked
+    if (!engine_.offloaded()) reserve_staging();
   }
   void begin_snapshot() override {
     reserve_snapshot();
+    if (!copies_) {
+      snapshot_gate_.close();
+      return;
+    }
     const size_t flat = snapshot_[0].size();
     engine_.begin_snapshot({snapshot_[0].data(), flat}, {snapshot_[1].data(), flat}, {snapshot_[2].data(), flat});
   }
-  void wait_snapshot() override { engine_.wait_snapshot(); }
-  double snapshot_wait_ms() override { return engine_.snapshot_wait_ms(); }
+  void wait_snapshot() override {
+    if (copies_) engine_.wait_snapshot();
+  }
+  double snapshot_wait_ms() override { return copies_ ? engine_.snapshot_wait_ms() : snapshot_gate_.waited_ms(); }
   std::array<std::span<const float>, 3> snapshot_buffers() const override {
     return {std::span<const float>(snapshot_[0].data(), snapshot_[0].size()),
             std::span<const float>(snapshot_[1].data(), snapshot_[1].size()),
             std::span<const float>(snapshot_[2].data(), snapshot_[2].size())};
   }
+  void stream_snapshot(int state, const std::function<void(std::span<const float>)>& sink) override {
+    if (copies_) return Backend::stream_snapshot(state, sink);
+    if (state == 0 && ckpt::fault_armed("slow-snapshot")) {  // delays the save's read, which the step waits for
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ckpt::fault_delay_ms()));
+    }
+    sink(engine_.offloaded_state(state));
+  }
+  void end_snapshot() override {
+    if (!copies_) snapshot_gate_.open();
+  }
 
  private:
-  // Decides, once, where snapshots go first (SnapshotStaging), allocates the staging copy if there, and
-  // says which.
+  // States in GPU memory: decides where snapshots go first (SnapshotStaging), allocates the staging
+  // copy if there, and says which.
   void reserve_staging() {
     const SnapshotStaging mode = options_.snapshot_staging;
     const auto bytes = [](int64_t b) { return ckpt::format_bytes(static_cast<double>(b)); };
     const std::string direct = "checkpoint snapshots: copied from GPU to host memory directly";
-    if (engine_.offloaded()) {
-      if (mode == SnapshotStaging::kDevice) {
-        fail(ErrorKind::kInvalidInput,
-             "--snapshot-staging device: the optimizer states are offloaded to host memory (offload_optimizer), "
-             "where the snapshot copies them from directly");
-      }
-      return;
-    }
     if (mode == SnapshotStaging::kHost) {
       log(direct + " (--snapshot-staging host)");
       return;
@@ -135,6 +165,9 @@ class CudaBackend final : public Backend {
   GpuZeroEngine<T> engine_;
   DeviceBuffer<int32_t> inputs_, targets_;
   PinnedBuffer<float> snapshot_[3];
+  bool decided_ = false;  // reserve_snapshot() has chosen
+  bool copies_ = true;    // snapshots are a copy; else (offloaded states) the save reads them behind the gate
+  SnapshotGate snapshot_gate_;
   const bool replay_;  // the passes run as a captured graph
   bool warm_ = false;  // a micro-batch has run kernel by kernel
   Graph graph_;

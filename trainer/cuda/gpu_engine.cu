@@ -248,6 +248,12 @@ double GpuZeroEngine<T>::snapshot_wait_ms() {
 }
 
 template <typename T>
+std::span<const float> GpuZeroEngine<T>::offloaded_state(int state) const {
+  const std::span<float> all[3] = {host_->master(), host_->exp_avg(), host_->exp_avg_sq()};
+  return all[state].subspan(static_cast<size_t>(owned_offset()), static_cast<size_t>(owned_size()));
+}
+
+template <typename T>
 int64_t GpuZeroEngine<T>::staging_bytes() const noexcept {
   return host_ ? 0 : 3 * owned_size() * static_cast<int64_t>(sizeof(float));
 }

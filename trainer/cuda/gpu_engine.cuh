@@ -57,6 +57,9 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   int64_t staging_bytes() const noexcept;
   void reserve_staging();
   bool offloaded() const noexcept { return host_ != nullptr; }
+  // Offloaded: the rank's slice of state `state` (0 master, 1 exp_avg, 2 exp_avg_sq) in host memory,
+  // which step() changes.
+  std::span<const float> offloaded_state(int state) const;
 
   void acquire(int group) override;
   void release(int group) override;
