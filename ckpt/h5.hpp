@@ -1,7 +1,8 @@
 // Thin RAII layer over the HDF5 C API. Every HDF5 id is owned by an h5::Id; every call that can
 // fail goes through a wrapper that turns HDF5's error stack into an Error naming the file and what
-// was being done. HDF5's own error printing is silenced. All raw HDF5 calls of shardkit live in
-// h5.cpp and in the shard reader/writer.
+// was being done. HDF5's own error printing is silenced. Only ckpt's HDF5 module includes this header
+// (h5, hdf5_arrays, the shard writer, reader and index, the virtual view; and the tests that craft
+// shards): no header outside it reaches <hdf5.h>.
 #pragma once
 
 #include <hdf5.h>

@@ -12,12 +12,27 @@
 #include "ckpt/direct_writer.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/file_util.hpp"
+#include "ckpt/h5.hpp"
 #include "ckpt/shard_format.hpp"
 #include "ckpt/thread_pool.hpp"
 #include "ckpt/write_target.hpp"
 #include "ckpt/zstd_codec.hpp"
 
 namespace shardkit::ckpt {
+
+// Declared in this order so that they close in reverse: the open state's dataset, the groups, then
+// the file.
+struct ShardWriter::Handles {
+  h5::Id file;
+  h5::Id state_group;
+  h5::Id checksum_group;
+  h5::Id dataset;  // the state being written
+};
+
+bool shards_parallel_safe() {
+  hbool_t threadsafe = 0;
+  return H5is_library_threadsafe(&threadsafe) >= 0 && threadsafe;
+}
 
 uint64_t shard_digest(const std::vector<std::string>& states, const std::vector<std::vector<uint64_t>>& checksums) {
   Xxh64 h;
@@ -42,7 +57,8 @@ ShardWriter::ShardWriter(const std::filesystem::path& path, const TensorTable& t
       rank_(identity.rank),
       states_(states),
       checksums_(states.size()),
-      written_(states.size(), false) {
+      written_(states.size(), false),
+      h5_(std::make_unique<Handles>()) {
   if (chunk_elems_ > kMaxChunkElems) {
     fail(ErrorKind::kInvalidInput, "chunk size of " + std::to_string(chunk_elems_) + " elements exceeds the maximum " +
                                        std::to_string(kMaxChunkElems));
@@ -66,13 +82,13 @@ ShardWriter::ShardWriter(const std::filesystem::path& path, const TensorTable& t
   // libhdf5 would follow a symbolic link left at the temporary name and truncate its target: the file
   // is created here first, as a new regular file, and libhdf5 then truncates that one.
   create_fresh_file(tmp_path_).close();
-  file_ = h5::create_file(tmp_path_, raw ? static_cast<int64_t>(DirectWriter::kAlignment) : 0);
+  h5_->file = h5::create_file(tmp_path_, raw ? static_cast<int64_t>(DirectWriter::kAlignment) : 0);
   if (raw) {
     raw_ = std::make_unique<DirectWriter>(tmp_path_, pool_->concurrency(),
                                           static_cast<size_t>(chunk_elems()) * sizeof(float));
   }
   if (options_.durable) writeback_fd_ = FileDescriptor(tmp_path_, O_RDONLY);
-  const hid_t root = file_.get();
+  const hid_t root = h5_->file.get();
   const LayoutSpec& spec = layout.spec();
   h5::write_attribute(root, shard_attr::kFormat, std::string(kShardFormatName), where_);
   h5::write_attribute(root, shard_attr::kFormatVersion, int64_t{kFormatVersion}, where_);
@@ -100,16 +116,14 @@ ShardWriter::ShardWriter(const std::filesystem::path& path, const TensorTable& t
   for (const TensorInfo& t : table) names.push_back(t.name);
   h5::write_string_dataset(root, shard_path::kTensorNames, names, where_);
 
-  state_group_ = h5::create_group(root, shard_path::kStateGroup, where_);
-  checksum_group_ = h5::create_group(root, shard_path::kChecksumGroup, where_);
+  h5_->state_group = h5::create_group(root, shard_path::kStateGroup, where_);
+  h5_->checksum_group = h5::create_group(root, shard_path::kChecksumGroup, where_);
 }
 
 ShardWriter::~ShardWriter() {
   if (committed_) return;
   open_.reset();
-  state_group_ = h5::Id();
-  checksum_group_ = h5::Id();
-  file_ = h5::Id();
+  h5_.reset();  // closes the dataset, the groups, then the file
   std::error_code ec;
   std::filesystem::remove(tmp_path_, ec);
 }
@@ -157,9 +171,9 @@ void ShardWriter::begin_state(std::string_view state) {
   }
   open_ = std::make_unique<OpenState>();
   open_->index = index;
-  open_->dataset = h5::check_id(
-      H5Dcreate2(state_group_.get(), name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-      context + ": cannot create dataset");
+  h5_->dataset = h5::check_id(H5Dcreate2(h5_->state_group.get(), name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT,
+                                         dcpl.get(), H5P_DEFAULT),
+                              context + ": cannot create dataset");
   const int64_t num_chunks = chunk > 0 ? (flat_size_ + chunk - 1) / chunk : 0;
   checksums_[index].assign(static_cast<size_t>(num_chunks), 0);
   if (raw_) {
@@ -169,7 +183,7 @@ void ShardWriter::begin_state(std::string_view state) {
       unsigned filter_mask = 0;
       haddr_t address = HADDR_UNDEF;
       hsize_t bytes = 0;
-      h5::check(H5Dget_chunk_info_by_coord(open_->dataset.get(), coord, &filter_mask, &address, &bytes),
+      h5::check(H5Dget_chunk_info_by_coord(h5_->dataset.get(), coord, &filter_mask, &address, &bytes),
                 context + ": H5Dget_chunk_info_by_coord");
       if (address == HADDR_UNDEF || bytes != static_cast<hsize_t>(chunk) * sizeof(float)) {
         fail(ErrorKind::kInternal, context + ": chunk " + std::to_string(c) + " has no allocated space");
@@ -216,9 +230,9 @@ void ShardWriter::end_state() {
   }
   if (!st.pending.empty()) write_chunks({st.pending});  // the dataset's last, short chunk
   const std::string& name = states_[st.index];
-  st.dataset.close(where_ + ": state " + name);
+  h5_->dataset.close(where_ + ": state " + name);
   const std::vector<uint64_t>& sums = checksums_[st.index];
-  h5::write_uint64_dataset(checksum_group_.get(), name.c_str(), sums.size(), sums.data(), where_);
+  h5::write_uint64_dataset(h5_->checksum_group.get(), name.c_str(), sums.size(), sums.data(), where_);
   written_[st.index] = true;
   open_.reset();
 }
@@ -226,7 +240,7 @@ void ShardWriter::end_state() {
 void ShardWriter::write_chunks(const std::vector<std::span<const float>>& chunks) {
   if (chunks.empty()) return;
   OpenState& st = *open_;
-  const hid_t dataset = st.dataset.get();
+  const hid_t dataset = h5_->dataset.get();
   uint64_t* checksums = checksums_[st.index].data();
   const int64_t chunk = chunk_elems();
   const size_t chunk_bytes = static_cast<size_t>(chunk) * sizeof(float);
@@ -288,9 +302,9 @@ ShardRecord ShardWriter::commit() {
     if (!written_[s]) fail(ErrorKind::kInternal, where_ + ": state " + states_[s] + " was never written");
   }
   open_.reset();
-  state_group_.close(where_);
-  checksum_group_.close(where_);
-  file_.close(where_ + ": closing the HDF5 file");  // flushes HDF5's metadata
+  h5_->state_group.close(where_);
+  h5_->checksum_group.close(where_);
+  h5_->file.close(where_ + ": closing the HDF5 file");  // flushes HDF5's metadata
   if (raw_) raw_->close();
   writeback_fd_.close();
   if (options_.durable) fsync_path(tmp_path_);

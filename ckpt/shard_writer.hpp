@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "ckpt/file_util.hpp"
-#include "ckpt/h5.hpp"
 #include "ckpt/layout.hpp"
 #include "ckpt/tensor_table.hpp"
 
@@ -84,11 +83,10 @@ class ShardWriter {
   std::vector<std::string> states_;
   std::vector<std::vector<uint64_t>> checksums_;  // per state, per chunk; empty until written
   std::vector<bool> written_;
-  // The state being written: its dataset, how much arrived, the next chunk, a partial chunk, and
-  // (uncompressed) every chunk's address in the file.
+  // The state being written (its dataset is Handles::dataset): how much arrived, the next chunk, a
+  // partial chunk, and (uncompressed) every chunk's address in the file.
   struct OpenState {
     size_t index = 0;
-    h5::Id dataset;
     int64_t received = 0;
     int64_t next_chunk = 0;
     std::vector<float> pending;
@@ -99,15 +97,17 @@ class ShardWriter {
   std::vector<std::unique_ptr<ZstdCompressor>> compressors_;  // per pool worker
   std::vector<std::vector<std::byte>> padded_;                // per pool worker
   std::vector<std::vector<std::byte>> frames_;                // per chunk of a batch
-  h5::Id file_;
+  struct Handles;  // the file's HDF5 objects (shard_writer.cpp: HDF5 stays inside ckpt's HDF5 module)
+  std::unique_ptr<Handles> h5_;
   std::unique_ptr<DirectWriter> raw_;  // uncompressed shards: the chunks' writer
   // Another descriptor of the file being written, to start write-back as chunks accumulate.
   FileDescriptor writeback_fd_;
   int64_t unflushed_bytes_ = 0;
-  h5::Id state_group_;
-  h5::Id checksum_group_;
   bool committed_ = false;
 };
+
+// Whether several threads may write (or read) shards at once: the HDF5 library was built thread-safe.
+bool shards_parallel_safe();
 
 // The digest that ties a shard's chunk checksums to the manifest.
 uint64_t shard_digest(const std::vector<std::string>& states, const std::vector<std::vector<uint64_t>>& checksums);

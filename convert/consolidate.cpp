@@ -8,7 +8,7 @@
 #include "ckpt/dtype_convert.hpp"
 #include "ckpt/error.hpp"
 #include "ckpt/file_util.hpp"
-#include "ckpt/h5.hpp"
+#include "ckpt/hdf5_arrays.hpp"
 #include "ckpt/run_dir.hpp"
 #include "ckpt/safetensors.hpp"
 #include "ckpt/shard_format.hpp"
@@ -167,55 +167,33 @@ std::vector<std::string> write_hdf5(const ConsolidateRequest& request, const Con
   const std::vector<Item> items = export_items(reader, request.dtype, request.with_optimizer);
   const StreamPlan plan = plan_stream(options, 1, reader.manifest().chunk_elems);
   const std::filesystem::path path = dir / "model.h5";
-  const std::string where = path.string();
-  ckpt::h5::Id file = ckpt::h5::create_file(path);
-  ckpt::h5::write_attribute(file.get(), "format", std::string("shardkit-consolidated"), where);
-  ckpt::h5::write_attribute(file.get(), "model", description, where);
-  ckpt::h5::write_attribute(file.get(), "step", reader.manifest().step, where);
-  ckpt::h5::write_attribute(file.get(), "checkpoint_uid", reader.manifest().checkpoint_uid, where);
+  ckpt::Hdf5ArrayFile file(path);
+  file.attribute("format", std::string("shardkit-consolidated"));
+  file.attribute("model", description);
+  file.attribute("step", reader.manifest().step);
+  file.attribute("checkpoint_uid", reader.manifest().checkpoint_uid);
   int64_t total = 0;
   for (const Item& item : items) total += reader.tensors()[static_cast<size_t>(item.tensor)].numel() * 4;
   SharedProgress progress(options.progress, total);
   std::vector<float> piece;
   for (const Item& item : items) {
     const ckpt::TensorInfo& t = reader.tensors()[static_cast<size_t>(item.tensor)];
-    // Datasets are written in slices along the first dimension (whole rows), each a regular hyperslab.
-    std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
-    ckpt::h5::Id space = ckpt::h5::check_id(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-                                            where + ": dataspace of " + item.name);
-    ckpt::h5::Id lcpl = ckpt::h5::check_id(H5Pcreate(H5P_LINK_CREATE), "H5Pcreate");
-    ckpt::h5::check(H5Pset_create_intermediate_group(lcpl.get(), 1), "H5Pset_create_intermediate_group");
-    const std::string name = (item.name.rfind("optimizer.", 0) == 0 ? "/" : "/model/") + item.name;
-    ckpt::h5::Id dataset = ckpt::h5::check_id(
-        H5Dcreate2(file.get(), name.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT),
-        where + ": cannot create " + name);
+    // Datasets are written in slices along the first dimension (whole rows).
+    file.create((item.name.rfind("optimizer.", 0) == 0 ? "/" : "/model/") + item.name, t.shape);
     const int64_t n = t.numel();
     if (n == 0) continue;
-    const int64_t row = dims.empty() ? 1 : n / static_cast<int64_t>(dims[0]);
+    const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+    const int64_t row = n / rows;
     const int64_t rows_per_piece = std::max<int64_t>(1, plan.piece_elems / row);
-    const int64_t rows = dims.empty() ? 1 : static_cast<int64_t>(dims[0]);
     for (int64_t r0 = 0; r0 < rows; r0 += rows_per_piece) {
       const int64_t count = std::min(rows_per_piece, rows - r0);
       piece.resize(static_cast<size_t>(count * row));
       reader.read(item.tensor, item.state, r0 * row, piece);
-      ckpt::h5::Id file_space = ckpt::h5::check_id(H5Dget_space(dataset.get()), where);
-      if (!dims.empty()) {
-        std::vector<hsize_t> start(dims.size(), 0), extent = dims;
-        start[0] = static_cast<hsize_t>(r0);
-        extent[0] = static_cast<hsize_t>(count);
-        ckpt::h5::check(
-            H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, start.data(), nullptr, extent.data(), nullptr),
-            where + ": select in " + name);
-      }
-      const hsize_t mem_dims[1] = {static_cast<hsize_t>(piece.size())};
-      ckpt::h5::Id mem_space = ckpt::h5::check_id(H5Screate_simple(1, mem_dims, nullptr), "H5Screate_simple");
-      ckpt::h5::check(
-          H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, mem_space.get(), file_space.get(), H5P_DEFAULT, piece.data()),
-          where + ": write " + name);
+      file.write_rows(r0, count, piece);
       progress.add(static_cast<int64_t>(piece.size()) * 4);
     }
   }
-  file.close(where);
+  file.close();
   ckpt::fsync_path(path);
   progress.finish();
   return {"model.h5"};

@@ -1,7 +1,5 @@
 #include "convert/stream.hpp"
 
-#include <hdf5.h>
-
 #include <algorithm>
 #include <thread>
 
@@ -26,8 +24,7 @@ StreamPlan plan_stream(const ConvertOptions& options, int max_useful_threads, in
   plan.threads = options.threads > 0 ? options.threads : std::min(hw, 8);
   plan.threads = std::max(1, std::min(plan.threads, max_useful_threads));
   // HDF5 must be built thread-safe for several threads to write shards at once.
-  hbool_t threadsafe = 0;
-  if (H5is_library_threadsafe(&threadsafe) < 0 || !threadsafe) plan.threads = 1;
+  if (!ckpt::shards_parallel_safe()) plan.threads = 1;
   // Fewer threads with larger pieces rather than many threads with pieces too small to be efficient.
   while (plan.threads > 1 && options.max_memory / plan.threads < 2 * min_per_thread) --plan.threads;
   const int64_t per_thread = options.max_memory / plan.threads - per_thread_fixed;
