@@ -32,6 +32,8 @@ ZeroEngine::SwapFactory optimizer_swap(const BackendOptions& o) {
   comm::MpiCollective& comm = *o.comm;
   const auto log = o.log;
   return [options, &comm, log](int64_t elements) {
+    const nvme::SwapNeed needs[] = {nvme::StateSwapper::need(options, elements)};
+    nvme::check_node_free_space(comm, needs);
     return std::make_unique<nvme::StateSwapper>(options, nvme::rank_swap_name(comm, "optimizer"), elements, log);
   };
 }

@@ -1,10 +1,14 @@
 // NVMe offload of the optimizer states (ZeRO-Infinity) on CPU ranks, with a temporary folder as the
 // device: training swaps the states through files and trains bit for bit as without offload at
 // stages 1-3, its checkpoints are the same bytes, and a resume writes a checkpoint's states back into
-// the swap at the same and at another world size and stage. Run at 1 and 2 ranks.
+// the swap at the same and at another world size and stage. The swap files of a node's ranks are
+// checked against the free space of their file system together, before any is created. Run at 1 and
+// 2 ranks.
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 
 #include <atomic>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -12,9 +16,14 @@
 
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/diff.hpp"
+#include "ckpt/error.hpp"
+#include "ckpt/layout.hpp"
 #include "ckpt/sanitizers.hpp"
+#include "ckpt/text_format.hpp"
 #include "comm/mpi.hpp"
+#include "model/registry.hpp"
 #include "tests/support/mpi_support.hpp"
+#include "trainer/nvme/state_swapper.hpp"
 #include "trainer/trainer.hpp"
 
 namespace shardkit {
@@ -25,7 +34,7 @@ using trainer::TrainOptions;
 
 class Workspace : public testing::SharedDir {
  public:
-  explicit Workspace(comm::MpiCollective& world) : SharedDir(world) {
+  explicit Workspace(comm::MpiCollective& world) : SharedDir(world), world_size_(world.size()) {
     write_tokens("tokens.bin", 6000);
     if (world.rank() == 0) std::filesystem::create_directory(swap_dir());
     world.barrier();
@@ -34,25 +43,42 @@ class Workspace : public testing::SharedDir {
   std::filesystem::path swap_dir() const { return *this / "nvme"; }
 
   // Small buckets and 64 KiB chunks (16384 elements of each state: 14-27 chunks of gpt2-tiny's
-  // partitions), so that reduction, gathering and the swap pipeline all run in many pieces.
-  std::filesystem::path config(int stage, bool nvme) {
+  // partitions), so that reduction, gathering and the swap pipeline all run in many pieces. The
+  // optimizer states are swapped to `nvme_path` unless it is empty.
+  static nlohmann::json config_json(int stage, const std::filesystem::path& nvme_path) {
     nlohmann::json zero = {{"stage", stage}, {"reduce_bucket_size", 5000}, {"allgather_bucket_size", 20000}};
-    if (nvme) {
-      zero["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", swap_dir().string()}, {"buffer_count", 3}};
+    if (!nvme_path.empty()) {
+      zero["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", nvme_path.string()}, {"buffer_count", 3}};
     }
+    return {{"train_batch_size", 8},
+            {"gradient_accumulation_steps", 2},
+            {"zero_optimization", zero},
+            {"aio", {{"block_size", kChunkBytes}, {"queue_depth", 4}}},
+            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 2e-3}, {"weight_decay", 0.01}}}}},
+            {"fp16", {{"enabled", true}, {"initial_scale_power", 12}, {"loss_scale_window", 4}}}};
+  }
+  std::filesystem::path config(int stage, bool nvme) {
     return write_json((nvme ? "nvme" : "plain") + std::to_string(stage) + ".json",
-                      {{"train_batch_size", 8},
-                       {"gradient_accumulation_steps", 2},
-                       {"zero_optimization", zero},
-                       {"aio", {{"block_size", 65536}, {"queue_depth", 4}}},
-                       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 2e-3}, {"weight_decay", 0.01}}}}},
-                       {"fp16", {{"enabled", true}, {"initial_scale_power", 12}, {"loss_scale_window", 4}}}});
+                      config_json(stage, nvme ? swap_dir() : std::filesystem::path()));
+  }
+  static constexpr int64_t kChunkBytes = 65536;
+
+  static std::string model_name() {
+    return kUnderAddressSanitizer ? "llama-tiny" : "gpt2-tiny";  // ASan runs the smaller model
+  }
+  // The bytes of one rank's optimizer swap file at `stage` and this world size.
+  int64_t swap_file_bytes(int stage) const {
+    const ckpt::Layout layout(model::resolve_model(model_name())->table(),
+                              {world_size_, stage, ckpt::kDefaultAlignment});
+    trainer::nvme::SwapOptions o;
+    o.chunk_bytes = kChunkBytes;
+    return trainer::nvme::StateSwapper::need(o, layout.flat_size()).bytes;
   }
 
   TrainOptions options(const std::filesystem::path& config, int64_t steps) const {
     TrainOptions o;
     o.config = config;
-    o.model = kUnderAddressSanitizer ? "llama-tiny" : "gpt2-tiny";  // ASan runs the smaller model
+    o.model = model_name();
     o.data = *this / "tokens.bin";
     o.steps = steps;
     o.resume = "none";
@@ -61,6 +87,9 @@ class Workspace : public testing::SharedDir {
     o.quiet = true;
     return o;
   }
+
+ private:
+  int world_size_;
 };
 
 // Watches the swap folder while it lives: the names of the files seen there (a run that did not swap,
@@ -87,6 +116,33 @@ class SwapWatcher {
   std::atomic<bool> stop_{false};
   std::set<std::string> seen_;
   std::thread thread_;
+};
+
+// A file system of `type` (tmpfs, ramfs) that rank 0 mounts at `at` for every rank (the tests run on
+// one node), unmounted again on destruction; mounting needs root, so mounted() may be false.
+class MountedDisk {
+ public:
+  MountedDisk(comm::MpiCollective& world, std::filesystem::path at, const std::string& type, const std::string& options)
+      : world_(world), at_(std::move(at)) {
+    int ok = 0;
+    if (world.rank() == 0) {
+      std::filesystem::create_directories(at_);
+      ok = ::mount(type.c_str(), at_.c_str(), type.c_str(), 0, options.c_str()) == 0 ? 1 : 0;
+    }
+    world.broadcast_bytes(&ok, sizeof(ok));
+    mounted_ = ok != 0;
+  }
+  ~MountedDisk() {
+    world_.barrier();
+    if (mounted_ && world_.rank() == 0) ::umount2(at_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const noexcept { return mounted_; }
+  const std::filesystem::path& path() const noexcept { return at_; }
+
+ private:
+  comm::MpiCollective& world_;
+  std::filesystem::path at_;
+  bool mounted_ = false;
 };
 
 void expect_same_steps(const std::vector<StepRecord>& got, const std::vector<StepRecord>& want, size_t offset,
@@ -160,6 +216,52 @@ TEST(NvmeMpi, ResumeRefillsTheSwapAtTheSameAndAtAnotherWorldSizeAndStage) {
   }
   world.barrier();
   EXPECT_TRUE(std::filesystem::is_empty(ws.swap_dir()));
+}
+
+// Each rank's swap file fits the disk, two do not: with two ranks the run is refused at start-up on
+// every rank, naming the folder, its free bytes, the node's total and the rank's share, before any
+// file is created -- whether the ranks share the folder or have one each on that disk (free space is
+// the file system's). One rank alone fits and trains.
+TEST(NvmeMpi, SwapFilesThatFitOneByOneButNotTogetherAreRefusedBeforeAnyIsCreated) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  Workspace ws(world);
+  const int stage = 2;
+  const int64_t file = ws.swap_file_bytes(stage);
+  const int64_t size = file * 3 / 2 / 4096 * 4096;
+  const MountedDisk disk(world, ws / "small", "tmpfs", "size=" + std::to_string(size));
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  for (const bool own_folder : {false, true}) {
+    const std::string what = own_folder ? "a folder per rank" : "one folder";
+    const std::filesystem::path dir = own_folder ? disk.path() / ("rank" + std::to_string(world.rank())) : disk.path();
+    std::filesystem::create_directories(dir);
+    const std::filesystem::path config = ws / ("small-rank" + std::to_string(world.rank()) + ".json");
+    std::ofstream(config) << Workspace::config_json(stage, dir).dump();
+    world.barrier();
+    const TrainOptions o = ws.options(config, 1);
+    if (world.size() == 1) {
+      EXPECT_EQ(testing::train(world, o).size(), 1u) << what;
+      continue;
+    }
+    std::string error;
+    try {
+      testing::train(world, o);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+      error = e.what();
+    }
+    const std::string free = ckpt::format_bytes(static_cast<double>(size));
+    EXPECT_EQ(error.rfind(dir.string() + ": " + free + " free, but the swap files of the 2 ranks on this node need " +
+                              ckpt::format_bytes(2.0 * static_cast<double>(file)) +
+                              " on its file system (this rank's share " +
+                              ckpt::format_bytes(static_cast<double>(file)) + ": the optimizer states of this rank's ",
+                          0),
+              0u)
+        << what << ": " << error;
+    world.barrier();
+    for (const auto& e : std::filesystem::recursive_directory_iterator(disk.path())) {
+      EXPECT_FALSE(e.is_regular_file()) << what << ": " << e.path() << " was created";
+    }
+  }
 }
 
 }  // namespace

@@ -120,17 +120,6 @@ TEST(NvmeSwap, BadFoldersAreRefusedNamingThePath) {
               std::string::npos);
 }
 
-TEST(NvmeSwap, TooLittleFreeSpaceIsRefusedBeforeAnythingIsWritten) {
-  testing::TempDir dir;
-  const std::string e = error_of([&] { StateSwapper(small_chunks(dir.path(), 3), "s", int64_t{1} << 50, ignore); });
-  EXPECT_EQ(e.rfind(dir.path().string() + ": ", 0), 0u) << e;
-  EXPECT_NE(e.find(" free, but the optimizer states of this rank's 1125899906842624-element partition (12 bytes per "
-                   "element) needs 13.51 PB"),
-            std::string::npos)
-      << e;
-  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
-}
-
 // A disk that fills while the file is allocated (here a file-size limit, RLIMIT_FSIZE): an I/O error
 // naming the file, which is removed again.
 TEST(NvmeSwap, AnAllocationThatRunsOutOfSpaceFailsAndLeavesNoFile) {

@@ -26,14 +26,17 @@ int64_t checked_chunk_elems(const SwapOptions& o) {
 
 }  // namespace
 
+SwapNeed StateSwapper::need(const SwapOptions& options, int64_t elements) {
+  return {
+      options.dir, file_size(elements, checked_chunk_elems(options)),
+      "the optimizer states of this rank's " + std::to_string(elements) + "-element partition (12 bytes per element)"};
+}
+
 StateSwapper::StateSwapper(const SwapOptions& options, const std::string& file_name, int64_t elements,
                            const std::function<void(const std::string&)>& notice)
     : elements_(elements),
       chunk_elems_(checked_chunk_elems(options)),
-      file_(options.dir, file_name, file_size(elements, chunk_elems_),
-            "the optimizer states of this rank's " + std::to_string(elements) +
-                "-element partition (12 bytes per element)",
-            notice),
+      file_(options.dir, file_name, need(options, elements).bytes, need(options, elements).what, notice),
       io_(open_async_io(file_.fd(), file_.path(), options.queue_depth, static_cast<size_t>(options.chunk_bytes))) {
   // Three is the least a pipeline needs: one chunk read ahead, one computed, one written behind.
   const int count = std::max(3, options.buffer_count);

@@ -51,6 +51,8 @@ class StateSwapper {
   // SwapFile's). Its contents are undefined until a kWrite visit has filled them.
   StateSwapper(const SwapOptions& options, const std::string& file_name, int64_t elements,
                const std::function<void(const std::string&)>& notice);
+  // What such a swap file takes in options.dir, for check_node_free_space before any rank creates one.
+  static SwapNeed need(const SwapOptions& options, int64_t elements);
 
   int64_t elements() const noexcept { return elements_; }
   int64_t chunk_elems() const noexcept { return chunk_elems_; }
