@@ -6,8 +6,10 @@
 // 2 ranks.
 #include <gtest/gtest.h>
 #include <sys/mount.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -145,6 +147,38 @@ class MountedDisk {
   bool mounted_ = false;
 };
 
+// What `run` prints on standard output (the run's log, on rank 0).
+template <typename F>
+std::string stdout_of(F&& run) {
+  std::fflush(stdout);
+  std::FILE* capture = std::tmpfile();
+  struct Restore {
+    int saved;
+    ~Restore() {
+      std::fflush(stdout);
+      ::dup2(saved, STDOUT_FILENO);
+      ::close(saved);
+    }
+  };
+  {
+    const Restore restore{::dup(STDOUT_FILENO)};
+    ::dup2(::fileno(capture), STDOUT_FILENO);
+    run();
+  }
+  std::rewind(capture);
+  std::string out;
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), capture)) > 0;) out.append(buffer, n);
+  std::fclose(capture);
+  return out;
+}
+
+size_t count_of(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
 void expect_same_steps(const std::vector<StepRecord>& got, const std::vector<StepRecord>& want, size_t offset,
                        const std::string& what) {
   ASSERT_EQ(got.size() + offset, want.size()) << what;
@@ -261,6 +295,31 @@ TEST(NvmeMpi, SwapFilesThatFitOneByOneButNotTogetherAreRefusedBeforeAnyIsCreated
     for (const auto& e : std::filesystem::recursive_directory_iterator(disk.path())) {
       EXPECT_FALSE(e.is_regular_file()) << what << ": " << e.path() << " was created";
     }
+  }
+}
+
+// A swap folder on a file system without O_DIRECT (ramfs; tmpfs too before Linux 6.6): the swap falls
+// back to buffered I/O, rank 0's log says so once, and training is bit for bit as without offload.
+TEST(NvmeMpi, AFolderWithoutODirectFallsBackToBufferedIoAndTrainsTheSame) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  Workspace ws(world);
+  const MountedDisk disk(world, ws / "ramfs", "ramfs", "");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a ramfs here (needs root)";
+  TrainOptions plain = ws.options(ws.config(1, false), 2);
+  plain.save_dir = ws / "plain";
+  TrainOptions swapped = ws.options(ws.write_json("ramfs.json", Workspace::config_json(1, disk.path())), 2);
+  swapped.save_dir = ws / "swapped";
+  swapped.quiet = false;
+  const auto want = testing::train(world, plain);
+  std::vector<StepRecord> got;
+  const std::string log = stdout_of([&] { got = testing::train(world, swapped); });
+  expect_same_steps(got, want, 0, "buffered swap");
+  expect_same_states(plain.save_dir, swapped.save_dir, "buffered swap");
+  if (world.rank() == 0) {
+    EXPECT_EQ(count_of(log, disk.path().string() + " does not support O_DIRECT"), 1u) << log;
+    EXPECT_EQ(count_of(log, "buffered I/O"), 1u) << log;
+    EXPECT_NE(log.find("optimizer states swapped to " + disk.path().string() + "/shardkit-"), std::string::npos) << log;
+    EXPECT_NE(log.find(" (buffered)"), std::string::npos) << log;
   }
 }
 

@@ -144,7 +144,8 @@ SwapFile::SwapFile(const std::filesystem::path& dir, const std::string& name, in
   const int flags = ::fcntl(fd_.get(), F_GETFL);
   direct_ = flags >= 0 && ::fcntl(fd_.get(), F_SETFL, flags | O_DIRECT) == 0;
   if (!direct_) {
-    notice("notice: " + dir.string() + " does not support O_DIRECT (tmpfs?): the optimizer swap uses buffered I/O");
+    // (ramfs, or tmpfs before Linux 6.6.) The page cache then holds what is swapped, as it comes and goes.
+    notice("notice: " + dir.string() + " does not support O_DIRECT: " + name + " uses buffered I/O");
   }
   guard.armed = false;
 }
