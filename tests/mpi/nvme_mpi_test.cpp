@@ -46,12 +46,14 @@ class Workspace : public testing::SharedDir {
 
   // Small buckets and 64 KiB chunks (16384 elements of each state: 14-27 chunks of gpt2-tiny's
   // partitions), so that reduction, gathering and the swap pipeline all run in many pieces. The
-  // optimizer states are swapped to `nvme_path` unless it is empty.
-  static nlohmann::json config_json(int stage, const std::filesystem::path& nvme_path) {
+  // optimizer states are swapped to `nvme_path` and the parameters to `param_path` unless empty.
+  static nlohmann::json config_json(int stage, const std::filesystem::path& nvme_path,
+                                    const std::filesystem::path& param_path = {}) {
     nlohmann::json zero = {{"stage", stage}, {"reduce_bucket_size", 5000}, {"allgather_bucket_size", 20000}};
     if (!nvme_path.empty()) {
       zero["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", nvme_path.string()}, {"buffer_count", 3}};
     }
+    if (!param_path.empty()) zero["offload_param"] = {{"device", "nvme"}, {"nvme_path", param_path.string()}};
     return {{"train_batch_size", 8},
             {"gradient_accumulation_steps", 2},
             {"zero_optimization", zero},
@@ -62,6 +64,11 @@ class Workspace : public testing::SharedDir {
   std::filesystem::path config(int stage, bool nvme) {
     return write_json((nvme ? "nvme" : "plain") + std::to_string(stage) + ".json",
                       config_json(stage, nvme ? swap_dir() : std::filesystem::path()));
+  }
+  // The parameters swapped (`stage`), the optimizer states too where `optimizer`.
+  std::filesystem::path param_config(int stage, bool optimizer) {
+    return write_json("params" + std::to_string(stage) + (optimizer ? "-optimizer" : "") + ".json",
+                      config_json(stage, optimizer ? swap_dir() : std::filesystem::path(), swap_dir()));
   }
   static constexpr int64_t kChunkBytes = 65536;
 
@@ -74,7 +81,7 @@ class Workspace : public testing::SharedDir {
                               {world_size_, stage, ckpt::kDefaultAlignment});
     trainer::nvme::SwapOptions o;
     o.chunk_bytes = kChunkBytes;
-    return trainer::nvme::StateSwapper::need(o, layout.flat_size()).bytes;
+    return trainer::nvme::StateSwapper::need(o, layout.flat_size(), 3, "optimizer states").bytes;
   }
 
   TrainOptions options(const std::filesystem::path& config, int64_t steps) const {
@@ -320,6 +327,98 @@ TEST(NvmeMpi, AFolderWithoutODirectFallsBackToBufferedIoAndTrainsTheSame) {
     EXPECT_EQ(count_of(log, "buffered I/O"), 1u) << log;
     EXPECT_NE(log.find("optimizer states swapped to " + disk.path().string() + "/shardkit-"), std::string::npos) << log;
     EXPECT_NE(log.find(" (buffered)"), std::string::npos) << log;
+  }
+}
+
+// Stage 3 with the parameter partition on NVMe, the optimizer states in memory or on NVMe too: the
+// gathers read each bucket's slice from the swap file and the step writes the slice back, bit for
+// bit as without offload; one more swap file per rank, and the memory line says where they are.
+TEST(NvmeMpi, ParameterOffloadTrainsBitIdenticallyToNoOffloadAtStage3) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  Workspace ws(world);
+  TrainOptions plain = ws.options(ws.config(3, false), 3);
+  plain.save_dir = ws / "plain";
+  const auto want = testing::train(world, plain);
+  for (const bool optimizer : {false, true}) {
+    const std::string what = std::string("parameters") + (optimizer ? " and optimizer states" : "") + " on " +
+                             std::to_string(world.size()) + " ranks";
+    TrainOptions swapped = ws.options(ws.param_config(3, optimizer), 3);
+    swapped.save_dir = ws / (optimizer ? "both" : "params");
+    swapped.quiet = false;
+    std::optional<SwapWatcher> watcher;
+    if (world.rank() == 0) watcher.emplace(ws.swap_dir());
+    std::vector<StepRecord> got;
+    const std::string log = stdout_of([&] { got = testing::train(world, swapped); });
+    expect_same_steps(got, want, 0, what);
+    expect_same_states(plain.save_dir, swapped.save_dir, what);
+    const std::set<std::string> seen = watcher ? watcher->stop() : std::set<std::string>{};
+    if (world.rank() == 0) {
+      EXPECT_EQ(seen.size(), static_cast<size_t>(world.size() * (optimizer ? 2 : 1))) << what;
+      size_t params = 0;
+      for (const std::string& name : seen) params += name.find("-params-rank") != std::string::npos ? 1 : 0;
+      EXPECT_EQ(params, static_cast<size_t>(world.size())) << what << ": one parameter swap file per rank";
+      const size_t line = log.find("rank 0: parameters ");
+      ASSERT_NE(line, std::string::npos) << log;
+      const std::string memory = log.substr(line, log.find('\n', line) - line);
+      EXPECT_NE(memory.find(" (on NVMe), gradients "), std::string::npos) << memory;
+      EXPECT_EQ(memory.find("optimizer states ") != std::string::npos &&
+                    memory.find(" (on NVMe), activations") != std::string::npos,
+                optimizer)
+          << memory;
+      EXPECT_NE(log.find("parameters swapped to " + ws.swap_dir().string() + "/shardkit-"), std::string::npos) << log;
+      EXPECT_EQ(log.find("optimizer states swapped to ") != std::string::npos, optimizer) << log;
+    }
+    world.barrier();
+    EXPECT_TRUE(std::filesystem::is_empty(ws.swap_dir())) << what << ": a swap file outlived its run";
+  }
+}
+
+// The checkpoint format does not depend on where the states lived: a stage 3 checkpoint saved with
+// the parameters (and optimizer states) on NVMe resumes without offload, and one saved without
+// resumes with it, both bit for bit as the run that was not interrupted.
+TEST(NvmeMpi, ACheckpointOfParameterOffloadResumesWithoutItAndViceVersa) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  Workspace ws(world);
+  TrainOptions plain = ws.options(ws.config(3, false), 4);
+  plain.save_dir = ws / "plain";
+  plain.save_interval = 2;
+  const auto want = testing::train(world, plain);
+  TrainOptions swapped = ws.options(ws.param_config(3, true), 4);
+  swapped.save_dir = ws / "swapped";
+  swapped.save_interval = 2;
+  expect_same_steps(testing::train(world, swapped), want, 0, "uninterrupted with offload");
+
+  TrainOptions without = plain;
+  without.save_dir = ws / "without";
+  without.resume = (swapped.save_dir / "step-00000002").string();
+  expect_same_steps(testing::train(world, without), want, 2, "offloaded checkpoint resumed without offload");
+  expect_same_states(plain.save_dir, without.save_dir, "offloaded checkpoint resumed without offload");
+
+  TrainOptions with = ws.options(ws.param_config(3, false), 4);
+  with.save_dir = ws / "with";
+  with.resume = (plain.save_dir / "step-00000002").string();
+  expect_same_steps(testing::train(world, with), want, 2, "plain checkpoint resumed with parameter offload");
+  expect_same_states(plain.save_dir, with.save_dir, "plain checkpoint resumed with parameter offload");
+  world.barrier();
+  EXPECT_TRUE(std::filesystem::is_empty(ws.swap_dir()));
+}
+
+// DeepSpeed offloads parameters only at stage 3, where they are partitioned: stages 0-2 are refused
+// at start-up with one line naming the setting, and nothing is created in the folder.
+TEST(NvmeMpi, ParameterOffloadIsRefusedBelowStage3) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  Workspace ws(world);
+  for (int stage = 0; stage <= 2; ++stage) {
+    std::string error;
+    try {
+      testing::train(world, ws.options(ws.param_config(stage, false), 1));
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+      error = e.what();
+    }
+    EXPECT_EQ(error, "zero_optimization.offload_param device nvme needs ZeRO stage 3 (stage " + std::to_string(stage) +
+                         " keeps every parameter on every rank)");
+    EXPECT_TRUE(std::filesystem::is_empty(ws.swap_dir()));
   }
 }
 

@@ -73,13 +73,13 @@ ckpt::FileDescriptor create_locked(const std::filesystem::path& path,
     }
     if (errno != EEXIST || attempt > 0) {
       const int e = errno;
-      fail(ErrorKind::kIo, path.string() + ": cannot create the optimizer swap file: " + std::strerror(e));
+      fail(ErrorKind::kIo, path.string() + ": cannot create the swap file: " + std::strerror(e));
     }
     {
       ckpt::FileDescriptor old(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
       if (::flock(old.get(), LOCK_EX | LOCK_NB) != 0) {
         fail(ErrorKind::kInvalidInput, path.string() +
-                                           ": in use by a running shardkit job (its optimizer swap file is locked); "
+                                           ": in use by a running shardkit job (its swap file is locked); "
                                            "expected no other run with this name in nvme_path");
       }
     }
