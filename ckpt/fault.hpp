@@ -13,7 +13,7 @@
 // At "slow-snapshot" (SHARDKIT_FAULT_STEP: the step being saved) the snapshot's copy takes
 // SHARDKIT_FAULT_DELAY_MS longer (default 1000): on the host for CPU ranks, on the copy's stream on
 // GPUs, so that the time a save costs training can be checked against a known delay.
-// At "swap-enospc" (same step rule) that rank's writes to its NVMe optimizer swap file fail with
+// At "swap-enospc" (same step rule) that rank's writes to its NVMe swap files fail with
 // ENOSPC during the step, as on a disk that filled up under the run.
 // Without SHARDKIT_FAULT nothing happens (one cached getenv).
 //

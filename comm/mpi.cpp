@@ -45,6 +45,18 @@ DuplicateCommunicator::~DuplicateCommunicator() {
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
+NodeCommunicator::NodeCommunicator(MPI_Comm parent) {
+  const CollectiveTimer timer("MPI_Comm_split_type");
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(parent, &rank));
+  MPI_CHECK(MPI_Comm_split_type(parent, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &comm_));
+  MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+}
+
+NodeCommunicator::~NodeCommunicator() {
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
 bool threads_may_communicate() {
   int level = MPI_THREAD_SINGLE;
   return MPI_Query_thread(&level) == MPI_SUCCESS && level >= MPI_THREAD_MULTIPLE;
@@ -158,13 +170,10 @@ void MpiCollective::broadcast_bytes(void* data, int64_t bytes) {
 }
 
 MpiCollective::NodePlace MpiCollective::node_place() {
-  const CollectiveTimer timer("MPI_Comm_split_type");
-  MPI_Comm node;
-  MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  const NodeCommunicator node(comm_);
   NodePlace place;
-  MPI_CHECK(MPI_Comm_rank(node, &place.rank));
-  MPI_CHECK(MPI_Comm_size(node, &place.size));
-  MPI_CHECK(MPI_Comm_free(&node));
+  MPI_CHECK(MPI_Comm_rank(node.get(), &place.rank));
+  MPI_CHECK(MPI_Comm_size(node.get(), &place.size));
   return place;
 }
 

@@ -100,6 +100,21 @@ class DuplicateCommunicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
 
+// The ranks of one node (those that share memory, MPI_COMM_TYPE_SHARED) as a communicator of their
+// own, freed on destruction: for what the ranks of a node decide together (a GPU each, the free space
+// of a disk they share). Collective over `parent`.
+class NodeCommunicator {
+ public:
+  explicit NodeCommunicator(MPI_Comm parent);
+  ~NodeCommunicator();
+  NodeCommunicator(const NodeCommunicator&) = delete;
+  NodeCommunicator& operator=(const NodeCommunicator&) = delete;
+  MPI_Comm get() const noexcept { return comm_; }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
 // Whether MPI runs with MPI_THREAD_MULTIPLE (several threads may call it at once).
 bool threads_may_communicate();
 

@@ -1,6 +1,7 @@
 // The CPU backend: the family's fp32 CPU model over the ZeRO engine of zero_engine.hpp, on MPI ranks.
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -16,23 +17,48 @@
 namespace shardkit::trainer {
 namespace {
 
-// NVMe offload of the optimizer states (ZeRO-Infinity), or none. Offloading to the CPU changes
-// nothing on CPU ranks; parameters stay in memory.
-ZeroEngine::SwapFactory optimizer_swap(const BackendOptions& o) {
+// NVMe offload (ZeRO-Infinity) of the optimizer states and of stage 3's parameters, or none.
+// Offloading to the CPU changes nothing on CPU ranks.
+ZeroEngine::SwapFactory nvme_swaps(const BackendOptions& o) {
   const ZeroConfig& z = o.config->zero;
-  if (z.offload_param.device == "nvme") {
-    fail(ErrorKind::kInvalidInput,
-         "zero_optimization.offload_param device nvme: parameter offload to NVMe is not implemented (offload_optimizer "
-         "device nvme swaps the optimizer states)");
+  const bool optimizer = z.offload_optimizer.device == "nvme";
+  const bool params = z.offload_param.device == "nvme";
+  if (params && z.stage != 3) {
+    fail(ErrorKind::kInvalidInput, "zero_optimization.offload_param device nvme needs ZeRO stage 3 (stage " +
+                                       std::to_string(z.stage) + " keeps every parameter on every rank)");
   }
-  if (z.offload_optimizer.device != "nvme") return {};
+  if (!optimizer && !params) return {};
   std::vector<std::string> notes;
-  const nvme::SwapOptions options = nvme::optimizer_swap_options(*o.config, notes);
+  std::optional<nvme::SwapOptions> optimizer_options, param_options;
+  if (optimizer) optimizer_options = nvme::swap_options(*o.config, "offload_optimizer", notes);
+  if (params) param_options = nvme::swap_options(*o.config, "offload_param", notes);
+  nvme::note_aio(o.config->aio, notes);
   for (const std::string& line : notes) o.log(line);
   comm::MpiCollective& comm = *o.comm;
   const auto log = o.log;
-  return [options, &comm, log](int64_t elements) {
-    return std::make_unique<nvme::StateSwapper>(options, nvme::rank_swap_name(comm, "optimizer"), elements, log);
+  return [optimizer_options, param_options, &comm, log](int64_t elements) {
+    // What each swap holds: the optimizer's master weights and moments; the parameters.
+    struct Kind {
+      const std::optional<nvme::SwapOptions>& options;
+      int states;
+      const char* contents;
+      const char* name;
+    };
+    const Kind kinds[] = {{optimizer_options, 3, "optimizer states", "optimizer"},
+                          {param_options, 1, "parameters", "params"}};
+    std::vector<nvme::SwapNeed> needs;
+    for (const Kind& k : kinds) {
+      if (k.options) needs.push_back(nvme::StateSwapper::need(*k.options, elements, k.states, k.contents));
+    }
+    nvme::check_node_free_space(comm, needs);
+    std::unique_ptr<nvme::StateSwapper> swaps[2];
+    for (size_t i = 0; i < 2; ++i) {
+      const Kind& k = kinds[i];
+      if (!k.options) continue;
+      swaps[i] = std::make_unique<nvme::StateSwapper>(*k.options, nvme::rank_swap_name(comm, k.name), elements,
+                                                      k.states, k.contents, log);
+    }
+    return ZeroEngine::Swaps{std::move(swaps[0]), std::move(swaps[1])};
   };
 }
 
@@ -42,15 +68,16 @@ class CpuBackend final : public Backend {
       : options_(o),
         model_(o.model->make_cpu_model(o.micro_batch, o.seq_len)),
         engine_(o.model->table(), o.model->groups(), decay_flags(*o.model), o.config->zero, comm_dtype(*o.config),
-                *o.comm, optimizer_swap(o)) {}
+                *o.comm, nvme_swaps(o)) {}
 
   const ckpt::Layout& layout() const override { return engine_.layout(); }
   std::string describe() const override {
     std::string out = std::string("CPU, fp32, matrix products: ") + model::cpu::gemm_backend();
-    if (const nvme::StateSwapper* swap = engine_.swapper()) {
-      out +=
-          "; optimizer states swapped to " + swap->path().string() + (swap->direct() ? " (O_DIRECT)" : " (buffered)");
-    }
+    const auto swapped_to = [](const nvme::StateSwapper& swap) {
+      return swap.path().string() + (swap.direct() ? " (O_DIRECT)" : " (buffered)");
+    };
+    if (const nvme::StateSwapper* swap = engine_.swapper()) out += "; optimizer states swapped to " + swapped_to(*swap);
+    if (const nvme::StateSwapper* swap = engine_.param_swapper()) out += "; parameters swapped to " + swapped_to(*swap);
     return out;
   }
   MemoryReport memory() const override { return engine_.memory(); }

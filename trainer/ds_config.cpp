@@ -366,8 +366,7 @@ OffloadConfig parse_offload(Section& zero, const std::string& key, const std::st
   }
   set_if(offload.flag("pin_memory"), out.pin_memory);
   set_if(offload.text("nvme_path"), out.nvme_path);
-  // (offload_param to NVMe is refused by both backends, with its own message.)
-  if (key == "offload_optimizer" && out.device == "nvme" && out.nvme_path.empty()) {
+  if (out.device == "nvme" && out.nvme_path.empty()) {
     offload.bad("nvme_path", "must be given for device nvme (the folder of the swap files)");
   }
   set_if(offload.integer("buffer_count", 1, kMaxInt), out.buffer_count);

@@ -227,8 +227,8 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
     return nvme > 0 ? bytes(nvme) + " (on NVMe)" : host > 0 ? bytes(host) + " (in host memory)" : bytes(device);
   };
   const std::string mine = "rank " + std::to_string(comm.rank()) + ": parameters " +
-                           held(m.parameters, m.host_parameters, 0) + ", gradients " + bytes(m.gradients) +
-                           ", optimizer states " +
+                           held(m.parameters, m.host_parameters, m.nvme_parameters) + ", gradients " +
+                           bytes(m.gradients) + ", optimizer states " +
                            held(m.optimizer_states, m.host_optimizer_states, m.nvme_optimizer_states) +
                            ", activations " + bytes(s.backend->activation_bytes()) +
                            (m.snapshot_staging > 0 ? ", snapshot staging " + bytes(m.snapshot_staging) : "");

@@ -50,13 +50,16 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::Tensor
            "partition)");
     }
   } else if (swap) {
-    swap_ = swap(static_cast<int64_t>(flat));
-    if (stage() == 3) params_part_.resize(flat);
-  } else {
+    Swaps swaps = swap(static_cast<int64_t>(flat));
+    swap_ = std::move(swaps.optimizer);
+    param_swap_ = std::move(swaps.params);
+  }
+  if (stage() != 0 && !swap_) {
     master_.resize(flat);
     exp_avg_.resize(flat);
     exp_avg_sq_.resize(flat);
   }
+  if (stage() == 3 && swap_ && !param_swap_) params_part_.resize(flat);
   acquired_count_.assign(groups_.size(), 0);
   if (stage() >= 2) grad_buffers_.resize(table.size());
   no_decay_ = no_decay_ranges(load_plan(), decays);
@@ -67,9 +70,14 @@ MemoryReport ZeroEngine::memory() const noexcept {
   MemoryReport r;
   // Stage 3 keeps no replicated parameters: the fp32 partition is what the model's groups are
   // gathered from.
-  r.parameters = stage() == 3 ? bytes(swap_ ? params_part_ : master_) : bytes(params_full_);
+  if (stage() != 3) {
+    r.parameters = bytes(params_full_);
+  } else if (!param_swap_) {
+    r.parameters = bytes(swap_ ? params_part_ : master_);
+  }
   r.gradients = stage() <= 1 ? bytes(grads_full_) : bytes(grad_part_);
   r.optimizer_states = bytes(master_) + bytes(exp_avg_) + bytes(exp_avg_sq_);
+  r.nvme_parameters = param_swap_ ? param_swap_->file_bytes() : 0;
   r.nvme_optimizer_states = swap_ ? swap_->file_bytes() : 0;
   return r;
 }
@@ -106,6 +114,7 @@ void ZeroEngine::fill_states(const StateFill& fill) {
   } else {
     const std::span<float> states[] = {master_, exp_avg_, exp_avg_sq_};
     fill(load_plan(), states);
+    if (param_swap_) write_param_swap();
   }
   publish_params();
 }
@@ -113,22 +122,44 @@ void ZeroEngine::fill_states(const StateFill& fill) {
 void ZeroEngine::fill_swapped_states(const StateFill& fill) {
   std::vector<ckpt::Fragment> plan = load_plan();
   std::ranges::sort(plan, {}, &ckpt::Fragment::flat_offset);
-  const std::span<float> params = params_partition();
   std::vector<ckpt::Fragment> in_chunk;
-  swap_->visit(nvme::StateSwapper::Access::kWrite, [&](const nvme::StateSwapper::Chunk& chunk) {
+  visit_swapped(nvme::StateSwapper::Access::kWrite, [&](int64_t lo, std::span<const std::span<float>> states) {
     // The fragments' parts inside the chunk, relative to its start.
-    const int64_t lo = chunk.offset, hi = lo + static_cast<int64_t>(chunk.states[0].size());
+    const int64_t hi = lo + static_cast<int64_t>(states[0].size());
     in_chunk.clear();
     for (const ckpt::Fragment& f : plan) {
       const int64_t a = std::max(lo, f.flat_offset), b = std::min(hi, f.flat_offset + f.length);
       if (a < b) in_chunk.push_back({f.tensor, f.tensor_offset + (a - f.flat_offset), b - a, a - lo});
     }
-    fill(in_chunk, chunk.states);
-    std::ranges::copy(chunk.states[0], params.begin() + lo);
+    fill(in_chunk, states);
+  });
+}
+
+void ZeroEngine::visit_swapped(
+    nvme::StateSwapper::Access access,
+    const std::function<void(int64_t offset, std::span<const std::span<float>> states)>& update) {
+  using nvme::StateSwapper;
+  static constexpr int kParams[] = {0};
+  std::vector<StateSwapper::Part> parts = {{swap_.get(), access, swap_->all_states()}};
+  if (param_swap_) parts.push_back({param_swap_.get(), StateSwapper::Access::kWrite, kParams});
+  const std::span<float> params = params_partition();
+  StateSwapper::visit(parts, [&](std::span<const StateSwapper::Chunk> chunks) {
+    const StateSwapper::Chunk& chunk = chunks[0];
+    update(chunk.offset, chunk.states);
+    const std::span<const float> master = chunk.states[0];
+    std::ranges::copy(master, param_swap_ ? chunks[1].states[0].begin() : params.begin() + chunk.offset);
+  });
+}
+
+void ZeroEngine::write_param_swap() {
+  param_swap_->visit(nvme::StateSwapper::Access::kWrite, [&](const nvme::StateSwapper::Chunk& chunk) {
+    const auto from = master_.begin() + chunk.offset;
+    std::copy(from, from + static_cast<std::ptrdiff_t>(chunk.states[0].size()), chunk.states[0].begin());
   });
 }
 
 std::span<float> ZeroEngine::params_partition() noexcept {
+  // (Empty at stage 3 with the parameters swapped.)
   if (stage() == 3) return swap_ ? std::span<float>(params_part_) : std::span<float>(master_);
   const size_t P = static_cast<size_t>(layout_.partition_size());
   return {params_full_.data() + static_cast<size_t>(rank_) * P, P};
@@ -162,15 +193,32 @@ void ZeroEngine::release(int group) {
 
 void ZeroEngine::gather_stage3(int group) {
   const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
-  int a = g.first;
-  while (a < g.last) {
-    // A bucket: consecutive tensors whose slots together fit allgather_bucket_size (at least one).
+  // Buckets: runs of consecutive tensors [a, b) whose slots together fit allgather_bucket_size (at
+  // least one tensor each).
+  std::vector<std::pair<int, int>> buckets;
+  for (int a = g.first; a < g.last;) {
     int b = a + 1;
     while (b < g.last && slot_end(b + 1) - layout_.slot_offset(a) <= config_.allgather_bucket_size) ++b;
+    buckets.emplace_back(a, b);
+    a = b;
+  }
+  const auto start_read = [&](size_t k) {
+    const auto [a, b] = buckets[k];
+    param_swap_->start_read(param_reads_[k % 2], 0, layout_.slot_offset(a), slot_end(b) - layout_.slot_offset(a));
+  };
+  if (param_swap_) start_read(0);
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    const auto [a, b] = buckets[k];
     const int64_t base = layout_.slot_offset(a);
     const int64_t span = slot_end(b) - base;
+    const float* source = params_partition().data() + base;
+    if (param_swap_) {
+      // The next bucket's slice is read while this one is gathered.
+      if (k + 1 < buckets.size()) start_read(k + 1);
+      source = param_swap_->finish_read(param_reads_[k % 2]).data();
+    }
     recv_buffer_.resize(static_cast<size_t>(span * world_));
-    comm_.allgather(params_partition().data() + base, recv_buffer_.data(), span);
+    comm_.allgather(source, recv_buffer_.data(), span);
     for (int t = a; t < b; ++t) {
       const int64_t n = numel(t);
       const int64_t piece = layout_.piece_size(t);
@@ -182,7 +230,6 @@ void ZeroEngine::gather_stage3(int group) {
         std::copy(src, src + count, full.data() + r * piece);
       }
     }
-    a = b;
   }
 }
 
@@ -334,15 +381,13 @@ void ZeroEngine::step(const AdamWStep& s) {
   if (swap_) {
     // Element-wise, so chunk by chunk gives the same bits as the whole partition at once.
     const std::span<const float> grads = grad_part_;
-    const std::span<float> params = params_partition();
-    swap_->visit(nvme::StateSwapper::Access::kUpdate, [&](const nvme::StateSwapper::Chunk& chunk) {
-      const auto& [master, m, v] = chunk.states;
-      cpu_adamw(master, m, v, grads.subspan(static_cast<size_t>(chunk.offset), master.size()), c,
-                no_decay.at(chunk.offset));
-      std::ranges::copy(master, params.begin() + chunk.offset);
+    visit_swapped(nvme::StateSwapper::Access::kUpdate, [&](int64_t offset, std::span<const std::span<float>> states) {
+      cpu_adamw(states[0], states[1], states[2], grads.subspan(static_cast<size_t>(offset), states[0].size()), c,
+                no_decay.at(offset));
     });
   } else {
     cpu_adamw(master_, exp_avg_, exp_avg_sq_, optimizer_grads(), c, no_decay);
+    if (param_swap_) write_param_swap();
   }
   publish_params();
 }

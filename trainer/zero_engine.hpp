@@ -12,10 +12,15 @@
 //
 // Gradients are summed across ranks; the caller divides by the world size (in step()'s multiplier).
 //
-// With NVMe offload (stages 1-3, a StateSwapper given) the optimizer states live in the rank's swap file
+// With NVMe offload of the optimizer (stages 1-3) the optimizer states live in the rank's swap file
 // instead: the step streams them through the swapper chunk by chunk and writes each updated chunk of
 // master weights into the parameters the model reads (stage 3: a partition of its own in memory, the
-// source of the gathers, since the master weights are on disk).
+// source of the gathers, since the master weights are on disk). With NVMe offload of the parameters
+// (stage 3) that partition lives in a swap file of its own: each gather reads the rank's slice of the
+// bucket from it, the next bucket's read under way while this one is gathered, and the step writes
+// the updated master weights into it (in its pass over the swapped optimizer states where those are
+// swapped too). CPU ranks train in fp32, so the parameters are a copy of the master weights: the
+// parameter swap saves host memory only together with the optimizer's.
 #pragma once
 
 #include <cstdint>
@@ -41,14 +46,20 @@ struct MemoryReport {
   int64_t gradients = 0;
   int64_t optimizer_states = 0;       // fp32 master weights + exp_avg + exp_avg_sq
   int64_t host_optimizer_states = 0;  // the same, where offloaded to host memory (GPU ranks)
-  int64_t nvme_optimizer_states = 0;  // the same, where swapped to NVMe (the swap file's size)
+  int64_t nvme_parameters = 0;        // stage 3's partition, where swapped to NVMe (the swap file's size)
+  int64_t nvme_optimizer_states = 0;  // the optimizer states, where swapped to NVMe (the swap file's size)
   int64_t snapshot_staging = 0;       // device memory that stages checkpoint snapshots (GPU ranks)
 };
 
 class ZeroEngine final : public model::ParameterStore {
  public:
-  // Opens the swap of a rank's optimizer states (NVMe offload) for `elements` elements of each state.
-  using SwapFactory = std::function<std::unique_ptr<nvme::StateSwapper>(int64_t elements)>;
+  // NVMe offload: the swap of the rank's optimizer states (3 states) and of its stage 3 parameter
+  // partition (1 state), either null.
+  struct Swaps {
+    std::unique_ptr<nvme::StateSwapper> optimizer, params;
+  };
+  // Opens the swaps for `elements` elements of each state.
+  using SwapFactory = std::function<Swaps(int64_t elements)>;
   // What fills the rank's states chunk by chunk (the whole buffers in one call without NVMe offload):
   // `plan` holds the fragments of the chunk, flat offsets relative to its start; `states` the chunk of
   // master weights, exp_avg and exp_avg_sq, every element of which the call must set (padding to 0).
@@ -56,7 +67,7 @@ class ZeroEngine final : public model::ParameterStore {
   using StateSink = std::function<void(std::span<const float>)>;
 
   // `decays`: per tensor, whether weight decay applies (weight_decay.hpp). `wire`:
-  // communication_data_type (grad_wire.hpp). `swap`: NVMe offload (stages 1-3 only).
+  // communication_data_type (grad_wire.hpp). `swap`: NVMe offload (stages 1-3; parameters stage 3).
   ZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const std::vector<bool>& decays,
              const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& comm, const SwapFactory& swap = {});
 
@@ -95,13 +106,23 @@ class ZeroEngine final : public model::ParameterStore {
   void read_state(int state, const StateSink& sink);
   // The NVMe swap of the optimizer states, or nullptr.
   const nvme::StateSwapper* swapper() const noexcept { return swap_.get(); }
+  // The NVMe swap of the stage 3 parameter partition, or nullptr.
+  const nvme::StateSwapper* param_swapper() const noexcept { return param_swap_.get(); }
 
  private:
   // What the rank keeps states for: (tensor, offset, length, position in the flat buffers).
   std::vector<ckpt::Fragment> load_plan() const;
-  // The rank's parameters in its partition's layout: what the step updates and stage 3 gathers from.
+  // The rank's parameters in its partition's layout, in memory: what the step updates and stage 3
+  // gathers from (unless they are swapped).
   std::span<float> params_partition() noexcept;
   void fill_swapped_states(const StateFill& fill);
+  // Visits the swapped optimizer states chunk by chunk with `access`: `update` sets or changes the
+  // chunk's states (offset, master / exp_avg / exp_avg_sq), whose master weights then become the
+  // parameters (written to the parameter swap in the same pass, or copied into params_partition()).
+  void visit_swapped(nvme::StateSwapper::Access access,
+                     const std::function<void(int64_t offset, std::span<const std::span<float>> states)>& update);
+  // Optimizer states in memory, parameters swapped: the master weights into the parameter swap.
+  void write_param_swap();
   // Stages 0-2: the partitions' parameters to every rank (after copying the master weights, unless
   // the swapped step wrote them already).
   void publish_params();
@@ -133,8 +154,10 @@ class ZeroEngine final : public model::ParameterStore {
   // Empty with NVMe offload, where swap_ holds the states.
   ckpt::LargeVector<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
   std::vector<ElementRange> no_decay_;  // positions of the optimizer view that weight decay skips
-  std::unique_ptr<nvme::StateSwapper> swap_;
-  ckpt::LargeVector<float> params_part_;  // stage 3 with NVMe offload: the parameters of the slots (F)
+  std::unique_ptr<nvme::StateSwapper> swap_, param_swap_;
+  // Stage 3 with the optimizer on NVMe and the parameters in memory: the parameters of the slots (F).
+  ckpt::LargeVector<float> params_part_;
+  nvme::RangeRead param_reads_[2];  // stage 3, parameters on NVMe: a gather's bucket and the next
 
   // Stage 3: gathered parameters of acquired groups, one buffer per tensor.
   std::vector<ckpt::LargeVector<float>> gathered_;

@@ -556,6 +556,9 @@ TEST(DsConfigZero, NvmeOffloadNeedsAPathAndAioBlocksAlignedForDirectIo) {
   EXPECT_EQ(error_of(with({{"zero_optimization", {{"offload_optimizer", {{"device", "nvme"}}}}}})),
             "config.json: zero_optimization.offload_optimizer.nvme_path must be given for device nvme (the folder of "
             "the swap files)");
+  EXPECT_EQ(error_of(with({{"zero_optimization", {{"stage", 3}, {"offload_param", {{"device", "nvme"}}}}}})),
+            "config.json: zero_optimization.offload_param.nvme_path must be given for device nvme (the folder of "
+            "the swap files)");
   EXPECT_EQ(error_of(with({{"aio", {{"block_size", 10000}}}})),
             "config.json: aio.block_size is 10000, must be a multiple of 4096 (O_DIRECT)");
   EXPECT_TRUE(Contains(error_of(with({{"aio", {{"queue_depth", 0}}}})), "aio.queue_depth is 0, must be in [1, 4096]"));
@@ -868,7 +871,7 @@ TEST(DsConfigRoundTrip, ParseOfToJsonGivesTheSameConfig) {
              {"reduce_bucket_size", "auto"},
              {"sub_group_size", 1e6},
              {"offload_optimizer", {{"device", "cpu"}, {"pin_memory", true}}},
-             {"offload_param", {{"device", "nvme"}}}}},
+             {"offload_param", {{"device", "nvme"}, {"nvme_path", "/nvme"}}}}},
            {"optimizer",
             {{"type", "adam"}, {"params", {{"lr", 6e-4}, {"adam_w_mode", false}, {"betas", {0.9, 0.95}}}}}},
            {"scheduler", {{"type", "WarmupDecayLR"}, {"params", {{"total_num_steps", 5000}, {"warmup_max_lr", 6e-4}}}}},

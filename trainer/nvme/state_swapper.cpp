@@ -8,36 +8,120 @@
 namespace shardkit::trainer::nvme {
 namespace {
 
-constexpr int kAllStates[kStates] = {0, 1, 2};
+constexpr int kAllStates[kMaxStates] = {0, 1, 2};
 
-// 12 bytes per element of the partition, in whole chunks.
-int64_t file_size(int64_t elements, int64_t chunk_elems) {
+// 4 bytes per element and state, in whole chunks.
+int64_t file_size(int64_t elements, int states, int64_t chunk_elems) {
   const int64_t chunks = std::max<int64_t>(1, (elements + chunk_elems - 1) / chunk_elems);
-  return kStates * chunks * chunk_elems * static_cast<int64_t>(sizeof(float));
+  return states * chunks * chunk_elems * static_cast<int64_t>(sizeof(float));
 }
 
 int64_t checked_chunk_elems(const SwapOptions& o) {
   if (o.chunk_bytes <= 0 || o.chunk_bytes % static_cast<int64_t>(kDirectAlignment) != 0) {
-    fail(ErrorKind::kInvalidInput, "optimizer swap: chunk size " + std::to_string(o.chunk_bytes) +
+    fail(ErrorKind::kInvalidInput, "NVMe swap: chunk size " + std::to_string(o.chunk_bytes) +
                                        " bytes must be a positive multiple of " + std::to_string(kDirectAlignment));
   }
   return o.chunk_bytes / static_cast<int64_t>(sizeof(float));
 }
 
+int checked_states(int states) {
+  if (states < 1 || states > kMaxStates) {
+    fail(ErrorKind::kInternal,
+         "NVMe swap: " + std::to_string(states) + " states per file, expected 1 to " + std::to_string(kMaxStates));
+  }
+  return states;
+}
+
 }  // namespace
 
-StateSwapper::StateSwapper(const SwapOptions& options, const std::string& file_name, int64_t elements,
-                           const std::function<void(const std::string&)>& notice)
+// One visit's pipeline over one swapper. Chunk c lives in buffer c % B. Reads run `ahead` chunks in
+// front of the one computed; an access that writes keeps one buffer for the write of the chunk before.
+class StateSwapper::Pipeline {
+ public:
+  Pipeline(StateSwapper& swap, Access access, std::span<const int> states)
+      : swap_(swap),
+        states_(states),
+        B_(static_cast<int64_t>(swap.buffers_.size())),
+        reads_(access != Access::kWrite),
+        writes_(access != Access::kRead),
+        ahead_(writes_ ? B_ - 2 : B_ - 1),
+        reading_(static_cast<size_t>(B_)),
+        writing_(static_cast<size_t>(B_)) {}
+
+  // Chunk c in its buffer: read (with the reads ahead of it started) where the access reads, its
+  // buffer's previous write settled in any case.
+  Chunk open(int64_t c) {
+    const int64_t chunks = swap_.chunk_count();
+    if (reads_) {
+      for (; next_read_ < chunks && next_read_ <= c + ahead_; ++next_read_) {
+        settle_write(next_read_);  // the buffer's previous chunk is on disk before it is overwritten
+        reading_[slot(next_read_)] = swap_.transfer(IoOp::kRead, next_read_, states_);
+      }
+      swap_.io_->wait(*std::exchange(reading_[slot(c)], std::nullopt));
+    } else {
+      settle_write(c);
+    }
+    const int64_t lo = c * swap_.chunk_elems_;
+    const size_t n = static_cast<size_t>(std::min(swap_.chunk_elems_, swap_.elements_ - lo));
+    auto* base = reinterpret_cast<float*>(swap_.buffers_[slot(c)].data());
+    Chunk chunk{lo, {}};
+    for (const int s : states_) {
+      chunk.states[static_cast<size_t>(s)] = {base + static_cast<size_t>(s * swap_.chunk_elems_), n};
+    }
+    return chunk;
+  }
+  // After the caller's work on chunk c: written back where the access writes.
+  void close(int64_t c) {
+    if (writes_) writing_[slot(c)] = swap_.transfer(IoOp::kWrite, c, states_);
+  }
+  // Waits for every write.
+  void finish() {
+    for (int64_t b = 0; b < B_; ++b) settle_write(b);
+  }
+
+ private:
+  size_t slot(int64_t c) const noexcept { return static_cast<size_t>(c % B_); }
+  void settle_write(int64_t c) {
+    auto& w = writing_[slot(c)];
+    if (w) swap_.io_->wait(*std::exchange(w, std::nullopt));
+  }
+
+  StateSwapper& swap_;
+  std::span<const int> states_;
+  int64_t B_;
+  bool reads_, writes_;
+  int64_t ahead_;
+  std::vector<std::optional<AsyncIo::Batch>> reading_, writing_;
+  int64_t next_read_ = 0;
+};
+
+RangeRead::~RangeRead() {
+  if (swapper_ == nullptr) return;
+  const std::lock_guard lock(swapper_->mutex_);
+  swapper_->io_->drain();  // the kernel may not write into a freed buffer
+}
+
+SwapNeed StateSwapper::need(const SwapOptions& options, int64_t elements, int states, const std::string& contents) {
+  return {options.dir, file_size(elements, checked_states(states), checked_chunk_elems(options)),
+          "the " + contents + " of this rank's " + std::to_string(elements) + "-element partition (" +
+              std::to_string(4 * states) + " bytes per element)"};
+}
+
+StateSwapper::StateSwapper(const SwapOptions& options, const std::string& file_name, int64_t elements, int states,
+                           const std::string& contents, const std::function<void(const std::string&)>& notice)
     : elements_(elements),
+      states_(checked_states(states)),
       chunk_elems_(checked_chunk_elems(options)),
-      file_(options.dir, file_name, file_size(elements, chunk_elems_),
-            "the optimizer states of this rank's " + std::to_string(elements) +
-                "-element partition (12 bytes per element)",
-            notice),
+      file_(options.dir, file_name, need(options, elements, states, contents).bytes,
+            need(options, elements, states, contents).what, notice),
       io_(open_async_io(file_.fd(), file_.path(), options.queue_depth, static_cast<size_t>(options.chunk_bytes))) {
   // Three is the least a pipeline needs: one chunk read ahead, one computed, one written behind.
   const int count = std::max(3, options.buffer_count);
-  for (int i = 0; i < count; ++i) buffers_.emplace_back(static_cast<size_t>(kStates * options.chunk_bytes));
+  for (int i = 0; i < count; ++i) buffers_.emplace_back(static_cast<size_t>(states_ * options.chunk_bytes));
+}
+
+std::span<const int> StateSwapper::all_states() const noexcept {
+  return std::span<const int>(kAllStates).first(static_cast<size_t>(states_));
 }
 
 AsyncIo::Batch StateSwapper::transfer(IoOp op, int64_t chunk, std::span<const int> states) {
@@ -52,53 +136,70 @@ AsyncIo::Batch StateSwapper::transfer(IoOp op, int64_t chunk, std::span<const in
 }
 
 void StateSwapper::visit(Access access, const Visit& visit_chunk) {
-  visit(access, kAllStates, visit_chunk);
+  visit(access, all_states(), visit_chunk);
 }
 
 void StateSwapper::visit(Access access, std::span<const int> states, const Visit& visit_chunk) {
-  const std::lock_guard lock(mutex_);
+  const Part parts[] = {{this, access, states}};
+  visit(parts, [&](std::span<const Chunk> chunks) { visit_chunk(chunks[0]); });
+}
+
+void StateSwapper::visit(std::span<const Part> parts, const std::function<void(std::span<const Chunk>)>& visit_chunks) {
+  for (const Part& p : parts) {
+    if (p.swapper->elements_ != parts[0].swapper->elements_ ||
+        p.swapper->chunk_elems_ != parts[0].swapper->chunk_elems_) {
+      fail(ErrorKind::kInternal, p.swapper->path().string() + ": visited together with a swap of another shape");
+    }
+  }
+  // One visit at a time per swapper; several are locked in one order, so that two visits never wait
+  // for each other.
+  std::vector<StateSwapper*> order;
+  for (const Part& p : parts) order.push_back(p.swapper);
+  std::ranges::sort(order);
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (StateSwapper* s : order) locks.emplace_back(s->mutex_);
   try {
-    run(access, states, visit_chunk);
+    std::vector<Pipeline> pipelines;
+    pipelines.reserve(parts.size());
+    for (const Part& p : parts) pipelines.emplace_back(*p.swapper, p.access, p.states);
+    std::vector<Chunk> chunks(parts.size());
+    const int64_t count = parts.empty() ? 0 : parts[0].swapper->chunk_count();
+    for (int64_t c = 0; c < count; ++c) {
+      for (size_t i = 0; i < parts.size(); ++i) chunks[i] = pipelines[i].open(c);
+      visit_chunks(chunks);
+      for (Pipeline& p : pipelines) p.close(c);
+    }
+    for (Pipeline& p : pipelines) p.finish();
   } catch (...) {
-    io_->drain();  // nothing in flight may outlive the visit that started it
+    for (StateSwapper* s : order) s->io_->drain();  // nothing in flight may outlive the visit that started it
     throw;
   }
 }
 
-void StateSwapper::run(Access access, std::span<const int> states, const Visit& visit_chunk) {
-  const int64_t chunks = chunk_count();
-  const int64_t B = static_cast<int64_t>(buffers_.size());
-  const bool reads = access != Access::kWrite, writes = access != Access::kRead;
-  // Chunk c lives in buffer c % B. Reads run `ahead` chunks in front of the one computed; an update
-  // keeps one buffer for the write of the chunk before.
-  const int64_t ahead = writes ? B - 2 : B - 1;
-  std::vector<std::optional<AsyncIo::Batch>> reading(static_cast<size_t>(B)), writing(static_cast<size_t>(B));
-  const auto settle_write = [&](int64_t c) {
-    auto& w = writing[static_cast<size_t>(c % B)];
-    if (w) io_->wait(*std::exchange(w, std::nullopt));
-  };
-  int64_t next_read = 0;
-  for (int64_t c = 0; c < chunks; ++c) {
-    if (reads) {
-      for (; next_read < chunks && next_read <= c + ahead; ++next_read) {
-        settle_write(next_read);  // the buffer's previous chunk is on disk before it is overwritten
-        reading[static_cast<size_t>(next_read % B)] = transfer(IoOp::kRead, next_read, states);
-      }
-      io_->wait(*std::exchange(reading[static_cast<size_t>(c % B)], std::nullopt));
-    } else {
-      settle_write(c);
-    }
-    const int64_t lo = c * chunk_elems_;
-    const size_t n = static_cast<size_t>(std::min(chunk_elems_, elements_ - lo));
-    auto* base = reinterpret_cast<float*>(buffers_[static_cast<size_t>(c % B)].data());
-    Chunk chunk{lo, {}};
-    for (const int s : states) {
-      chunk.states[static_cast<size_t>(s)] = {base + static_cast<size_t>(s * chunk_elems_), n};
-    }
-    visit_chunk(chunk);
-    if (writes) writing[static_cast<size_t>(c % B)] = transfer(IoOp::kWrite, c, states);
-  }
-  for (int64_t b = 0; b < B; ++b) settle_write(b);
+void StateSwapper::start_read(RangeRead& read, int state, int64_t offset, int64_t count) {
+  if (read.swapper_ != nullptr) fail(ErrorKind::kInternal, path().string() + ": a range read started twice");
+  // The aligned byte range around the elements: each state is contiguous in the file.
+  const int64_t A = static_cast<int64_t>(kDirectAlignment);
+  const int64_t first = state * chunk_count() * chunk_elems_ * static_cast<int64_t>(sizeof(float)) +
+                        offset * static_cast<int64_t>(sizeof(float));
+  const int64_t lo = first / A * A;
+  const int64_t hi = (first + count * static_cast<int64_t>(sizeof(float)) + A - 1) / A * A;
+  const size_t bytes = static_cast<size_t>(hi - lo);
+  if (read.buffer_.size() < bytes) read.buffer_ = AlignedBuffer(bytes);
+  read.skip_ = static_cast<size_t>(first - lo) / sizeof(float);
+  read.count_ = static_cast<size_t>(count);
+  const std::lock_guard lock(mutex_);
+  const IoRequest request{IoOp::kRead, read.buffer_.data(), bytes, lo};
+  read.batch_ = io_->submit(std::span(&request, 1));
+  read.swapper_ = this;
+}
+
+std::span<const float> StateSwapper::finish_read(RangeRead& read) {
+  if (read.swapper_ != this) fail(ErrorKind::kInternal, path().string() + ": a range read finished before it started");
+  const std::lock_guard lock(mutex_);
+  read.swapper_ = nullptr;
+  io_->wait(read.batch_);
+  return {reinterpret_cast<const float*>(read.buffer_.data()) + read.skip_, read.count_};
 }
 
 }  // namespace shardkit::trainer::nvme

@@ -1,11 +1,14 @@
-// ZeRO-Infinity's optimizer offload: a rank's fp32 states (master weights, exp_avg, exp_avg_sq) kept in
-// a swap file (swap_file.hpp) instead of host memory, and visited chunk by chunk through a few aligned
-// bounce buffers. The visit is a pipeline over asynchronous I/O (aio.hpp): chunk i+1 is read while the
-// caller computes on chunk i and chunk i-1 is written back, so a step costs about the larger of its
-// I/O and its arithmetic, not their sum.
+// ZeRO-Infinity's NVMe offload: a rank's fp32 states kept in a swap file (swap_file.hpp) instead of host
+// memory -- the optimizer's master weights, exp_avg and exp_avg_sq in one file, stage 3's partition
+// of the parameters in another -- and visited chunk by chunk through a few aligned bounce buffers.
+// The visit is a pipeline over asynchronous I/O (aio.hpp): chunk i+1 is read while the caller
+// computes on chunk i and chunk i-1 is written back, so a step costs about the larger of its I/O and
+// its arithmetic, not their sum. Swappers of the same shape can be visited together (the optimizer
+// step writes the parameters in its own pass), and a range of one state can be read on its own
+// (stage 3's gathers).
 //
 // File layout: state s, chunk c at byte (s * chunks + c) * chunk_bytes; every chunk is whole on disk
-// (the last one padded), so every transfer is aligned for O_DIRECT.
+// (the last one padded), so every transfer is aligned for O_DIRECT, and each state is contiguous.
 #pragma once
 
 #include <array>
@@ -24,13 +27,33 @@
 
 namespace shardkit::trainer::nvme {
 
-inline constexpr int kStates = 3;
+inline constexpr int kMaxStates = 3;
 
 struct SwapOptions {
-  std::filesystem::path dir;               // offload_optimizer.nvme_path
+  std::filesystem::path dir;               // offload_optimizer / offload_param .nvme_path
   int64_t chunk_bytes = int64_t{1} << 20;  // aio.block_size: one chunk of one state, and the largest request
   unsigned queue_depth = 8;                // aio.queue_depth: requests in flight at most
   int buffer_count = 4;                    // bounce buffers (each a chunk of every state); at least 3
+};
+
+class StateSwapper;
+
+// One asynchronous read of a range of one state (StateSwapper::start_read / finish_read); its
+// aligned buffer is kept for the next read. Waits for a read still in flight when destroyed.
+class RangeRead {
+ public:
+  RangeRead() = default;
+  ~RangeRead();
+  RangeRead(const RangeRead&) = delete;
+  RangeRead& operator=(const RangeRead&) = delete;
+
+ private:
+  friend class StateSwapper;
+  StateSwapper* swapper_ = nullptr;  // while a read is in flight
+  AlignedBuffer buffer_;
+  AsyncIo::Batch batch_ = 0;
+  size_t skip_ = 0;  // elements before the range's first in the buffer
+  size_t count_ = 0;
 };
 
 class StateSwapper {
@@ -43,34 +66,56 @@ class StateSwapper {
   // One chunk of the states: elements [offset, offset + size) of each selected state (others empty).
   struct Chunk {
     int64_t offset = 0;
-    std::array<std::span<float>, kStates> states;
+    std::array<std::span<float>, kMaxStates> states;
   };
   using Visit = std::function<void(const Chunk&)>;
+  // One swapper of a visit of several: how, and which of its states.
+  struct Part {
+    StateSwapper* swapper = nullptr;
+    Access access = Access::kRead;
+    std::span<const int> states;
+  };
 
-  // A swap file named `file_name` in options.dir for `elements` elements of each state (errors as
-  // SwapFile's). Its contents are undefined until a kWrite visit has filled them.
-  StateSwapper(const SwapOptions& options, const std::string& file_name, int64_t elements,
-               const std::function<void(const std::string&)>& notice);
+  // A swap file named `file_name` in options.dir for `elements` elements of each of `states` states
+  // (1 to kMaxStates), holding this rank's `contents` (named in errors); errors as SwapFile's. Its
+  // contents are undefined until a kWrite visit has filled them.
+  StateSwapper(const SwapOptions& options, const std::string& file_name, int64_t elements, int states,
+               const std::string& contents, const std::function<void(const std::string&)>& notice);
+  // What such a swap file takes in options.dir, for check_node_free_space before any rank creates one.
+  static SwapNeed need(const SwapOptions& options, int64_t elements, int states, const std::string& contents);
 
   int64_t elements() const noexcept { return elements_; }
   int64_t chunk_elems() const noexcept { return chunk_elems_; }
   int64_t file_bytes() const noexcept { return file_.bytes(); }
   const std::filesystem::path& path() const noexcept { return file_.path(); }
   bool direct() const noexcept { return file_.direct(); }
+  // The indices of all its states, {0, ..., states - 1}.
+  std::span<const int> all_states() const noexcept;
 
   // Visits every chunk in order, `states` (indices) of each, with `access`. Error(kIo) naming the file
   // when a transfer fails; the file's contents are then undefined. One visit at a time (callers on
   // several threads take turns).
   void visit(Access access, std::span<const int> states, const Visit& visit);
-  // All three states.
+  // All its states.
   void visit(Access access, const Visit& visit);
+  // Visits several swappers of the same elements and chunk size in one pass: chunk i of every part
+  // at once (`visit` gets one Chunk per part, in order), each through its own pipeline.
+  static void visit(std::span<const Part> parts, const std::function<void(std::span<const Chunk>)>& visit_chunks);
+
+  // Starts reading elements [offset, offset + count) of `state` into `read`'s buffer and returns at
+  // once; finish_read waits and returns them (valid until `read` is used again). For reads that a
+  // caller keeps ahead of its work; not to be mixed with a visit on another thread.
+  void start_read(RangeRead& read, int state, int64_t offset, int64_t count);
+  std::span<const float> finish_read(RangeRead& read);
 
  private:
+  friend class RangeRead;
+  class Pipeline;
   int64_t chunk_count() const noexcept { return (elements_ + chunk_elems_ - 1) / chunk_elems_; }
   AsyncIo::Batch transfer(IoOp op, int64_t chunk, std::span<const int> states);
-  void run(Access access, std::span<const int> states, const Visit& visit);
 
   int64_t elements_;
+  int states_;
   int64_t chunk_elems_;
   std::mutex mutex_;
   SwapFile file_;

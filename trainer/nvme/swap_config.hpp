@@ -1,5 +1,6 @@
-// The DeepSpeed config's NVMe offload settings (offload_optimizer, aio) as the swapper's options, with
-// a note for each setting that has no counterpart in shardkit's swapper. Shared by the backends.
+// The DeepSpeed config's NVMe offload settings (offload_optimizer / offload_param, aio) as the swapper's
+// options, with a note for each setting that has no counterpart in shardkit's swapper. Shared by the
+// backends.
 #pragma once
 
 #include <string>
@@ -10,8 +11,11 @@
 
 namespace shardkit::trainer::nvme {
 
-// config.zero.offload_optimizer.device must be "nvme". `notes` receives one line per setting accepted
-// without effect (or adjusted).
-SwapOptions optimizer_swap_options(const DsConfig& config, std::vector<std::string>& notes);
+// The options of the swap that zero_optimization.`key` ("offload_optimizer" or "offload_param", whose
+// device must be "nvme") asks for. `notes` receives one line per setting of that block accepted without
+// effect (or adjusted).
+SwapOptions swap_options(const DsConfig& config, const std::string& key, std::vector<std::string>& notes);
+// One line per setting of the aio block accepted without effect.
+void note_aio(const AioConfig& aio, std::vector<std::string>& notes);
 
 }  // namespace shardkit::trainer::nvme

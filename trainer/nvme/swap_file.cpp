@@ -2,12 +2,15 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "ckpt/error.hpp"
 #include "ckpt/text_format.hpp"
@@ -30,14 +33,31 @@ void check_folder(const std::filesystem::path& dir) {
   }
 }
 
-void check_free_space(const std::filesystem::path& dir, int64_t bytes, const std::string& what_needs) {
-  struct statvfs fs {};
-  if (::statvfs(dir.c_str(), &fs) != 0) fail_errno(dir.string() + ": statvfs", errno);
-  const double free = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
-  if (free < static_cast<double>(bytes)) {
-    fail(ErrorKind::kInvalidInput, dir.string() + ": " + ckpt::format_bytes(free) + " free, but " + what_needs +
-                                       " needs " + ckpt::format_bytes(static_cast<double>(bytes)));
+// What a rank will put on one file system (the folders' st_dev), and the first of its folders there.
+struct FileSystemUse {
+  std::filesystem::path dir;
+  double free = -1;  // bytes; below 0: the file system reports no size
+  int64_t bytes = 0;
+  std::string what;
+};
+
+std::map<uint64_t, FileSystemUse> use_by_file_system(std::span<const SwapNeed> needs) {
+  std::map<uint64_t, FileSystemUse> out;
+  for (const SwapNeed& need : needs) {
+    check_folder(need.dir);
+    struct stat st {};
+    if (::stat(need.dir.c_str(), &st) != 0) fail_errno(need.dir.string() + ": stat", errno);
+    FileSystemUse& use = out[static_cast<uint64_t>(st.st_dev)];
+    if (use.dir.empty()) {
+      struct statvfs fs {};
+      if (::statvfs(need.dir.c_str(), &fs) != 0) fail_errno(need.dir.string() + ": statvfs", errno);
+      use.dir = need.dir;
+      if (fs.f_blocks > 0) use.free = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
+    }
+    use.bytes += need.bytes;
+    use.what += (use.what.empty() ? "" : " + ") + need.what;
   }
+  return out;
 }
 
 // O_EXCL: a file of this name is either a live run's (locked) or a killed run's (replaced).
@@ -53,13 +73,13 @@ ckpt::FileDescriptor create_locked(const std::filesystem::path& path,
     }
     if (errno != EEXIST || attempt > 0) {
       const int e = errno;
-      fail(ErrorKind::kIo, path.string() + ": cannot create the optimizer swap file: " + std::strerror(e));
+      fail(ErrorKind::kIo, path.string() + ": cannot create the swap file: " + std::strerror(e));
     }
     {
       ckpt::FileDescriptor old(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
       if (::flock(old.get(), LOCK_EX | LOCK_NB) != 0) {
         fail(ErrorKind::kInvalidInput, path.string() +
-                                           ": in use by a running shardkit job (its optimizer swap file is locked); "
+                                           ": in use by a running shardkit job (its swap file is locked); "
                                            "expected no other run with this name in nvme_path");
       }
     }
@@ -70,11 +90,41 @@ ckpt::FileDescriptor create_locked(const std::filesystem::path& path,
 
 }  // namespace
 
+void check_node_free_space(comm::MpiCollective& comm, std::span<const SwapNeed> needs) {
+  const std::map<uint64_t, FileSystemUse> mine = use_by_file_system(needs);
+  // Every rank of the node learns every rank's bytes per file system.
+  nlohmann::json entry = nlohmann::json::array();
+  for (const auto& [device, use] : mine) entry.push_back({device, use.bytes});
+  const comm::NodeCommunicator node_comm(comm.comm());
+  comm::MpiCollective node(node_comm.get());
+  nlohmann::json all = nlohmann::json::array();
+  for (const std::string& text : node.gather(entry.dump())) all.push_back(nlohmann::json::parse(text));
+  all = nlohmann::json::parse(node.broadcast(all.dump()));
+  for (const auto& [device, use] : mine) {
+    if (use.free < 0) continue;
+    int64_t total = 0;
+    int ranks = 0;
+    for (const auto& rank_entry : all) {
+      for (const auto& e : rank_entry) {
+        if (e[0].get<uint64_t>() != device) continue;
+        total += e[1].get<int64_t>();
+        ++ranks;
+      }
+    }
+    if (use.free < static_cast<double>(total)) {
+      fail(ErrorKind::kInvalidInput,
+           use.dir.string() + ": " + ckpt::format_bytes(use.free) + " free, but the swap files of the " +
+               std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") + " on this node need " +
+               ckpt::format_bytes(static_cast<double>(total)) + " on its file system (this rank's share " +
+               ckpt::format_bytes(static_cast<double>(use.bytes)) + ": " + use.what + ")");
+    }
+  }
+}
+
 SwapFile::SwapFile(const std::filesystem::path& dir, const std::string& name, int64_t bytes,
                    const std::string& what_needs, const std::function<void(const std::string&)>& notice)
     : bytes_(bytes) {
   check_folder(dir);
-  check_free_space(dir, bytes, what_needs);
   fd_ = create_locked(dir / name, notice);
   // From here on the file is ours: an error removes it again.
   struct RemoveOnError {
@@ -94,7 +144,8 @@ SwapFile::SwapFile(const std::filesystem::path& dir, const std::string& name, in
   const int flags = ::fcntl(fd_.get(), F_GETFL);
   direct_ = flags >= 0 && ::fcntl(fd_.get(), F_SETFL, flags | O_DIRECT) == 0;
   if (!direct_) {
-    notice("notice: " + dir.string() + " does not support O_DIRECT (tmpfs?): the optimizer swap uses buffered I/O");
+    // (ramfs, or tmpfs before Linux 6.6.) The page cache then holds what is swapped, as it comes and goes.
+    notice("notice: " + dir.string() + " does not support O_DIRECT: " + name + " uses buffered I/O");
   }
   guard.armed = false;
 }

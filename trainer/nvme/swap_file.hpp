@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <span>
 #include <string>
 
 #include "ckpt/file_util.hpp"
@@ -14,11 +15,28 @@
 
 namespace shardkit::trainer::nvme {
 
+// One swap file a rank is about to create: `bytes` bytes in `dir`, for `what` (named in errors).
+struct SwapNeed {
+  std::filesystem::path dir;
+  int64_t bytes = 0;
+  std::string what;
+};
+
+// Before any rank creates its swap files: checks every folder of `needs` (as SwapFile does), then that
+// the swap files of all the ranks of this node fit together. Free space belongs to a file system, not
+// to a folder, so the node's needs are summed per file system (the folders' st_dev: ranks may name
+// the same folder, different folders on one disk, or different disks); a shortfall is
+// Error(kInvalidInput) on every rank of the node, naming the folder, its free bytes, what the node's
+// ranks need there and this rank's share. File systems that report no size (ramfs) are not checked.
+// Collective over `comm` (every rank calls it, `needs` empty where a rank swaps nothing).
+void check_node_free_space(comm::MpiCollective& comm, std::span<const SwapNeed> needs);
+
 class SwapFile {
  public:
   // Creates `dir`/`name` with `bytes` bytes allocated. One-line errors naming the path and what was
-  // expected: `dir` missing, not a directory or not writable, fewer than `bytes` bytes free there
-  // (`what_needs` says what the bytes are for), `name` held by a live run (its lock is taken). A file of
+  // expected: `dir` missing, not a directory or not writable, no room for `bytes` bytes (`what_needs`
+  // says what they are for; check_node_free_space checks up front for the node's ranks together), `name`
+  // held by a live run (its lock is taken). A file of
   // that name that no live process holds is left over from a run that was killed: it is replaced, and
   // `notice` says so. `notice` also says when the file system refuses O_DIRECT.
   SwapFile(const std::filesystem::path& dir, const std::string& name, int64_t bytes, const std::string& what_needs,
