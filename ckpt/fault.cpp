@@ -1,9 +1,11 @@
 #include "ckpt/fault.hpp"
 
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <thread>
 
 namespace shardkit::ckpt {
 namespace {
@@ -55,6 +57,10 @@ bool fault_armed(std::string_view point, int rank, int64_t step) {
 
 bool fault_armed(std::string_view point) {
   return active && fault_armed(point, active_rank, active_step);
+}
+
+void fault_delay() {
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(fault_delay_ms()));
 }
 
 double fault_delay_ms() {

@@ -53,6 +53,8 @@ bool fault_armed(std::string_view point, int rank, int64_t step);
 bool fault_armed(std::string_view point);
 // SHARDKIT_FAULT_DELAY_MS, in milliseconds (default 1000): how long a delaying point delays.
 double fault_delay_ms();
+// Sleeps that long (a delaying point on the host).
+void fault_delay();
 // SIGKILL when armed.
 void crash_point(std::string_view point);
 void crash_point(std::string_view point, int rank, int64_t step);

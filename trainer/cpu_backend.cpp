@@ -128,7 +128,7 @@ class CpuBackend final : public Backend {
       return;
     }
     if (ckpt::fault_armed("slow-snapshot")) {
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ckpt::fault_delay_ms()));
+      ckpt::fault_delay();
     }
     for (int s = 0; s < 3; ++s) {
       float* out = snapshot_[s].data();
@@ -145,7 +145,7 @@ class CpuBackend final : public Backend {
     if (copies_) return Backend::stream_snapshot(state, sink);
     // The slow-snapshot fault delays the save's reading of the live states, which the step waits for.
     if (state == 0 && ckpt::fault_armed("slow-snapshot")) {
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ckpt::fault_delay_ms()));
+      ckpt::fault_delay();
     }
     engine_.read_state(state, sink);
   }

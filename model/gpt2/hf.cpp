@@ -4,16 +4,7 @@
 #include "ckpt/json_input.hpp"
 
 namespace shardkit::model::gpt2 {
-namespace {
-
-bool starts_with(std::string_view s, std::string_view p) {
-  return s.substr(0, p.size()) == p;
-}
-bool ends_with(std::string_view s, std::string_view p) {
-  return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 nlohmann::json hf_config_json(const GptConfig& c, const std::string& torch_dtype) {
   // Dropouts are 0: shardkit trains without dropout, and inference does not use it.
@@ -61,12 +52,12 @@ GptConfig config_from_hf(const nlohmann::json& j, const std::string& where) {
 
 std::optional<HfName> classify_hf_name(std::string_view name) {
   if (name == "lm_head.weight") return HfName{HfName::kTiedOutput, ""};
-  if (starts_with(name, "optimizer.exp_avg.") || starts_with(name, "optimizer.exp_avg_sq.")) {
+  if (name.starts_with("optimizer.exp_avg.") || name.starts_with("optimizer.exp_avg_sq.")) {
     return HfName{HfName::kOptimizer, ""};
   }
   std::string_view rest = name;
-  if (starts_with(rest, "transformer.")) rest.remove_prefix(12);
-  if (starts_with(rest, "h.") && (ends_with(rest, ".attn.bias") || ends_with(rest, ".attn.masked_bias"))) {
+  if (rest.starts_with("transformer.")) rest.remove_prefix(12);
+  if (rest.starts_with("h.") && (rest.ends_with(".attn.bias") || rest.ends_with(".attn.masked_bias"))) {
     return HfName{HfName::kBuffer, ""};
   }
   // The rest must be a parameter name once prefixed; the caller checks it against the table.

@@ -8,13 +8,6 @@
 namespace shardkit::model::llama {
 namespace {
 
-bool starts_with(std::string_view s, std::string_view p) {
-  return s.substr(0, p.size()) == p;
-}
-bool ends_with(std::string_view s, std::string_view p) {
-  return s.size() >= p.size() && s.substr(s.size() - p.size()) == p;
-}
-
 LlamaConfig preset(const char* name, int layers, int hidden, int intermediate, int heads, int kv_heads, int vocab,
                    int positions, double eps, double theta, bool tied) {
   LlamaConfig c;
@@ -233,12 +226,12 @@ std::optional<HfName> classify_hf_name(const LlamaConfig& c, std::string_view na
   if (name == "lm_head.weight") {
     return c.tie_word_embeddings ? HfName{HfName::kTiedOutput, ""} : HfName{HfName::kParameter, std::string(name)};
   }
-  if (starts_with(name, "optimizer.exp_avg.") || starts_with(name, "optimizer.exp_avg_sq.")) {
+  if (name.starts_with("optimizer.exp_avg.") || name.starts_with("optimizer.exp_avg_sq.")) {
     return HfName{HfName::kOptimizer, ""};
   }
-  if (ends_with(name, ".rotary_emb.inv_freq")) return HfName{HfName::kBuffer, ""};
+  if (name.ends_with(".rotary_emb.inv_freq")) return HfName{HfName::kBuffer, ""};
   if (name.empty()) return std::nullopt;
-  return HfName{HfName::kParameter, starts_with(name, "model.") ? std::string(name) : "model." + std::string(name)};
+  return HfName{HfName::kParameter, name.starts_with("model.") ? std::string(name) : "model." + std::string(name)};
 }
 
 }  // namespace shardkit::model::llama

@@ -116,7 +116,7 @@ class CudaBackend final : public Backend {
   void stream_snapshot(int state, const std::function<void(std::span<const float>)>& sink) override {
     if (copies_) return Backend::stream_snapshot(state, sink);
     if (state == 0 && ckpt::fault_armed("slow-snapshot")) {  // delays the save's read, which the step waits for
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ckpt::fault_delay_ms()));
+      ckpt::fault_delay();
     }
     sink(engine_.offloaded_state(state));
   }

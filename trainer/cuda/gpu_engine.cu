@@ -194,7 +194,7 @@ void GpuZeroEngine<T>::begin_snapshot(std::span<float> master, std::span<float> 
   const std::span<float> targets[3] = {master, exp_avg, exp_avg_sq};
   if (host_) {  // offloaded: the states are in host memory already; the host step would change them
     if (ckpt::fault_armed("slow-snapshot")) {
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ckpt::fault_delay_ms()));
+      ckpt::fault_delay();
     }
     const std::span<float> sources[3] = {host_->master(), host_->exp_avg(), host_->exp_avg_sq()};
     for (int s = 0; s < 3; ++s) std::copy_n(sources[s].begin() + owned_offset(), owned_size(), targets[s].begin());
