@@ -253,7 +253,8 @@ TEST(CudaTrain, ParameterOffloadIsRefusedBelowStage3AndToNvme) {
   comm::MpiCollective world(MPI_COMM_WORLD);
   Workspace ws(world);
   const auto error_of = [&](int stage, const std::string& device) -> std::string {
-    const nlohmann::json zero = {{"offload_param", {{"device", device}}}};
+    nlohmann::json zero = {{"offload_param", {{"device", device}}}};
+    if (device == "nvme") zero["offload_param"]["nvme_path"] = ws.path().string();
     try {
       train(world, options(ws.config(stage, "fp32", "refused" + std::to_string(stage) + device, false, zero),
                            ws / "tokens.bin", 2, "cuda"));
