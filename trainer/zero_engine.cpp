@@ -18,12 +18,9 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::Tensor
       config_(config),
       wire_(comm.size() > 1 ? wire : ckpt::DType::kF32),  // one rank sends nothing, so rounds nothing
       comm_(comm),
-      layout_(table, {comm.size(), config.stage, ckpt::kDefaultAlignment}),
-      rank_(comm.rank()),
-      world_(comm.size()) {
-  for (const auto& t : table) numel_.push_back(t.numel());
-  const size_t flat = static_cast<size_t>(layout_.flat_size());
-  const size_t full = static_cast<size_t>(world_) * flat;  // stages 0-2: W * P
+      plan_(table, comm.size(), comm.rank(), config.stage) {
+  const size_t flat = static_cast<size_t>(plan_.owned_size());
+  const size_t full = static_cast<size_t>(plan_.replicated_size());
   switch (stage()) {
     case 0:
       params_full_.resize(full);
@@ -62,7 +59,7 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::Tensor
   if (stage() == 3 && swap_ && !param_swap_) params_part_.resize(flat);
   acquired_count_.assign(groups_.size(), 0);
   if (stage() >= 2) grad_buffers_.resize(table.size());
-  no_decay_ = no_decay_ranges(load_plan(), decays);
+  no_decay_ = no_decay_ranges(plan_.optimizer_fragments(), decays);
 }
 
 MemoryReport ZeroEngine::memory() const noexcept {
@@ -80,18 +77,6 @@ MemoryReport ZeroEngine::memory() const noexcept {
   r.nvme_parameters = param_swap_ ? param_swap_->file_bytes() : 0;
   r.nvme_optimizer_states = swap_ ? swap_->file_bytes() : 0;
   return r;
-}
-
-std::vector<ckpt::Fragment> ZeroEngine::load_plan() const {
-  if (stage() != 0) return layout_.fragments(rank_);
-  // Stage 0 keeps every tensor whole, at its offset in the global flat buffer.
-  std::vector<ckpt::Fragment> plan;
-  for (size_t t = 0; t < numel_.size(); ++t) {
-    if (numel_[t] > 0) {
-      plan.push_back({static_cast<int32_t>(t), 0, numel_[t], layout_.global_offset(static_cast<int>(t))});
-    }
-  }
-  return plan;
 }
 
 void ZeroEngine::initialize(const std::function<void(int, int64_t, std::span<float>)>& init) {
@@ -113,15 +98,14 @@ void ZeroEngine::fill_states(const StateFill& fill) {
     fill_swapped_states(fill);
   } else {
     const std::span<float> states[] = {master_, exp_avg_, exp_avg_sq_};
-    fill(load_plan(), states);
+    fill(plan_.optimizer_fragments(), states);
     if (param_swap_) write_param_swap();
   }
   publish_params();
 }
 
 void ZeroEngine::fill_swapped_states(const StateFill& fill) {
-  std::vector<ckpt::Fragment> plan = load_plan();
-  std::ranges::sort(plan, {}, &ckpt::Fragment::flat_offset);
+  const std::vector<ckpt::Fragment> plan = plan_.optimizer_fragments();
   std::vector<ckpt::Fragment> in_chunk;
   visit_swapped(nvme::StateSwapper::Access::kWrite, [&](int64_t lo, std::span<const std::span<float>> states) {
     // The fragments' parts inside the chunk, relative to its start.
@@ -161,8 +145,7 @@ void ZeroEngine::write_param_swap() {
 std::span<float> ZeroEngine::params_partition() noexcept {
   // (Empty at stage 3 with the parameters swapped.)
   if (stage() == 3) return swap_ ? std::span<float>(params_part_) : std::span<float>(master_);
-  const size_t P = static_cast<size_t>(layout_.partition_size());
-  return {params_full_.data() + static_cast<size_t>(rank_) * P, P};
+  return {params_full_.data() + plan_.partition_offset(plan_.rank()), static_cast<size_t>(plan_.partition_size())};
 }
 
 void ZeroEngine::publish_params() {
@@ -170,13 +153,9 @@ void ZeroEngine::publish_params() {
     std::copy(master_.begin(), master_.end(), params_full_.begin());
   } else if (stage() <= 2) {
     if (!swap_) std::ranges::copy(master_, params_partition().begin());
-    comm_.allgather_inplace(params_full_.data(), layout_.partition_size());
+    comm_.allgather_inplace(params_full_.data(), plan_.partition_size());
   }
   // Stage 3: the partition is the source of every gather; nothing to publish.
-}
-
-int64_t ZeroEngine::slot_end(int last_tensor) const {
-  return last_tensor < static_cast<int>(numel_.size()) ? layout_.slot_offset(last_tensor) : layout_.flat_size();
 }
 
 void ZeroEngine::acquire(int group) {
@@ -193,48 +172,31 @@ void ZeroEngine::release(int group) {
 
 void ZeroEngine::gather_stage3(int group) {
   const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
-  // Buckets: runs of consecutive tensors [a, b) whose slots together fit allgather_bucket_size (at
-  // least one tensor each).
-  std::vector<std::pair<int, int>> buckets;
-  for (int a = g.first; a < g.last;) {
-    int b = a + 1;
-    while (b < g.last && slot_end(b + 1) - layout_.slot_offset(a) <= config_.allgather_bucket_size) ++b;
-    buckets.emplace_back(a, b);
-    a = b;
-  }
+  const std::vector<SlotRun> buckets = plan_.buckets(g.first, g.last, config_.allgather_bucket_size);
   const auto start_read = [&](size_t k) {
-    const auto [a, b] = buckets[k];
-    param_swap_->start_read(param_reads_[k % 2], 0, layout_.slot_offset(a), slot_end(b) - layout_.slot_offset(a));
+    param_swap_->start_read(param_reads_[k % 2], 0, buckets[k].base, buckets[k].span);
   };
   if (param_swap_) start_read(0);
   for (size_t k = 0; k < buckets.size(); ++k) {
-    const auto [a, b] = buckets[k];
-    const int64_t base = layout_.slot_offset(a);
-    const int64_t span = slot_end(b) - base;
-    const float* source = params_partition().data() + base;
+    const SlotRun& run = buckets[k];
+    const float* source = params_partition().data() + run.base;
     if (param_swap_) {
       // The next bucket's slice is read while this one is gathered.
       if (k + 1 < buckets.size()) start_read(k + 1);
       source = param_swap_->finish_read(param_reads_[k % 2]).data();
     }
-    recv_buffer_.resize(static_cast<size_t>(span * world_));
-    comm_.allgather(source, recv_buffer_.data(), span);
-    for (int t = a; t < b; ++t) {
-      const int64_t n = numel(t);
-      const int64_t piece = layout_.piece_size(t);
-      ckpt::LargeVector<float>& full = gathered_[static_cast<size_t>(t)];
-      full.resize(static_cast<size_t>(n));
-      for (int r = 0; r < world_; ++r) {
-        const int64_t count = layout_.piece_length(t, r);
-        const float* src = recv_buffer_.data() + r * span + (layout_.slot_offset(t) - base);
-        std::copy(src, src + count, full.data() + r * piece);
-      }
+    recv_buffer_.resize(static_cast<size_t>(run.span * plan_.world_size()));
+    comm_.allgather(source, recv_buffer_.data(), run.span);
+    for (int t = run.first; t < run.last; ++t) gathered_[static_cast<size_t>(t)].resize(static_cast<size_t>(numel(t)));
+    for (const PieceCopy& p : plan_.pieces(run)) {
+      const float* src = recv_buffer_.data() + p.block_offset;
+      std::copy(src, src + p.count, gathered_[static_cast<size_t>(p.tensor)].data() + p.tensor_offset);
     }
   }
 }
 
 const float* ZeroEngine::param(int tensor) const {
-  if (stage() <= 2) return params_full_.data() + layout_.global_offset(tensor);
+  if (stage() <= 2) return params_full_.data() + layout().global_offset(tensor);
   const ckpt::LargeVector<float>& full = gathered_[static_cast<size_t>(tensor)];
   if (full.size() != static_cast<size_t>(numel(tensor))) {
     fail(ErrorKind::kInternal, "parameter " + table_[static_cast<size_t>(tensor)].name + " used while not acquired");
@@ -249,7 +211,7 @@ void ZeroEngine::open_grads(int group) {
 }
 
 float* ZeroEngine::grad(int tensor) {
-  if (stage() <= 1) return grads_full_.data() + layout_.global_offset(tensor);
+  if (stage() <= 1) return grads_full_.data() + layout().global_offset(tensor);
   return grad_buffers_[static_cast<size_t>(tensor)].data();
 }
 
@@ -292,49 +254,40 @@ void ZeroEngine::flush_pending_grads() {
 void ZeroEngine::reduce_stage2(int first, int last) {
   // The run covers global positions [lo, hi), which the partitions split in rank order: one
   // reduce-scatter with per-rank counts hands each rank the sum over ranks of its own part.
-  const int64_t lo = layout_.global_offset(first);
-  const int64_t hi = layout_.global_offset(last - 1) + numel(last - 1);
-  const int64_t P = layout_.partition_size();
-  send_buffer_.resize(static_cast<size_t>(hi - lo));
+  const GlobalRun run = plan_.global_run(first, last);
+  send_buffer_.resize(static_cast<size_t>(run.hi - run.lo));
   for (int t = first; t < last; ++t) {
     const auto& g = grad_buffers_[static_cast<size_t>(t)];
-    std::copy(g.begin(), g.end(), send_buffer_.begin() + (layout_.global_offset(t) - lo));
+    std::copy(g.begin(), g.end(), send_buffer_.begin() + (layout().global_offset(t) - run.lo));
   }
-  std::vector<int> counts(static_cast<size_t>(world_));
-  for (int r = 0; r < world_; ++r) {
-    counts[static_cast<size_t>(r)] =
-        static_cast<int>(std::max<int64_t>(0, std::min(hi, (r + 1) * P) - std::max(lo, r * P)));
-  }
-  const int mine = counts[static_cast<size_t>(rank_)];
-  recv_buffer_.resize(static_cast<size_t>(std::max(mine, 1)));
+  std::vector<int> counts(static_cast<size_t>(plan_.world_size()));
+  for (int r = 0; r < plan_.world_size(); ++r)
+    counts[static_cast<size_t>(r)] = static_cast<int>(plan_.share(run, r).count);
+  const PartitionShare mine = plan_.share(run, plan_.rank());
+  recv_buffer_.resize(static_cast<size_t>(std::max<int64_t>(mine.count, 1)));
   round_to_wire(send_buffer_, wire_);
   comm_.reduce_scatter(send_buffer_.data(), recv_buffer_.data(), counts);
-  round_to_wire({recv_buffer_.data(), static_cast<size_t>(mine)}, wire_);
-  float* dst = grad_part_.data() + (std::max(lo, rank_ * P) - rank_ * P);
-  for (int i = 0; i < mine; ++i) dst[i] += recv_buffer_[static_cast<size_t>(i)];
+  round_to_wire({recv_buffer_.data(), static_cast<size_t>(mine.count)}, wire_);
+  float* dst = grad_part_.data() + mine.offset;
+  for (int64_t i = 0; i < mine.count; ++i) dst[i] += recv_buffer_[static_cast<size_t>(i)];
 }
 
 void ZeroEngine::reduce_stage3(int first, int last) {
   // Every rank's slots for tensors [first, last) span the same range [base, base + span): block r of
   // the send buffer holds rank r's pieces at their slot positions (zeros in the padding).
-  const int64_t base = layout_.slot_offset(first);
-  const int64_t span = slot_end(last) - base;
-  send_buffer_.assign(static_cast<size_t>(span * world_), 0.0f);
-  for (int t = first; t < last; ++t) {
-    const int64_t piece = layout_.piece_size(t);
-    const auto& g = grad_buffers_[static_cast<size_t>(t)];
-    for (int r = 0; r < world_; ++r) {
-      const int64_t count = layout_.piece_length(t, r);
-      std::copy(g.begin() + r * piece, g.begin() + r * piece + count,
-                send_buffer_.begin() + r * span + (layout_.slot_offset(t) - base));
-    }
+  const SlotRun run = plan_.slots(first, last);
+  send_buffer_.assign(static_cast<size_t>(run.span * plan_.world_size()), 0.0f);
+  for (const PieceCopy& p : plan_.pieces(run)) {
+    const auto& g = grad_buffers_[static_cast<size_t>(p.tensor)];
+    std::copy(g.begin() + p.tensor_offset, g.begin() + p.tensor_offset + p.count,
+              send_buffer_.begin() + p.block_offset);
   }
-  recv_buffer_.resize(static_cast<size_t>(span));
+  recv_buffer_.resize(static_cast<size_t>(run.span));
   round_to_wire(send_buffer_, wire_);
-  comm_.reduce_scatter_block(send_buffer_.data(), recv_buffer_.data(), span);
+  comm_.reduce_scatter_block(send_buffer_.data(), recv_buffer_.data(), run.span);
   round_to_wire(recv_buffer_, wire_);
-  float* dst = grad_part_.data() + base;
-  for (int64_t i = 0; i < span; ++i) dst[i] += recv_buffer_[static_cast<size_t>(i)];
+  float* dst = grad_part_.data() + run.base;
+  for (int64_t i = 0; i < run.span; ++i) dst[i] += recv_buffer_[static_cast<size_t>(i)];
 }
 
 void ZeroEngine::zero_grads() {
@@ -349,7 +302,7 @@ void ZeroEngine::reduce_grads() {
     round_to_wire(grads_full_, wire_);
   } else if (stage() == 1) {
     round_to_wire(grads_full_, wire_);
-    comm_.reduce_scatter_block(grads_full_.data(), grad_part_.data(), layout_.partition_size());
+    comm_.reduce_scatter_block(grads_full_.data(), grad_part_.data(), plan_.partition_size());
     round_to_wire(grad_part_, wire_);
   } else if (!pending_groups_.empty() || closed_groups_ != 0) {
     fail(ErrorKind::kInternal, "gradients still open at the end of the step");
@@ -361,9 +314,7 @@ std::span<float> ZeroEngine::optimizer_grads() noexcept {
 }
 
 std::span<const float> ZeroEngine::owned(const ckpt::LargeVector<float>& buffer) const noexcept {
-  if (stage() != 0) return buffer;
-  const size_t P = static_cast<size_t>(layout_.partition_size());
-  return std::span<const float>(buffer.data() + static_cast<size_t>(rank_) * P, P);
+  return std::span<const float>(buffer.data() + plan_.owned_offset(), static_cast<size_t>(plan_.owned_size()));
 }
 
 double ZeroEngine::global_grad_sq() {

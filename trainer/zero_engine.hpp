@@ -36,6 +36,7 @@
 #include "trainer/adamw.hpp"
 #include "trainer/ds_config.hpp"
 #include "trainer/nvme/state_swapper.hpp"
+#include "trainer/zero_plan.hpp"
 
 namespace shardkit::trainer {
 
@@ -71,8 +72,8 @@ class ZeroEngine final : public model::ParameterStore {
   ZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const std::vector<bool>& decays,
              const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& comm, const SwapFactory& swap = {});
 
-  const ckpt::Layout& layout() const noexcept { return layout_; }
-  int stage() const noexcept { return layout_.stage(); }
+  const ckpt::Layout& layout() const noexcept { return plan_.layout(); }
+  int stage() const noexcept { return plan_.stage(); }
   MemoryReport memory() const noexcept;
 
   // Fills every parameter element this rank keeps master weights for: init(tensor, offset, out)
@@ -110,8 +111,6 @@ class ZeroEngine final : public model::ParameterStore {
   const nvme::StateSwapper* param_swapper() const noexcept { return param_swap_.get(); }
 
  private:
-  // What the rank keeps states for: (tensor, offset, length, position in the flat buffers).
-  std::vector<ckpt::Fragment> load_plan() const;
   // The rank's parameters in its partition's layout, in memory: what the step updates and stage 3
   // gathers from (unless they are swapped).
   std::span<float> params_partition() noexcept;
@@ -132,19 +131,14 @@ class ZeroEngine final : public model::ParameterStore {
   void reduce_stage2(int first_tensor, int last_tensor);
   void reduce_stage3(int first_tensor, int last_tensor);
   void gather_stage3(int group);
-  int64_t numel(int t) const noexcept { return numel_[static_cast<size_t>(t)]; }
-  // Stage 3: where tensor t's slot starts, and where the slots of tensors [.., t) end.
-  int64_t slot_end(int last_tensor) const;
+  int64_t numel(int t) const noexcept { return plan_.numel(t); }
 
   const ckpt::TensorTable& table_;
   std::vector<model::TensorGroup> groups_;
   ZeroConfig config_;
   ckpt::DType wire_;  // communication_data_type; fp32 on one rank
   comm::MpiCollective& comm_;
-  ckpt::Layout layout_;
-  std::vector<int64_t> numel_;
-  int rank_;
-  int world_;
+  ZeroPlan plan_;
 
   // Stages 0-2: the model's parameters, replicated (W * P elements, tensors at global offsets).
   ckpt::LargeVector<float> params_full_;

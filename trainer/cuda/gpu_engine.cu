@@ -44,21 +44,18 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<mode
       mpi_(mpi),
       nccl_(nccl),
       stream_(stream),
-      layout_(table, {mpi.size(), config.stage, ckpt::kDefaultAlignment}),
-      rank_(mpi.rank()),
-      world_(mpi.size()),
+      plan_(table, mpi.size(), mpi.rank(), config.stage),
       // offload_param: page-locked whatever its pin_memory says. Copies from and to pageable memory
       // make the host wait (for the stream, for the copy), which would stall every gather and defeat
       // the prefetch. DeepSpeed takes pin_memory as a speed hint; pinned memory is only faster.
-      param_part_(layout_.stage() == 3 ? static_cast<size_t>(layout_.flat_size()) : 0,
+      param_part_(plan_.stage() == 3 ? static_cast<size_t>(plan_.owned_size()) : 0,
                   config.offload_param.device == "cpu") {
-  for (const auto& t : table) numel_.push_back(t.numel());
-  const size_t flat = static_cast<size_t>(layout_.flat_size());
-  const size_t full = static_cast<size_t>(world_) * flat;
-  const int stage = layout_.stage();
+  const size_t flat = static_cast<size_t>(plan_.owned_size());
+  const size_t full = static_cast<size_t>(plan_.replicated_size());
+  const int stage = plan_.stage();
   if (stage <= 2) params_full_.resize(full);
   if (stage <= 1) grads_full_.resize(full);
-  const size_t view = stage == 0 ? full : flat;
+  const size_t view = static_cast<size_t>(plan_.optimizer_size());
   if (config.offload_optimizer.device == "cpu") {
     host_ = std::make_unique<HostOptimizer<T>>(view, param_part_.on_host());
   } else {
@@ -73,14 +70,14 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<mode
   if (stage == 3) gathered_.resize(table.size());
   if (stage >= 2) grad_buffers_.resize(table.size());
   if (stage == 2) {
-    for (int t = 0; t < static_cast<int>(table.size()); ++t) placements_.push_back(layout_.locate(t, 0, numel(t)));
+    for (int t = 0; t < static_cast<int>(table.size()); ++t) placements_.push_back(layout().locate(t, 0, numel(t)));
   }
   acquired_count_.assign(groups_.size(), 0);
   prefetched_.assign(groups_.size(), 0);
   for (size_t g = 0; g < groups_.size(); ++g) gathered_at_.push_back(std::make_unique<Event>());
   scalar_.resize(kSumScratch);
   scalar_host_.resize(1);
-  no_decay_ = no_decay_ranges(plan(), decays);
+  no_decay_ = no_decay_ranges(plan_.optimizer_fragments(), decays);
   if (!host_ && !no_decay_.empty()) {
     no_decay_device_.resize(no_decay_.size());
     CUDA_CHECK(cudaMemcpy(no_decay_device_.data(), no_decay_.data(), no_decay_device_.bytes(), cudaMemcpyHostToDevice));
@@ -100,27 +97,6 @@ MemoryReport GpuZeroEngine<T>::memory() const noexcept {
 }
 
 template <typename T>
-std::vector<ckpt::Fragment> GpuZeroEngine<T>::plan() const {
-  if (layout_.stage() != 0) return layout_.fragments(rank_);
-  std::vector<ckpt::Fragment> all;  // stage 0 keeps every tensor whole at its global offset
-  for (size_t t = 0; t < numel_.size(); ++t) {
-    if (numel_[t] > 0)
-      all.push_back({static_cast<int32_t>(t), 0, numel_[t], layout_.global_offset(static_cast<int>(t))});
-  }
-  return all;
-}
-
-template <typename T>
-int64_t GpuZeroEngine<T>::owned_offset() const noexcept {
-  return layout_.stage() == 0 ? rank_ * layout_.flat_size() : 0;
-}
-
-template <typename T>
-int64_t GpuZeroEngine<T>::owned_size() const noexcept {
-  return layout_.flat_size();
-}
-
-template <typename T>
 void GpuZeroEngine<T>::initialize(const InitFn& init) {
   std::unique_ptr<float[]> staging;
   std::span<float> host;
@@ -135,7 +111,7 @@ void GpuZeroEngine<T>::initialize(const InitFn& init) {
     CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
     CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
   }
-  for (const ckpt::Fragment& f : plan()) {
+  for (const ckpt::Fragment& f : plan_.optimizer_fragments()) {
     init(f.tensor, f.tensor_offset, host.subspan(static_cast<size_t>(f.flat_offset), static_cast<size_t>(f.length)));
   }
   if (!host_) CUDA_CHECK(cudaMemcpy(master_.data(), host.data(), master_.bytes(), cudaMemcpyHostToDevice));
@@ -144,7 +120,7 @@ void GpuZeroEngine<T>::initialize(const InitFn& init) {
 
 template <typename T>
 void GpuZeroEngine<T>::load(const LoadFn& read) {
-  const std::vector<ckpt::Fragment> fragments = plan();
+  const std::vector<ckpt::Fragment> fragments = plan_.optimizer_fragments();
   if (host_) {  // offloaded: the states live in host memory, read there in one pass
     const std::span<float> targets[3] = {host_->master(), host_->exp_avg(), host_->exp_avg_sq()};
     read(load_requests(fragments, targets));
@@ -197,11 +173,12 @@ void GpuZeroEngine<T>::begin_snapshot(std::span<float> master, std::span<float> 
       ckpt::fault_delay();
     }
     const std::span<float> sources[3] = {host_->master(), host_->exp_avg(), host_->exp_avg_sq()};
-    for (int s = 0; s < 3; ++s) std::copy_n(sources[s].begin() + owned_offset(), owned_size(), targets[s].begin());
+    for (int s = 0; s < 3; ++s)
+      std::copy_n(sources[s].begin() + plan_.owned_offset(), plan_.owned_size(), targets[s].begin());
     return;
   }
   const DeviceBuffer<float>* sources[3] = {&master_, &exp_avg_, &exp_avg_sq_};
-  const size_t bytes = static_cast<size_t>(owned_size()) * sizeof(float);
+  const size_t bytes = static_cast<size_t>(plan_.owned_size()) * sizeof(float);
   if (staging_.size() > 0) {
     // The compute stream makes the device copy itself, so its time (and any wait for the previous
     // drain, which may still read the buffer) is timed where training pays it; the drain to host
@@ -210,15 +187,15 @@ void GpuZeroEngine<T>::begin_snapshot(std::span<float> master, std::span<float> 
     CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_done_.get(), 0));
     if (ckpt::fault_armed("slow-snapshot")) delay_stream(stream_, ckpt::fault_delay_ms());
     for (int s = 0; s < 3; ++s) {
-      CUDA_CHECK(cudaMemcpyAsync(staging_.data() + s * owned_size(), sources[s]->data() + owned_offset(), bytes,
-                                 cudaMemcpyDeviceToDevice, stream_));
+      CUDA_CHECK(cudaMemcpyAsync(staging_.data() + s * plan_.owned_size(), sources[s]->data() + plan_.owned_offset(),
+                                 bytes, cudaMemcpyDeviceToDevice, stream_));
     }
     CUDA_CHECK(cudaEventRecord(snapshot_wait_end_.get(), stream_));
     snapshot_wait_timed_ = true;
     wait(snapshot_stream_.get(), stream_);
     for (int s = 0; s < 3; ++s) {
-      CUDA_CHECK(cudaMemcpyAsync(targets[s].data(), staging_.data() + s * owned_size(), bytes, cudaMemcpyDeviceToHost,
-                                 snapshot_stream_.get()));
+      CUDA_CHECK(cudaMemcpyAsync(targets[s].data(), staging_.data() + s * plan_.owned_size(), bytes,
+                                 cudaMemcpyDeviceToHost, snapshot_stream_.get()));
     }
     CUDA_CHECK(cudaEventRecord(snapshot_done_.get(), snapshot_stream_.get()));
     return;
@@ -228,8 +205,8 @@ void GpuZeroEngine<T>::begin_snapshot(std::span<float> master, std::span<float> 
   if (ckpt::fault_armed("slow-snapshot")) delay_stream(snapshot_stream_.get(), ckpt::fault_delay_ms());
   snapshot_reads_states_ = true;
   for (int s = 0; s < 3; ++s) {
-    CUDA_CHECK(cudaMemcpyAsync(targets[s].data(), sources[s]->data() + owned_offset(), bytes, cudaMemcpyDeviceToHost,
-                               snapshot_stream_.get()));
+    CUDA_CHECK(cudaMemcpyAsync(targets[s].data(), sources[s]->data() + plan_.owned_offset(), bytes,
+                               cudaMemcpyDeviceToHost, snapshot_stream_.get()));
   }
   CUDA_CHECK(cudaEventRecord(snapshot_done_.get(), snapshot_stream_.get()));
 }
@@ -250,30 +227,30 @@ double GpuZeroEngine<T>::snapshot_wait_ms() {
 template <typename T>
 std::span<const float> GpuZeroEngine<T>::offloaded_state(int state) const {
   const std::span<float> all[3] = {host_->master(), host_->exp_avg(), host_->exp_avg_sq()};
-  return all[state].subspan(static_cast<size_t>(owned_offset()), static_cast<size_t>(owned_size()));
+  return all[state].subspan(static_cast<size_t>(plan_.owned_offset()), static_cast<size_t>(plan_.owned_size()));
 }
 
 template <typename T>
 int64_t GpuZeroEngine<T>::staging_bytes() const noexcept {
-  return host_ ? 0 : 3 * owned_size() * static_cast<int64_t>(sizeof(float));
+  return host_ ? 0 : 3 * plan_.owned_size() * static_cast<int64_t>(sizeof(float));
 }
 
 template <typename T>
 void GpuZeroEngine<T>::reserve_staging() {
-  if (!host_ && staging_.size() == 0) staging_ = DeviceBuffer<float>(static_cast<size_t>(3 * owned_size()));
+  if (!host_ && staging_.size() == 0) staging_ = DeviceBuffer<float>(static_cast<size_t>(3 * plan_.owned_size()));
 }
 
 template <typename T>
 T* GpuZeroEngine<T>::owned_params() {
-  const int stage = layout_.stage();
+  const int stage = plan_.stage();
   return stage == 0   ? params_full_.data()
-         : stage <= 2 ? params_full_.data() + rank_ * layout_.partition_size()
+         : stage <= 2 ? params_full_.data() + plan_.partition_offset(plan_.rank())
                       : param_part_.data();
 }
 
 template <typename T>
 void GpuZeroEngine<T>::write_params(const typename ParamPartition<T>::Producer& produce) {
-  if (layout_.stage() == 3) {
+  if (plan_.stage() == 3) {
     param_part_.store(stream_, produce);
   } else {
     produce(0, static_cast<int64_t>(master_.size()), owned_params());
@@ -282,7 +259,7 @@ void GpuZeroEngine<T>::write_params(const typename ParamPartition<T>::Producer& 
 
 template <typename T>
 void GpuZeroEngine<T>::publish_params() {
-  const int stage = layout_.stage();
+  const int stage = plan_.stage();
   T* mine = owned_params();
   if (host_) {
     host_->upload(mine, stream_);
@@ -294,13 +271,8 @@ void GpuZeroEngine<T>::publish_params() {
 
 template <typename T>
 void GpuZeroEngine<T>::all_gather_params() {
-  NCCL_CHECK(ncclAllGather(owned_params(), params_full_.data(), static_cast<size_t>(layout_.partition_size()),
+  NCCL_CHECK(ncclAllGather(owned_params(), params_full_.data(), static_cast<size_t>(plan_.partition_size()),
                            DeviceType<T>::kNccl, nccl_, stream_));
-}
-
-template <typename T>
-int64_t GpuZeroEngine<T>::slot_end(int last_tensor) const {
-  return last_tensor < static_cast<int>(numel_.size()) ? layout_.slot_offset(last_tensor) : layout_.flat_size();
 }
 
 template <typename T>
@@ -310,7 +282,7 @@ void GpuZeroEngine<T>::wait(cudaStream_t waiter, cudaStream_t producer) {
 
 template <typename T>
 void GpuZeroEngine<T>::acquire(int group) {
-  if (layout_.stage() != 3 || acquired_count_[static_cast<size_t>(group)]++ > 0) return;
+  if (plan_.stage() != 3 || acquired_count_[static_cast<size_t>(group)]++ > 0) return;
   if (!prefetched_[static_cast<size_t>(group)]) gather(group);
   prefetched_[static_cast<size_t>(group)] = 0;
   CUDA_CHECK(cudaStreamWaitEvent(stream_, gathered_at_[static_cast<size_t>(group)]->get(), 0));
@@ -336,38 +308,28 @@ void GpuZeroEngine<T>::gather(int group) {
   // The partition is current: the optimizer step wrote it on the compute stream (the host optimizer
   // into host memory: before this call).
   wait(st, stream_);
-  int a = g.first;
-  while (a < g.last) {
-    // A bucket: consecutive tensors whose slots together fit allgather_bucket_size (at least one).
-    int b = a + 1;
-    while (b < g.last && slot_end(b + 1) - layout_.slot_offset(a) <= config_.allgather_bucket_size) ++b;
-    const int64_t base = layout_.slot_offset(a);
-    const int64_t span = slot_end(b) - base;
-    grow(gather_recv_, static_cast<size_t>(span * world_));
+  for (const SlotRun& run : plan_.buckets(g.first, g.last, config_.allgather_bucket_size)) {
+    grow(gather_recv_, static_cast<size_t>(run.span * plan_.world_size()));
     // A partition in host memory is copied up into this rank's own block of the receive buffer, from
     // where NCCL gathers in place.
-    const T* mine = param_part_.on_device(base, span, gather_recv_.data() + rank_ * span, st);
-    NCCL_CHECK(ncclAllGather(mine, gather_recv_.data(), static_cast<size_t>(span), DeviceType<T>::kNccl, nccl_, st));
-    for (int t = a; t < b; ++t) {
-      const int64_t n = numel(t), piece = layout_.piece_size(t);
-      DeviceBuffer<T>& full = gathered_[static_cast<size_t>(t)];
-      full = gather_pool_.take(static_cast<size_t>(n), st);
-      for (int r = 0; r < world_; ++r) {
-        const int64_t count = layout_.piece_length(t, r);
-        if (count == 0) continue;
-        CUDA_CHECK(cudaMemcpyAsync(full.data() + r * piece,
-                                   gather_recv_.data() + r * span + (layout_.slot_offset(t) - base),
-                                   static_cast<size_t>(count) * sizeof(T), cudaMemcpyDeviceToDevice, st));
-      }
+    const T* mine = param_part_.on_device(run.base, run.span, gather_recv_.data() + plan_.rank() * run.span, st);
+    NCCL_CHECK(
+        ncclAllGather(mine, gather_recv_.data(), static_cast<size_t>(run.span), DeviceType<T>::kNccl, nccl_, st));
+    for (int t = run.first; t < run.last; ++t) {
+      gathered_[static_cast<size_t>(t)] = gather_pool_.take(static_cast<size_t>(numel(t)), st);
     }
-    a = b;
+    for (const PieceCopy& p : plan_.pieces(run)) {
+      CUDA_CHECK(cudaMemcpyAsync(gathered_[static_cast<size_t>(p.tensor)].data() + p.tensor_offset,
+                                 gather_recv_.data() + p.block_offset, static_cast<size_t>(p.count) * sizeof(T),
+                                 cudaMemcpyDeviceToDevice, st));
+    }
   }
   CUDA_CHECK(cudaEventRecord(gathered_at_[static_cast<size_t>(group)]->get(), st));
 }
 
 template <typename T>
 void GpuZeroEngine<T>::release(int group) {
-  if (layout_.stage() != 3 || --acquired_count_[static_cast<size_t>(group)] > 0) return;
+  if (plan_.stage() != 3 || --acquired_count_[static_cast<size_t>(group)] > 0) return;
   // Back to the pool as soon as the kernels that read them are queued: the next gather into the same
   // memory waits for them on the device, not here.
   const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
@@ -387,7 +349,7 @@ void GpuZeroEngine<T>::drop_prefetched() {
 
 template <typename T>
 const T* GpuZeroEngine<T>::param(int tensor) const {
-  if (layout_.stage() <= 2) return params_full_.data() + layout_.global_offset(tensor);
+  if (plan_.stage() <= 2) return params_full_.data() + layout().global_offset(tensor);
   const DeviceBuffer<T>& full = gathered_[static_cast<size_t>(tensor)];
   if (full.size() != static_cast<size_t>(numel(tensor))) {
     fail(ErrorKind::kInternal, "parameter " + table_[static_cast<size_t>(tensor)].name + " used while not acquired");
@@ -397,7 +359,7 @@ const T* GpuZeroEngine<T>::param(int tensor) const {
 
 template <typename T>
 void GpuZeroEngine<T>::open_grads(int group) {
-  if (layout_.stage() <= 1) return;
+  if (plan_.stage() <= 1) return;
   const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) {
     DeviceBuffer<float>& b = grad_buffers_[static_cast<size_t>(t)];
@@ -408,13 +370,13 @@ void GpuZeroEngine<T>::open_grads(int group) {
 
 template <typename T>
 float* GpuZeroEngine<T>::grad(int tensor) {
-  if (layout_.stage() <= 1) return grads_full_.data() + layout_.global_offset(tensor);
+  if (plan_.stage() <= 1) return grads_full_.data() + layout().global_offset(tensor);
   return grad_buffers_[static_cast<size_t>(tensor)].data();
 }
 
 template <typename T>
 void GpuZeroEngine<T>::close_grads(int group) {
-  if (layout_.stage() <= 1) return;
+  if (plan_.stage() <= 1) return;
   pending_groups_.push_back(group);
   const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) pending_elems_ += numel(t);
@@ -438,7 +400,7 @@ void GpuZeroEngine<T>::flush_pending_grads() {
   while (i < closed.size()) {
     size_t j = i + 1;
     while (j < closed.size() && closed[j].first == closed[j - 1].last) ++j;
-    if (layout_.stage() == 2) {
+    if (plan_.stage() == 2) {
       reduce_stage2(closed[i].first, closed[j - 1].last);
     } else {
       reduce_stage3(closed[i].first, closed[j - 1].last);
@@ -461,37 +423,31 @@ void GpuZeroEngine<T>::reduce_stage2(int first, int last) {
   // copy into a send buffer -- unless it travels narrowed, then from its narrowed copy. Stages 1-2
   // concatenate the tensors, so this rank's pieces lie back to back in its partition: one range,
   // received in one place.
-  int64_t mine_lo = -1, mine_hi = -1;
-  for (int t = first; t < last; ++t) {
-    for (const ckpt::Placement& p : placements_[static_cast<size_t>(t)]) {
-      if (p.rank != rank_) continue;
-      if (mine_lo < 0) mine_lo = p.flat_offset;
-      mine_hi = p.flat_offset + p.length;
-    }
-  }
-  const int64_t lo = layout_.global_offset(first);
+  const GlobalRun run = plan_.global_run(first, last);
+  const PartitionShare mine = plan_.share(run, plan_.rank());
   if (narrow_wire()) {
-    grow(send_, static_cast<size_t>(layout_.global_offset(last - 1) + numel(last - 1) - lo) * wire_bytes(wire_));
+    grow(send_, static_cast<size_t>(run.hi - run.lo) * wire_bytes(wire_));
     for (int t = first; t < last; ++t) {
-      to_wire(wire_advance(send_.data(), layout_.global_offset(t) - lo), wire_,
+      to_wire(wire_advance(send_.data(), layout().global_offset(t) - run.lo), wire_,
               grad_buffers_[static_cast<size_t>(t)].data(), numel(t), comm());
     }
   }
   auto source = [&](int t, int64_t offset) -> const void* {
     if (!narrow_wire()) return grad_buffers_[static_cast<size_t>(t)].data() + offset;
-    return wire_advance(send_.data(), layout_.global_offset(t) - lo + offset);
+    return wire_advance(send_.data(), layout().global_offset(t) - run.lo + offset);
   };
-  void* into = mine_lo < 0 ? nullptr : receive_into(mine_lo, mine_hi - mine_lo);
+  void* into = mine.count == 0 ? nullptr : receive_into(mine.offset, mine.count);
   NCCL_CHECK(ncclGroupStart());
   for (int t = first; t < last; ++t) {
     for (const ckpt::Placement& p : placements_[static_cast<size_t>(t)]) {
-      void* recv = p.rank == rank_ ? wire_advance(into, p.flat_offset - mine_lo) : nullptr;  // read by the root only
+      // Read by the root only.
+      void* recv = p.rank == plan_.rank() ? wire_advance(into, p.flat_offset - mine.offset) : nullptr;
       NCCL_CHECK(ncclReduce(source(t, p.tensor_offset), recv, static_cast<size_t>(p.length), nccl_type(wire_), ncclSum,
                             p.rank, nccl_, comm()));
     }
   }
   NCCL_CHECK(ncclGroupEnd());
-  if (mine_lo >= 0) land(mine_lo, mine_hi - mine_lo);
+  if (mine.count > 0) land(mine.offset, mine.count);
 }
 
 template <typename T>
@@ -520,30 +476,23 @@ template <typename T>
 void GpuZeroEngine<T>::reduce_stage3(int first, int last) {
   // Block r of the send buffer holds rank r's pieces at their slot positions, zeros in the padding,
   // in the wire's type.
-  const int64_t base = layout_.slot_offset(first);
-  const int64_t span = slot_end(last) - base;
-  const size_t bytes = static_cast<size_t>(span * world_) * wire_bytes(wire_);
+  const SlotRun run = plan_.slots(first, last);
+  const size_t bytes = static_cast<size_t>(run.span * plan_.world_size()) * wire_bytes(wire_);
   cudaStream_t st = comm();
   grow(send_, bytes);
   CUDA_CHECK(cudaMemsetAsync(send_.data(), 0, bytes, st));
-  for (int t = first; t < last; ++t) {
-    const int64_t piece = layout_.piece_size(t);
-    const DeviceBuffer<float>& g = grad_buffers_[static_cast<size_t>(t)];
-    for (int r = 0; r < world_; ++r) {
-      const int64_t count = layout_.piece_length(t, r);
-      if (count == 0) continue;
-      const int64_t at = r * span + (layout_.slot_offset(t) - base);
-      to_wire(wire_advance(send_.data(), at), wire_, g.data() + r * piece, count, st);
-    }
+  for (const PieceCopy& p : plan_.pieces(run)) {
+    to_wire(wire_advance(send_.data(), p.block_offset), wire_,
+            grad_buffers_[static_cast<size_t>(p.tensor)].data() + p.tensor_offset, p.count, st);
   }
-  NCCL_CHECK(ncclReduceScatter(send_.data(), receive_into(base, span), static_cast<size_t>(span), nccl_type(wire_),
-                               ncclSum, nccl_, st));
-  land(base, span);
+  NCCL_CHECK(ncclReduceScatter(send_.data(), receive_into(run.base, run.span), static_cast<size_t>(run.span),
+                               nccl_type(wire_), ncclSum, nccl_, st));
+  land(run.base, run.span);
 }
 
 template <typename T>
 bool GpuZeroEngine<T>::grads_full_is_partition() const noexcept {
-  return layout_.stage() == 0 || (layout_.stage() == 1 && world_ == 1);
+  return plan_.stage() == 0 || (plan_.stage() == 1 && plan_.world_size() == 1);
 }
 
 template <typename T>
@@ -561,8 +510,8 @@ void GpuZeroEngine<T>::zero_grads() {
 
 template <typename T>
 void GpuZeroEngine<T>::reduce_grads() {
-  const int stage = layout_.stage();
-  const int64_t P = stage <= 1 ? layout_.partition_size() : 0;
+  const int stage = plan_.stage();
+  const int64_t P = stage <= 1 ? plan_.partition_size() : 0;
   if (stage <= 1 && narrow_wire()) {
     // Narrowed into the wire buffer, reduced there in place, widened back: stage 0 all of it, stage 1
     // this rank's block (NCCL's in-place reduce-scatter leaves it at rank * P).
@@ -573,7 +522,7 @@ void GpuZeroEngine<T>::reduce_grads() {
       NCCL_CHECK(ncclAllReduce(send_.data(), send_.data(), n, nccl_type(wire_), ncclSum, nccl_, stream_));
       from_wire(grads_full_.data(), wire_, send_.data(), static_cast<int64_t>(n), false, stream_);
     } else {
-      void* mine = wire_advance(send_.data(), rank_ * P);
+      void* mine = wire_advance(send_.data(), plan_.partition_offset(plan_.rank()));
       NCCL_CHECK(
           ncclReduceScatter(send_.data(), mine, static_cast<size_t>(P), nccl_type(wire_), ncclSum, nccl_, stream_));
       from_wire(grad_part_.data(), wire_, mine, P, false, stream_);
@@ -595,8 +544,8 @@ void GpuZeroEngine<T>::reduce_grads() {
 
 template <typename T>
 double GpuZeroEngine<T>::global_grad_sq() {
-  const float* g = reduced_grads() + owned_offset();
-  sum_squares(scalar_.data(), g, owned_size(), stream_);
+  const float* g = reduced_grads() + plan_.owned_offset();
+  sum_squares(scalar_.data(), g, plan_.owned_size(), stream_);
   read_back(scalar_host_.data(), scalar_.data(), 1, stream_);
   synchronize(stream_);  // the host decides on overflow and clipping from it
   return mpi_.allreduce_sum(scalar_host_.data()[0]);
@@ -604,7 +553,7 @@ double GpuZeroEngine<T>::global_grad_sq() {
 
 template <typename T>
 void GpuZeroEngine<T>::step(const AdamWStep& s) {
-  const int stage = layout_.stage();
+  const int stage = plan_.stage();
   const float* grads = reduced_grads();
   // The update writes the compute-precision copy directly where the model reads it (stage 0: the
   // replicated buffer; 1-2: this rank's partition of it, then all-gathered; 3: the partition, which
@@ -646,7 +595,7 @@ void GpuZeroEngine<T>::update_and_gather(const typename ParamPartition<T>::Produ
   // Chunk k's gather runs on the communication stream while the compute stream updates chunk k + 1.
   // Every rank's chunk k sits at its own partition's offset in params_full_, so the gather is one
   // in-place broadcast per rank, in one NCCL group.
-  const int64_t P = layout_.partition_size();
+  const int64_t P = plan_.partition_size();
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(config_.allgather_bucket_size, (P + 7) / 8));
   T* mine = owned_params();
   cudaStream_t st = comm();
@@ -655,8 +604,8 @@ void GpuZeroEngine<T>::update_and_gather(const typename ParamPartition<T>::Produ
     update(lo, n, mine + lo);
     wait(st, stream_);
     NCCL_CHECK(ncclGroupStart());
-    for (int r = 0; r < world_; ++r) {
-      T* at = params_full_.data() + r * P + lo;
+    for (int r = 0; r < plan_.world_size(); ++r) {
+      T* at = params_full_.data() + plan_.partition_offset(r) + lo;
       NCCL_CHECK(ncclBroadcast(at, at, static_cast<size_t>(n), DeviceType<T>::kNccl, r, nccl_, st));
     }
     NCCL_CHECK(ncclGroupEnd());

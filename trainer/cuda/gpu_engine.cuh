@@ -21,6 +21,7 @@
 #include "trainer/cuda/grad_wire.cuh"
 #include "trainer/cuda/host_optimizer.cuh"
 #include "trainer/cuda/param_partition.cuh"
+#include "trainer/zero_plan.hpp"
 
 namespace shardkit::trainer::cuda {
 
@@ -33,11 +34,11 @@ class GpuZeroEngine final : public GpuParamStore<T> {
                 const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& mpi, ncclComm_t nccl,
                 cudaStream_t stream);
 
-  const ckpt::Layout& layout() const noexcept { return layout_; }
+  const ckpt::Layout& layout() const noexcept { return plan_.layout(); }
   MemoryReport memory() const noexcept;
   // Stages 0-1: acquire, release, open_grads and close_grads do nothing and param() and grad() point
   // into buffers that never move, so the passes can be captured once and replayed (a CUDA graph).
-  bool fixed_buffers() const noexcept { return layout_.stage() <= 1; }
+  bool fixed_buffers() const noexcept { return plan_.stage() <= 1; }
 
   void initialize(const InitFn& init);
   void load(const LoadFn& read);
@@ -75,10 +76,6 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   void step(const AdamWStep& step);
 
  private:
-  // What this rank keeps master weights for: (tensor, offset, length, position in the optimizer view).
-  std::vector<ckpt::Fragment> plan() const;
-  int64_t owned_offset() const noexcept;  // first element of the owned slice within the optimizer view
-  int64_t owned_size() const noexcept;
   void publish_params();
   void all_gather_params();  // stages 1-2: every rank's partition into params_full_, on the compute stream
   T* owned_params();         // where this rank's share of the parameters lives in T (stage 3: maybe host memory)
@@ -107,8 +104,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   bool lands_in_place() const noexcept;
   void* receive_into(int64_t offset, int64_t count);
   void land(int64_t offset, int64_t count);
-  int64_t slot_end(int last_tensor) const;
-  int64_t numel(int t) const noexcept { return numel_[static_cast<size_t>(t)]; }
+  int64_t numel(int t) const noexcept { return plan_.numel(t); }
   void gather(int group);  // stage 3: all-gathers the group's tensors on the comm stream
   void drop_prefetched();  // stage 3: gives back gathers issued ahead that were never used
   cudaStream_t comm() const noexcept { return config_.overlap_comm ? comm_stream_.get() : stream_; }
@@ -121,9 +117,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   comm::MpiCollective& mpi_;
   ncclComm_t nccl_;
   cudaStream_t stream_;
-  ckpt::Layout layout_;
-  std::vector<int64_t> numel_;
-  int rank_, world_;
+  ZeroPlan plan_;
 
   DeviceBuffer<T> params_full_;     // stages 0-2: W * P, tensors at global offsets
   DeviceBuffer<float> grads_full_;  // stages 0-1: W * P (one rank at stage 1: also its partition)
