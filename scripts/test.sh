@@ -28,8 +28,10 @@ echo "== system packages"
 echo "== format check (.clang-format)"
 git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror
 
+# Both builds carry line tables only (-g1): backtraces and sanitizer reports keep their file:line, and
+# the C++ compiles take about a quarter less time (release) than with full debug information.
 echo "== release build"
-BUILD_DIR=build ./scripts/build.sh
+BUILD_DIR=build ./scripts/build.sh "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
 echo "== release tests: 3-4 rank, interop, CUDA, and what the sanitizer pass leaves out"
 (cd build && ctest -j"$jobs" --output-on-failure --timeout 600 -LE "$sanitized_labels")
 (cd build && ctest -j"$jobs" --output-on-failure --timeout 600 -L "$sanitized_labels" -R "$release_only")
@@ -38,7 +40,8 @@ echo "== sanitizer build (ASan + UBSan): unit, command-line and 2-rank tests"
 # Without the CUDA backend: the sanitizers do not see device code, and its tests need a GPU (the
 # release pass above builds it and runs what needs none). At -O0: -O1 runs the tests faster, but took
 # about as much longer to compile (24.6 CPU-minutes against about 16) as that saves.
-BUILD_DIR=build-asan ./scripts/build.sh -DSHARDKIT_SANITIZE=ON -DSHARDKIT_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug
+BUILD_DIR=build-asan ./scripts/build.sh -DSHARDKIT_SANITIZE=ON -DSHARDKIT_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DCMAKE_C_FLAGS_DEBUG=-g1
 (cd build-asan && ctest -j"$jobs" --output-on-failure --timeout 900 -L "$sanitized_labels" -E "$release_only")
 
 echo "== fuzzing the parsers of untrusted input (libFuzzer + ASan + UBSan, 10 s per target)"
