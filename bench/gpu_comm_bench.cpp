@@ -27,8 +27,8 @@
 
 #include "comm/mpi.hpp"
 #include "model/gpt2/model.hpp"
-#include "trainer/cuda/device_context.cuh"
-#include "trainer/cuda/gpu_engine.cuh"
+#include "trainer/cuda/device_context.hpp"
+#include "trainer/cuda/gpu_engine.hpp"
 #include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer::cuda {

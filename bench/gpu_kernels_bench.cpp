@@ -13,17 +13,18 @@
 #include <string>
 #include <vector>
 
+#include "model/gpt2/cuda/kernels.hpp"
 #include "model/gpt2/model.hpp"
 #include "model/llama/config.hpp"
-#include "model/llama/cuda/kernels.cuh"
+#include "model/llama/cuda/kernels.hpp"
 #include "model/llama/model.hpp"
 #include "model/registry.hpp"
 #include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/encoder_backward.cuh"
-#include "trainer/cuda/gpu_model.cuh"
-#include "trainer/cuda/kernels.cuh"
-#include "trainer/cuda/matmul.cuh"
-#include "trainer/cuda/norms.cuh"
+#include "trainer/cuda/encoder_backward.hpp"
+#include "trainer/cuda/gpu_model.hpp"
+#include "trainer/cuda/kernels.hpp"
+#include "trainer/cuda/matmul.hpp"
+#include "trainer/cuda/norms.hpp"
 #include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer::cuda {
@@ -179,9 +180,11 @@ std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t 
   add("bias_backward (3C)", L, [&] { bias_backward(gb.data(), qkv.data(), N, 3 * C, scratch.data(), st); });
   add("bias_backward (C)", 2 * L, [&] { bias_backward(gb.data(), x.data(), N, C, scratch.data(), st); });
   add("bias_backward (4C)", L, [&] { bias_backward(gb.data(), big.data(), N, 4 * C, scratch.data(), st); });
-  add("attention_forward", L, [&] { attention_forward(x.data(), lse.data(), qkv.data(), B, S, C, NH, st); });
+  add("attention_forward", L,
+      [&] { model::gpt2::attention_forward(x.data(), lse.data(), qkv.data(), B, S, C, NH, st); });
   add("attention_backward", L, [&] {
-    attention_backward(dqkv.data(), delta.data(), y.data(), x.data(), qkv.data(), lse.data(), B, S, C, NH, st);
+    model::gpt2::attention_backward(dqkv.data(), delta.data(), y.data(), x.data(), qkv.data(), lse.data(), B, S, C, NH,
+                                    st);
   });
   const int head_blocks = (N + head_rows - 1) / head_rows;
   add("head gemm logits", head_blocks, [&] {

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <tuple>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
+#include "base/thread_pool.hpp"
 #include "ckpt/run_dir.hpp"
-#include "ckpt/thread_pool.hpp"
 
 namespace shardkit::ckpt {
 

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::ckpt {
 namespace {

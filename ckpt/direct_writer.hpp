@@ -14,7 +14,7 @@
 #include <memory>
 #include <vector>
 
-#include "ckpt/file_util.hpp"
+#include "base/file_util.hpp"
 
 namespace shardkit::ckpt {
 

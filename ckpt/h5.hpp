@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::ckpt::h5 {
 

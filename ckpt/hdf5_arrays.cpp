@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "ckpt/h5.hpp"
 
 namespace shardkit::ckpt {

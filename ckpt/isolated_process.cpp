@@ -22,7 +22,8 @@
 #include <thread>
 #include <utility>
 
-#include "ckpt/sanitizers.hpp"
+#include "base/clock.hpp"
+#include "base/sanitizers.hpp"
 
 extern char** environ;
 
@@ -86,8 +87,6 @@ class OwnedFd {
  private:
   int fd_;
 };
-
-using Clock = std::chrono::steady_clock;
 
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();

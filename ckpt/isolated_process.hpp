@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::ckpt::isolated {
 

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "ckpt/checksum.hpp"
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
+#include "base/xxh64.hpp"
 
 namespace shardkit::ckpt {
 namespace {

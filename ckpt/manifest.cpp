@@ -3,10 +3,10 @@
 #include <ctime>
 #include <random>
 
-#include "ckpt/checksum.hpp"
-#include "ckpt/error.hpp"
-#include "ckpt/file_util.hpp"
-#include "ckpt/json_input.hpp"
+#include "base/error.hpp"
+#include "base/file_util.hpp"
+#include "base/json_input.hpp"
+#include "base/xxh64.hpp"
 #include "ckpt/shard_format.hpp"
 #include "ckpt/zstd_codec.hpp"
 

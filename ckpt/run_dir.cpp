@@ -2,10 +2,10 @@
 
 #include <algorithm>
 
-#include "ckpt/error.hpp"
-#include "ckpt/file_util.hpp"
+#include "base/error.hpp"
+#include "base/file_util.hpp"
+#include "base/write_target.hpp"
 #include "ckpt/shard_format.hpp"
-#include "ckpt/write_target.hpp"
 
 namespace shardkit::ckpt {
 

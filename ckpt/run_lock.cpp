@@ -8,9 +8,9 @@
 #include <cstring>
 #include <string_view>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
+#include "base/write_target.hpp"
 #include "ckpt/manifest.hpp"
-#include "ckpt/write_target.hpp"
 
 namespace shardkit::ckpt {
 namespace {

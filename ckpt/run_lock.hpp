@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <string>
 
-#include "ckpt/file_util.hpp"
+#include "base/file_util.hpp"
 
 namespace shardkit::ckpt {
 

@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ckpt/error.hpp"
-#include "ckpt/json_input.hpp"
+#include "base/error.hpp"
+#include "base/json_input.hpp"
 
 namespace shardkit::ckpt::safetensors {
 namespace {

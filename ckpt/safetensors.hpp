@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "ckpt/file_util.hpp"
+#include "base/file_util.hpp"
 
 namespace shardkit::ckpt::safetensors {
 

@@ -1,12 +1,12 @@
 #include "ckpt/save.hpp"
 
-#include "ckpt/checksum.hpp"
-#include "ckpt/error.hpp"
-#include "ckpt/fault.hpp"
-#include "ckpt/file_util.hpp"
+#include "base/error.hpp"
+#include "base/fault.hpp"
+#include "base/file_util.hpp"
+#include "base/write_target.hpp"
+#include "base/xxh64.hpp"
 #include "ckpt/run_dir.hpp"
 #include "ckpt/shard_format.hpp"
-#include "ckpt/write_target.hpp"
 
 namespace shardkit::ckpt {
 namespace {

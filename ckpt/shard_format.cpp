@@ -2,9 +2,13 @@
 
 #include <cstdio>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::ckpt {
+
+std::vector<std::string> optimizer_state_names() {
+  return {kOptimizerStates.begin(), kOptimizerStates.end()};
+}
 
 std::string shard_file_name(int rank, int world_size) {
   char buffer[64];

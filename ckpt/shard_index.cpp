@@ -6,8 +6,8 @@
 #include <cerrno>
 #include <csignal>
 
-#include "ckpt/error.hpp"
-#include "ckpt/fault.hpp"
+#include "base/error.hpp"
+#include "base/fault.hpp"
 #include "ckpt/h5.hpp"
 #include "ckpt/isolated_process.hpp"
 #include "ckpt/shard_format.hpp"

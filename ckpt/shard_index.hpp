@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/file_util.hpp"
+#include "base/file_util.hpp"
 
 namespace shardkit::ckpt {
 

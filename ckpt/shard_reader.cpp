@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "ckpt/checksum.hpp"
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
+#include "base/xxh64.hpp"
 #include "ckpt/shard_format.hpp"
 #include "ckpt/shard_writer.hpp"
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/file_util.hpp"
+#include "base/file_util.hpp"
 #include "ckpt/layout.hpp"
 #include "ckpt/shard_index.hpp"
 #include "ckpt/tensor_table.hpp"

@@ -8,14 +8,14 @@
 #include <cstring>
 #include <system_error>
 
-#include "ckpt/checksum.hpp"
+#include "base/error.hpp"
+#include "base/file_util.hpp"
+#include "base/thread_pool.hpp"
+#include "base/write_target.hpp"
+#include "base/xxh64.hpp"
 #include "ckpt/direct_writer.hpp"
-#include "ckpt/error.hpp"
-#include "ckpt/file_util.hpp"
 #include "ckpt/h5.hpp"
 #include "ckpt/shard_format.hpp"
-#include "ckpt/thread_pool.hpp"
-#include "ckpt/write_target.hpp"
 #include "ckpt/zstd_codec.hpp"
 
 namespace shardkit::ckpt {

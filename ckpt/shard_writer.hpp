@@ -12,14 +12,17 @@
 #include <string_view>
 #include <vector>
 
-#include "ckpt/file_util.hpp"
+#include "base/file_util.hpp"
 #include "ckpt/layout.hpp"
 #include "ckpt/tensor_table.hpp"
+
+namespace shardkit {
+class ThreadPool;
+}  // namespace shardkit
 
 namespace shardkit::ckpt {
 
 class DirectWriter;
-class ThreadPool;
 class ZstdCompressor;
 
 struct ShardOptions {

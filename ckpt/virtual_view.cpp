@@ -7,9 +7,9 @@
 #include <system_error>
 #include <utility>
 
+#include "base/error.hpp"
+#include "base/file_util.hpp"
 #include "ckpt/checkpoint_reader.hpp"
-#include "ckpt/error.hpp"
-#include "ckpt/file_util.hpp"
 #include "ckpt/h5.hpp"
 #include "ckpt/shard_reader.hpp"
 

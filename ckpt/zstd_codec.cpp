@@ -4,7 +4,7 @@
 
 #include <new>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::ckpt {
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "bench/ckpt_bench.hpp"
+#include "ckpt/bench.hpp"
 #include "ckpt/shard_format.hpp"
 #include "cli/commands.hpp"
 #include "cli/console.hpp"
@@ -31,7 +31,7 @@ struct CkptOptions {
 };
 
 int run_bench_ckpt(const CkptOptions& o, int* argc, char*** argv) {
-  bench::CkptBenchOptions options;
+  ckpt::SaveBenchOptions options;
   options.bytes = parse_size(o.size, "--size");
   options.dir = o.dir;
   options.stage = o.stage;
@@ -43,7 +43,7 @@ int run_bench_ckpt(const CkptOptions& o, int* argc, char*** argv) {
   return run_on_ranks(argc, argv, [&](comm::MpiCollective& world) {
     Progress progress("bench ckpt", o.quiet || world.rank() != 0);  // one report for the whole job
     options.progress = [&](int64_t done, int64_t total) { progress.update(done, total); };
-    const bench::CkptBenchResult r = bench::run_ckpt_bench(world, options);
+    const ckpt::SaveBenchResult r = ckpt::run_save_bench(world, options);
     progress.finish();
     if (world.rank() != 0) return 0;
     if (o.json) {
@@ -77,7 +77,7 @@ struct ChecksumOptions {
 
 int run_bench_checksum(const ChecksumOptions& o) {
   Progress progress("bench checksum", o.quiet);
-  const bench::ChecksumBenchResult r = bench::run_checksum_bench(
+  const ckpt::ChecksumBenchResult r = ckpt::run_checksum_bench(
       parse_size(o.size, "--size"), [&](int64_t done, int64_t total) { progress.update(done, total); });
   progress.finish();
   if (o.json) {

@@ -6,8 +6,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "base/xxh64.hpp"
 #include "ckpt/checkpoint_reader.hpp"
-#include "ckpt/checksum.hpp"
 #include "ckpt/diff.hpp"
 #include "ckpt/run_dir.hpp"
 #include "cli/commands.hpp"
@@ -109,7 +109,7 @@ int run_inspect(const std::string& path, bool as_json) {
   std::printf("\n");
   rows = {{"RANK", "FILE", "BYTES", "DIGEST"}};
   for (const auto& s : m.shards) {
-    rows.push_back({std::to_string(s.rank), s.file, format_count(s.bytes), ckpt::to_hex(s.digest)});
+    rows.push_back({std::to_string(s.rank), s.file, format_count(s.bytes), to_hex(s.digest)});
   }
   print_table(rows, 2);
   if (!m.trainer_state.empty()) {

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::cli {
 
@@ -114,7 +114,7 @@ void Progress::update(int64_t done, int64_t total) {
   done_ = done;
   total_ = total;
   // The complete state is finish()'s to draw, once.
-  if (done >= total || std::chrono::duration<double>(Clock::now() - last_).count() < interval_s_) return;
+  if (done >= total || seconds_since(last_) < interval_s_) return;
   draw(false);
 }
 

@@ -8,16 +8,13 @@
 #include <string_view>
 #include <vector>
 
-#include "ckpt/text_format.hpp"
+#include "base/clock.hpp"
+#include "base/text_format.hpp"
 
 namespace shardkit::cli {
 
 // "1GiB", "512MiB", "5GB", "1.5G", "4096" -> bytes. Error(kInvalidInput) naming `option` otherwise.
 int64_t parse_size(std::string_view text, std::string_view option);
-using ckpt::escape_control;
-using ckpt::format_bytes;
-using ckpt::format_count;
-using ckpt::print_line;
 
 // Prints rows as columns separated by two spaces; the first row is the header. Cells are escaped
 // (escape_control) before they are measured, so a name from an input can neither break the table
@@ -48,7 +45,6 @@ class Progress {
   void finish();
 
  private:
-  using Clock = std::chrono::steady_clock;
   void draw(bool final);
   // Ends the bar's line on a terminal and stops reporting.
   void close() noexcept;

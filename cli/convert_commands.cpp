@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <memory>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "cli/commands.hpp"
 #include "cli/console.hpp"
 #include "convert/consolidate.hpp"
@@ -80,9 +80,7 @@ int run_consolidate(const ConsolidateCli& c) {
   r.format = c.format == "hdf5"           ? convert::ExportFormat::kHdf5
              : c.format == "hdf5-virtual" ? convert::ExportFormat::kHdf5Virtual
                                           : convert::ExportFormat::kSafetensors;
-  r.dtype = c.dtype == "bf16"   ? convert::ExportDtype::kBF16
-            : c.dtype == "fp16" ? convert::ExportDtype::kF16
-                                : convert::ExportDtype::kF32;
+  r.dtype = c.dtype == "bf16" ? ckpt::DType::kBF16 : c.dtype == "fp16" ? ckpt::DType::kF16 : ckpt::DType::kF32;
   r.with_optimizer = c.with_optimizer;
   r.max_shard_bytes = static_cast<uint64_t>(parse_size(c.max_shard_size, "--max-shard-size"));
   if (r.max_shard_bytes == 0) fail(ErrorKind::kInvalidInput, "--max-shard-size must be positive");

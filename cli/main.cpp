@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <string>
 
-#include "ckpt/error.hpp"
-#include "ckpt/text_format.hpp"
+#include "base/error.hpp"
+#include "base/text_format.hpp"
 #include "cli/commands.hpp"
 
 namespace {
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
   CLI::App app("shardkit: ZeRO training with universal sharded checkpoints", "shardkit");
   // One line per error, set before the subcommands are added (they copy it).
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
-    return "shardkit: error: " + shardkit::ckpt::escape_control(e.what()) + " (see --help)\n";
+    return "shardkit: error: " + shardkit::escape_control(e.what()) + " (see --help)\n";
   });
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("shardkit ") + SHARDKIT_VERSION);
@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
       "Then:       mpirun -n 2 shardkit train --config samples/configs/tiny_zero2.json --model gpt2-tiny \\\n"
       "              --data runs/text.bin --steps 100 --save-dir runs/tiny --save-interval 50");
   if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
-    shardkit::ckpt::print_line(stderr, "shardkit: error: %s", unknown.c_str());
+    shardkit::print_line(stderr, "shardkit: error: %s", unknown.c_str());
     return 2;
   }
   try {
@@ -74,10 +74,10 @@ int main(int argc, char** argv) {
   try {
     return action ? action() : 2;
   } catch (const shardkit::Error& e) {
-    shardkit::ckpt::print_line(stderr, "shardkit: error: %s", e.what());
+    shardkit::print_line(stderr, "shardkit: error: %s", e.what());
     return shardkit::exit_code_for(e.kind());
   } catch (const std::exception& e) {
-    shardkit::ckpt::print_line(stderr, "shardkit: internal error: %s", e.what());
+    shardkit::print_line(stderr, "shardkit: internal error: %s", e.what());
     return 1;
   }
 }

@@ -2,8 +2,8 @@
 
 #include <cstdio>
 
-#include "ckpt/error.hpp"
-#include "ckpt/text_format.hpp"
+#include "base/error.hpp"
+#include "base/text_format.hpp"
 
 namespace shardkit::cli {
 
@@ -16,7 +16,7 @@ int run_on_ranks(int* argc, char*** argv, const std::function<int(comm::MpiColle
   } catch (const std::exception& e) {
     const auto* error = dynamic_cast<const Error*>(&e);
     const int code = error ? exit_code_for(error->kind()) : 1;
-    ckpt::print_line(stderr, "shardkit: error (rank %d of %d): %s", mpi.rank(), mpi.size(), e.what());
+    print_line(stderr, "shardkit: error (rank %d of %d): %s", mpi.rank(), mpi.size(), e.what());
     std::fflush(stderr);
     comm::MpiRuntime::abort(code);
   }

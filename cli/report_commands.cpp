@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <memory>
 
-#include "ckpt/error.hpp"
-#include "ckpt/file_util.hpp"
-#include "ckpt/write_target.hpp"
+#include "base/error.hpp"
+#include "base/file_util.hpp"
+#include "base/write_target.hpp"
 #include "cli/commands.hpp"
 #include "cli/console.hpp"
 #include "report/html_report.hpp"
@@ -24,7 +24,7 @@ struct ReportCli {
 
 int run_report(const ReportCli& c) {
   // Checked first, as the converters do: a long file is not read only to be refused at the end.
-  ckpt::refuse_overlap(c.metrics, c.output);
+  refuse_overlap(c.metrics, c.output);
   std::error_code ec;
   if (std::filesystem::exists(c.output, ec) && !c.force) {
     fail(ErrorKind::kInvalidInput, c.output + " already exists (use --force to replace it)");
@@ -46,7 +46,7 @@ int run_report(const ReportCli& c) {
   options.source_name = c.metrics;
   const std::string html = report::render_html(metrics, options);
   // Temp file and rename: a browser that has the old report open never sees half a page.
-  ckpt::write_file_durable(c.output, html);
+  write_file_durable(c.output, html);
   print_line(stdout, "%s: %zu steps, %zu checkpoint events, %s", c.output.c_str(), metrics.steps.size(),
              metrics.checkpoints.size(), format_bytes(static_cast<double>(html.size())).c_str());
   return 0;

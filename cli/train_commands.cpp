@@ -6,8 +6,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "ckpt/error.hpp"
-#include "ckpt/write_target.hpp"
+#include "base/error.hpp"
+#include "base/write_target.hpp"
 #include "cli/commands.hpp"
 #include "cli/console.hpp"
 #include "cli/ranks.hpp"
@@ -193,7 +193,7 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
   encode->footer("Example: shardkit data encode samples/data/checkpoints.txt -o runs/text.bin");
   encode->callback([&action, d] {
     action = [d] {
-      ckpt::refuse_overlap(d->text, d->output);  // the text would be replaced by its own tokens
+      refuse_overlap(d->text, d->output);  // the text would be replaced by its own tokens
       Progress progress("encode", d->quiet);
       const int64_t n =
           trainer::encode_bytes(d->text, d->output, [&](int64_t done, int64_t total) { progress.update(done, total); });

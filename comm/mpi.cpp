@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::comm {
 

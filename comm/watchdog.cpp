@@ -13,12 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/error.hpp"
+#include "base/clock.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::comm {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // The collectives of one thread, written by that thread alone with plain stores (no clock read, no
 // read-modify-write: the hot path costs next to nothing); the watchdog times what it sees.

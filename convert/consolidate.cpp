@@ -4,15 +4,15 @@
 #include <fstream>
 #include <map>
 
+#include "base/error.hpp"
+#include "base/file_util.hpp"
+#include "base/thread_pool.hpp"
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/dtype_convert.hpp"
-#include "ckpt/error.hpp"
-#include "ckpt/file_util.hpp"
 #include "ckpt/hdf5_arrays.hpp"
 #include "ckpt/run_dir.hpp"
 #include "ckpt/safetensors.hpp"
 #include "ckpt/shard_format.hpp"
-#include "ckpt/thread_pool.hpp"
 #include "ckpt/virtual_view.hpp"
 #include "convert/staging.hpp"
 #include "model/registry.hpp"
@@ -27,14 +27,14 @@ struct Item {
   int tensor = 0;
   int state = 0;
   std::string name;
-  ExportDtype dtype = ExportDtype::kF32;
+  ckpt::DType dtype = ckpt::DType::kF32;
 };
 
-const char* dtype_string(ExportDtype d) {
-  return d == ExportDtype::kF32 ? "F32" : d == ExportDtype::kBF16 ? "BF16" : "F16";
+const char* dtype_string(ckpt::DType d) {
+  return d == ckpt::DType::kF32 ? "F32" : d == ckpt::DType::kBF16 ? "BF16" : "F16";
 }
-const char* torch_dtype(ExportDtype d) {
-  return d == ExportDtype::kF32 ? "float32" : d == ExportDtype::kBF16 ? "bfloat16" : "float16";
+const char* torch_dtype(ckpt::DType d) {
+  return d == ckpt::DType::kF32 ? "float32" : d == ckpt::DType::kBF16 ? "bfloat16" : "float16";
 }
 
 // The checkpoint's model, whose tensor table must be exactly the checkpoint's.
@@ -48,7 +48,7 @@ std::shared_ptr<const model::Model> model_of(const ckpt::CheckpointReader& reade
   return m;
 }
 
-std::vector<Item> export_items(const ckpt::CheckpointReader& reader, ExportDtype dtype, bool with_optimizer) {
+std::vector<Item> export_items(const ckpt::CheckpointReader& reader, ckpt::DType dtype, bool with_optimizer) {
   std::vector<Item> items;
   auto state = [&](std::string_view name) {
     const int s = reader.find_state(name);
@@ -63,7 +63,7 @@ std::vector<Item> export_items(const ckpt::CheckpointReader& reader, ExportDtype
       const int index = state(s);
       for (size_t t = 0; t < table.size(); ++t) {
         items.push_back(
-            {static_cast<int>(t), index, "optimizer." + std::string(s) + "." + table[t].name, ExportDtype::kF32});
+            {static_cast<int>(t), index, "optimizer." + std::string(s) + "." + table[t].name, ckpt::DType::kF32});
       }
     }
   }
@@ -71,10 +71,10 @@ std::vector<Item> export_items(const ckpt::CheckpointReader& reader, ExportDtype
 }
 
 // Converts fp32 values into the output dtype's little-endian bytes.
-std::span<const std::byte> encode(std::span<const float> values, ExportDtype dtype, std::vector<uint16_t>& scratch) {
-  if (dtype == ExportDtype::kF32) return std::as_bytes(values);
+std::span<const std::byte> encode(std::span<const float> values, ckpt::DType dtype, std::vector<uint16_t>& scratch) {
+  if (dtype == ckpt::DType::kF32) return std::as_bytes(values);
   scratch.resize(values.size());
-  if (dtype == ExportDtype::kBF16) {
+  if (dtype == ckpt::DType::kBF16) {
     ckpt::convert_fp32_to_bf16(values, scratch);
   } else {
     ckpt::convert_fp32_to_fp16(values, scratch);
@@ -101,7 +101,7 @@ std::vector<std::string> write_safetensors(const ConsolidateRequest& request, co
   std::vector<std::unique_ptr<ckpt::CheckpointReader>> readers(static_cast<size_t>(plan.threads));
   std::vector<std::vector<float>> pieces(static_cast<size_t>(plan.threads));
   std::vector<std::vector<uint16_t>> scratch(static_cast<size_t>(plan.threads));
-  ckpt::ThreadPool pool(plan.threads - 1);
+  ThreadPool pool(plan.threads - 1);
 
   std::vector<std::string> files;
   std::map<std::string, std::string> weight_map;
@@ -141,10 +141,10 @@ std::vector<std::string> write_safetensors(const ConsolidateRequest& request, co
     files.push_back(file);
   }
   if (shards.size() > 1) {
-    ckpt::write_file_durable(dir / st::kIndexFileName, st::index_json(total_size, weight_map));
+    write_file_durable(dir / st::kIndexFileName, st::index_json(total_size, weight_map));
     files.emplace_back(st::kIndexFileName);
   }
-  ckpt::write_file_durable(dir / "config.json", m->hf_config(torch_dtype(request.dtype)).dump(2) + "\n");
+  write_file_durable(dir / "config.json", m->hf_config(torch_dtype(request.dtype)).dump(2) + "\n");
   files.emplace_back("config.json");
   progress.finish();
   return files;
@@ -152,7 +152,7 @@ std::vector<std::string> write_safetensors(const ConsolidateRequest& request, co
 
 std::vector<std::string> write_hdf5(const ConsolidateRequest& request, const ConvertOptions& options,
                                     const std::filesystem::path& dir, const std::filesystem::path& source) {
-  if (request.dtype != ExportDtype::kF32) {
+  if (request.dtype != ckpt::DType::kF32) {
     fail(ErrorKind::kInvalidInput, "--format hdf5 writes fp32 (HDF5 1.10 has no bf16/fp16 type); use safetensors");
   }
   ckpt::CheckpointReader reader(source);
@@ -194,7 +194,7 @@ std::vector<std::string> write_hdf5(const ConsolidateRequest& request, const Con
     }
   }
   file.close();
-  ckpt::fsync_path(path);
+  fsync_path(path);
   progress.finish();
   return {"model.h5"};
 }
@@ -212,7 +212,7 @@ std::vector<std::string> consolidate(const ConsolidateRequest& request, const Co
       files = write_hdf5(request, options, out.path(), request.source);
       break;
     case ExportFormat::kHdf5Virtual: {
-      if (request.dtype != ExportDtype::kF32) fail(ErrorKind::kInvalidInput, "--format hdf5-virtual presents fp32");
+      if (request.dtype != ckpt::DType::kF32) fail(ErrorKind::kInvalidInput, "--format hdf5-virtual presents fp32");
       ckpt::VirtualViewOptions view;
       view.states = {std::string(ckpt::kMasterWeights)};
       if (request.with_optimizer) view.states = {};

@@ -14,18 +14,18 @@
 #include <filesystem>
 #include <string>
 
+#include "ckpt/tensor_table.hpp"
 #include "convert/stream.hpp"
 
 namespace shardkit::convert {
 
 enum class ExportFormat { kSafetensors, kHdf5, kHdf5Virtual };
-enum class ExportDtype { kF32, kBF16, kF16 };
 
 struct ConsolidateRequest {
   std::filesystem::path source;  // step or run directory
   std::filesystem::path output;  // a new directory
   ExportFormat format = ExportFormat::kSafetensors;
-  ExportDtype dtype = ExportDtype::kF32;
+  ckpt::DType dtype = ckpt::DType::kF32;
   bool with_optimizer = false;
   uint64_t max_shard_bytes = 5'000'000'000;  // Hugging Face's default "5GB"
 };

@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "ckpt/shard_format.hpp"
 #include "convert/staging.hpp"
 #include "model/hf_weights.hpp"
@@ -19,7 +19,7 @@ std::filesystem::path import_weights(const ImportRequest& request, const Convert
   meta.step = 0;
   meta.table = &table;
   meta.layout = spec;
-  meta.states = {std::string(ckpt::kMasterWeights), std::string(ckpt::kExpAvg), std::string(ckpt::kExpAvgSq)};
+  meta.states = ckpt::optimizer_state_names();
   meta.shard.threads = 1;
   // A fresh start: no optimizer step taken, the scheduler before its first step; the loss scaler and
   // the data order come from the training run's own config and seed.

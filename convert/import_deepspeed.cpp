@@ -2,7 +2,7 @@
 
 #include <vector>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "ckpt/shard_format.hpp"
 #include "convert/deepspeed/ds_checkpoint.hpp"
 #include "convert/staging.hpp"
@@ -42,7 +42,7 @@ DeepSpeedImportResult import_deepspeed(const DeepSpeedImportRequest& request, co
   meta.step = result.step;
   meta.table = &table;
   meta.layout = spec;
-  meta.states = {std::string(ckpt::kMasterWeights), std::string(ckpt::kExpAvg), std::string(ckpt::kExpAvgSq)};
+  meta.states = ckpt::optimizer_state_names();
   meta.shard.threads = 1;
   // The counters DeepSpeed keeps; the loss scaler and the data order come from the resuming run's own
   // config and seed, as for `convert import`.

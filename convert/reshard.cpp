@@ -2,11 +2,11 @@
 
 #include <vector>
 
+#include "base/error.hpp"
+#include "base/thread_pool.hpp"
 #include "ckpt/checkpoint_reader.hpp"
-#include "ckpt/error.hpp"
 #include "ckpt/save.hpp"
 #include "ckpt/shard_format.hpp"
-#include "ckpt/thread_pool.hpp"
 #include "convert/staging.hpp"
 
 namespace shardkit::convert {
@@ -46,7 +46,7 @@ std::filesystem::path reshard(const ReshardRequest& request, const ConvertOption
   // Each worker has its own reader (readers cache chunks and are not shared between threads).
   std::vector<std::unique_ptr<ckpt::CheckpointReader>> readers(static_cast<size_t>(plan.threads));
   std::vector<std::vector<float>> pieces(static_cast<size_t>(plan.threads));
-  ckpt::ThreadPool pool(plan.threads - 1);
+  ThreadPool pool(plan.threads - 1);
   pool.parallel_for(static_cast<size_t>(spec.world_size), [&](size_t rank, int worker) {
     auto& reader = readers[static_cast<size_t>(worker)];
     if (!reader) reader = std::make_unique<ckpt::CheckpointReader>(source_dir);

@@ -2,9 +2,9 @@
 
 #include <random>
 
-#include "ckpt/error.hpp"
-#include "ckpt/file_util.hpp"
-#include "ckpt/write_target.hpp"
+#include "base/error.hpp"
+#include "base/file_util.hpp"
+#include "base/write_target.hpp"
 
 namespace shardkit::convert {
 namespace {
@@ -21,7 +21,7 @@ StagedDirectory::StagedDirectory(std::filesystem::path destination, const std::v
     : destination_(std::filesystem::absolute(destination).lexically_normal()), force_(force) {
   if (destination_.filename().empty()) destination_ = destination_.parent_path();
   // --force replaces the destination: one that holds or is an input would delete it.
-  for (const std::filesystem::path& input : inputs) ckpt::refuse_overlap(input, destination);
+  for (const std::filesystem::path& input : inputs) refuse_overlap(input, destination);
   std::error_code ec;
   if (std::filesystem::exists(destination_, ec) && !force) {
     fail(ErrorKind::kInvalidInput, destination_.string() + " already exists (use --force to replace it)");
@@ -48,11 +48,11 @@ void StagedDirectory::commit() {
     std::filesystem::remove_all(destination_, ec);
     if (ec) fail(ErrorKind::kIo, destination_.string() + ": cannot remove: " + ec.message());
   }
-  ckpt::fsync_directory(staging_);
+  fsync_directory(staging_);
   std::filesystem::rename(staging_, destination_, ec);
   if (ec) fail(ErrorKind::kIo, "rename " + staging_.string() + " -> " + destination_.string() + ": " + ec.message());
   committed_ = true;
-  ckpt::fsync_directory(parent_of(destination_));
+  fsync_directory(parent_of(destination_));
 }
 
 }  // namespace shardkit::convert

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <thread>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
+#include "base/thread_pool.hpp"
 #include "ckpt/shard_format.hpp"
-#include "ckpt/thread_pool.hpp"
 
 namespace shardkit::convert {
 
@@ -85,7 +85,7 @@ void write_from_tensors(const ckpt::CheckpointMeta& meta, const std::filesystem:
   SharedProgress progress(options.progress, table.total_elements() * 4 * static_cast<int64_t>(meta.states.size()));
   std::vector<ckpt::ShardRecord> records(static_cast<size_t>(world));
   std::vector<std::vector<float>> pieces(static_cast<size_t>(plan.threads));
-  ckpt::ThreadPool pool(plan.threads - 1);
+  ThreadPool pool(plan.threads - 1);
   pool.parallel_for(records.size(), [&](size_t rank, int worker) {
     std::vector<float>& piece = pieces[static_cast<size_t>(worker)];
     piece.resize(static_cast<size_t>(std::min(plan.piece_elems, std::max<int64_t>(1, layout.flat_size()))));

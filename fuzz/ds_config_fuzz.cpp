@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "trainer/ds_config.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,10 +1,10 @@
-// The manifest parser on arbitrary bytes: it must return a manifest or throw ckpt::Error, never
+// The manifest parser on arbitrary bytes: it must return a manifest or throw Error, never
 // crash, hang, read out of bounds or overflow (ASan, UBSan).
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "ckpt/manifest.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string_view>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "ckpt/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

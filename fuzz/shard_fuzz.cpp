@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "ckpt/isolated_process.hpp"
 #include "ckpt/layout.hpp"
 #include "ckpt/shard_format.hpp"
@@ -25,7 +25,7 @@ namespace {
 
 using namespace shardkit;
 
-const std::vector<std::string> kStates = {"fp32", "exp_avg", "exp_avg_sq"};
+const std::vector<std::string> kStates = ckpt::optimizer_state_names();
 constexpr char kUid[] = "fuzz-checkpoint";
 constexpr int64_t kStep = 7;
 constexpr int64_t kChunkElems = 64;

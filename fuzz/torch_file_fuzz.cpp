@@ -17,7 +17,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "convert/deepspeed/torch_file.hpp"
 #include "convert/deepspeed/unpickler.hpp"
 

@@ -4,9 +4,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/error.hpp"
+#include "base/json_input.hpp"
 #include "ckpt/dtype_convert.hpp"
-#include "ckpt/error.hpp"
-#include "ckpt/json_input.hpp"
 #include "model/registry.hpp"
 
 namespace shardkit::model {
@@ -21,7 +21,7 @@ std::vector<std::filesystem::path> weight_files(const std::filesystem::path& pat
     fail(ErrorKind::kInvalidInput, path.string() + ": no such file or folder");
   const std::filesystem::path index = path / ckpt::safetensors::kIndexFileName;
   if (std::filesystem::exists(index, ec)) {
-    const nlohmann::json j = ckpt::read_json_file(index, ckpt::json_limits::kHfIndex, ErrorKind::kInvalidInput);
+    const nlohmann::json j = read_json_file(index, json_limits::kHfIndex, ErrorKind::kInvalidInput);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
       fail(ErrorKind::kInvalidInput, index.string() + ": no \"weight_map\" object");
     }
@@ -29,7 +29,7 @@ std::vector<std::filesystem::path> weight_files(const std::filesystem::path& pat
     for (const auto& [tensor, file] : j["weight_map"].items()) {
       if (!file.is_string() || !ckpt::is_plain_name(file.get<std::string>())) {
         fail(ErrorKind::kInvalidInput,
-             index.string() + ": weight_map entry for " + ckpt::quoted_excerpt(tensor) + " is not a plain file name");
+             index.string() + ": weight_map entry for " + quoted_excerpt(tensor) + " is not a plain file name");
       }
       names.insert(file.get<std::string>());
     }
@@ -56,15 +56,14 @@ std::filesystem::path config_file(const std::filesystem::path& path) {
 
 HfWeights::HfWeights(const std::filesystem::path& path) : path_(path) {
   const std::filesystem::path cfg = config_file(path);
-  model_ = model_from_hf_config(ckpt::read_json_file(cfg, ckpt::json_limits::kHfConfig, ErrorKind::kInvalidInput),
-                                cfg.string());
+  model_ = model_from_hf_config(read_json_file(cfg, json_limits::kHfConfig, ErrorKind::kInvalidInput), cfg.string());
   const ckpt::TensorTable& table = model_->table();
   sources_.resize(table.size());
   for (const std::filesystem::path& file : weight_files(path)) {
     files_.push_back(std::make_unique<ckpt::safetensors::Reader>(file));
     const ckpt::safetensors::Reader& reader = *files_.back();
     for (const auto& info : reader.header().tensors) {
-      const std::string where = file.string() + ": tensor " + ckpt::quoted_excerpt(info.name);
+      const std::string where = file.string() + ": tensor " + quoted_excerpt(info.name);
       const auto kind = model_->classify_hf_name(info.name);
       // Skipped: a tied output projection (a copy of the embedding), buffers, and exported Adam moments
       // (an import starts with zeroed moments).

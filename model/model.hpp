@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/clock.hpp"
 #include "ckpt/tensor_table.hpp"
 #include "model/param_store.hpp"
 
@@ -26,11 +27,6 @@ struct PassTimes {
   double forward_ms = 0;   // through the output projection and the loss (and its gradient)
   double backward_ms = 0;  // the rest of the backward pass
 };
-
-// Milliseconds since `t`, for PassTimes.
-inline double ms_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-}
 
 // A family's forward and backward passes in fp32 on the CPU, for batches of up to the batch and
 // sequence length it was made for. Parameters and gradients come from a ParameterStore.

@@ -2,8 +2,8 @@
 
 #include <filesystem>
 
-#include "ckpt/error.hpp"
-#include "ckpt/json_input.hpp"
+#include "base/error.hpp"
+#include "base/json_input.hpp"
 #include "model/gpt2/model.hpp"
 #include "model/llama/model.hpp"
 
@@ -32,7 +32,7 @@ const Family& family_field(const nlohmann::json& j, const std::string& where, Er
   const nlohmann::json& f = j["family"];
   const Family* family = f.is_string() ? find_family(f.get<std::string>()) : nullptr;
   if (!family) {
-    fail(kind, where + ": model family " + ckpt::value_excerpt(f) + " is not one of " + family_list());
+    fail(kind, where + ": model family " + value_excerpt(f) + " is not one of " + family_list());
   }
   return *family;
 }
@@ -63,7 +63,7 @@ std::shared_ptr<const Model> resolve_model(const std::string& model) {
     fail(ErrorKind::kInvalidInput,
          "model '" + model + "' is neither a preset (" + preset_list() + ") nor a JSON model file");
   }
-  const nlohmann::json j = ckpt::read_json_file(model, ckpt::json_limits::kConfig, ErrorKind::kInvalidInput);
+  const nlohmann::json j = read_json_file(model, json_limits::kConfig, ErrorKind::kInvalidInput);
   if (!j.is_object()) fail(ErrorKind::kInvalidInput, model + ": not a JSON object");
   if (j.contains("family")) return family_field(j, model, ErrorKind::kInvalidInput).from_json(j, model);
   if (j.contains("model_type")) return model_from_hf_config(j, model);
@@ -95,7 +95,7 @@ std::shared_ptr<const Model> model_from_hf_config(const nlohmann::json& config, 
     }
   }
   fail(ErrorKind::kInvalidInput,
-       where + ": model_type " + ckpt::value_excerpt(*type) + " is not one shardkit trains (" + known + ")");
+       where + ": model_type " + value_excerpt(*type) + " is not one shardkit trains (" + known + ")");
 }
 
 }  // namespace shardkit::model

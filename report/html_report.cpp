@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "ckpt/text_format.hpp"
+#include "base/text_format.hpp"
 
 namespace shardkit::report {
 namespace {
@@ -329,7 +329,7 @@ std::string legend(const ChartSpec& chart, size_t max_points) {
     if (s.points.size() > max_points) {
       out += "<span class=\"note\">" + html_escape(s.label) + ": min and max of " +
              std::to_string(std::max<size_t>(max_points / 2, 1)) + " buckets of " +
-             ckpt::format_count(static_cast<int64_t>(s.points.size())) + " points</span>";
+             format_count(static_cast<int64_t>(s.points.size())) + " points</span>";
     }
   }
   return out + "</div>\n";
@@ -502,12 +502,12 @@ std::vector<Stat> summary_of(const Metrics& m, const std::string& source) {
   const auto finite_loss = step_series(m, [](const StepPoint& p) { return p.loss; });
   const auto ms = [](double v) { return std::isnan(v) ? std::string("-") : fixed(v, 1) + " ms"; };
 
-  std::string step_detail = ckpt::format_count(first.step) + " \u2013 " + ckpt::format_count(last.step);
+  std::string step_detail = format_count(first.step) + " \u2013 " + format_count(last.step);
   if (skipped > 0) step_detail += ", " + std::to_string(skipped) + " skipped";
   if (m.replaced_records > 0) step_detail += ", " + std::to_string(m.replaced_records) + " rerun";
   std::vector<Stat> stats;
   stats.push_back({"Metrics file", source, "", false});
-  stats.push_back({"Steps", ckpt::format_count(static_cast<int64_t>(m.steps.size())), step_detail, false});
+  stats.push_back({"Steps", format_count(static_cast<int64_t>(m.steps.size())), step_detail, false});
   if (finite_loss.empty()) {
     stats.push_back({"Loss", "-", "", false});
   } else {
@@ -515,7 +515,7 @@ std::vector<Stat> summary_of(const Metrics& m, const std::string& source) {
                      "first \u2192 last", false});
   }
   const double rate = median(rates);
-  stats.push_back({"Tokens/s", std::isnan(rate) ? "-" : ckpt::format_count(std::llround(rate)), "median", false});
+  stats.push_back({"Tokens/s", std::isnan(rate) ? "-" : format_count(std::llround(rate)), "median", false});
   stats.push_back({"Checkpoints", std::to_string(saved), "committed", false});
   stats.push_back({"Checkpoint errors", std::to_string(failed), "failed saves", failed > 0});
   stats.push_back({"Training lost per save", ms(median(lost)), "median", false});
@@ -565,7 +565,7 @@ footer { margin-top: 18px; color: #6b7280; font-size: 12px; }
 
 std::string html_escape(std::string_view raw) {
   // Control characters first, as on the console: a metrics file's strings are the run's inputs.
-  const std::string text = ckpt::escape_control(raw);
+  const std::string text = escape_control(raw);
   std::string out;
   out.reserve(text.size());
   for (const char c : text) {
@@ -617,7 +617,7 @@ std::string render_html(const Metrics& metrics, const ReportOptions& options) {
   for (const ChartSpec& chart : charts_of(metrics)) out += render_chart(chart, steps, options.max_points);
   out += "</div>\n<footer>Made by <code>shardkit report</code> from " + html_escape(options.source_name) +
          ". Where a resumed run repeated steps, the last record of each step is shown. Series longer than " +
-         ckpt::format_count(static_cast<int64_t>(options.max_points)) +
+         format_count(static_cast<int64_t>(options.max_points)) +
          " points are drawn as the minimum and maximum of each bucket of steps, so spikes stay visible. "
          "Points drawn as dots show their value on hover.</footer>\n</main>\n</body>\n</html>\n";
   return out;

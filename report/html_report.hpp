@@ -26,7 +26,7 @@ struct ReportOptions {
 // The whole page.
 std::string render_html(const Metrics& metrics, const ReportOptions& options);
 
-// `text` with & < > " ' replaced by character references, after ckpt::escape_control: safe in element
+// `text` with & < > " ' replaced by character references, after escape_control: safe in element
 // content and in quoted attribute values, and free of control characters.
 std::string html_escape(std::string_view text);
 

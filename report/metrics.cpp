@@ -7,7 +7,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::report {
 namespace {

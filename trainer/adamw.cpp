@@ -53,15 +53,15 @@ AdamWCoefficients AdamWCoefficients::of(const AdamWStep& s) {
 
 namespace {
 
-void narrow_block(std::span<const float> in, Narrow narrow, uint16_t* out) {
+void narrow_block(std::span<const float> in, ckpt::DType narrow, uint16_t* out) {
   const std::span<uint16_t> bits(out, in.size());
-  if (narrow == Narrow::kBf16) ckpt::convert_fp32_to_bf16(in, bits);
-  if (narrow == Narrow::kFp16) ckpt::convert_fp32_to_fp16(in, bits);
+  if (narrow == ckpt::DType::kBF16) ckpt::convert_fp32_to_bf16(in, bits);
+  if (narrow == ckpt::DType::kF16) ckpt::convert_fp32_to_fp16(in, bits);
 }
 
 }  // namespace
 
-void narrow_weights(std::span<const float> in, Narrow narrow, uint16_t* out) {
+void narrow_weights(std::span<const float> in, ckpt::DType narrow, uint16_t* out) {
   const int64_t n = static_cast<int64_t>(in.size());
 #pragma omp parallel for schedule(static)
   for (int64_t lo = 0; lo < n; lo += kBlock) {
@@ -97,7 +97,7 @@ void for_each_run(const NoDecayRanges& nd, int64_t lo, int64_t len, F&& f) {
 }  // namespace
 
 void cpu_adamw(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq,
-               std::span<const float> grad, const AdamWCoefficients& c, NoDecayRanges no_decay, Narrow narrow,
+               std::span<const float> grad, const AdamWCoefficients& c, NoDecayRanges no_decay, ckpt::DType narrow,
                uint16_t* narrowed) {
   const int64_t n = static_cast<int64_t>(master.size());
   const int64_t blocks = (n + kBlock - 1) / kBlock;
@@ -111,7 +111,7 @@ void cpu_adamw(std::span<float> master, std::span<float> exp_avg, std::span<floa
       update_block(master.data() + at, exp_avg.data() + at, exp_avg_sq.data() + at, grad.data() + at, count,
                    decays ? c : plain);
     });
-    if (narrow != Narrow::kNone)
+    if (narrow != ckpt::DType::kF32)
       narrow_block(master.subspan(static_cast<size_t>(lo), static_cast<size_t>(len)), narrow, narrowed + lo);
   }
 }

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <span>
 
+#include "ckpt/tensor_table.hpp"
+
 namespace shardkit::trainer {
 
 struct AdamWStep {
@@ -60,17 +62,15 @@ struct NoDecayRanges {
   NoDecayRanges at(int64_t offset) const noexcept { return {ranges, count, origin + offset}; }
 };
 
-enum class Narrow { kNone, kBf16, kFp16 };
-
 // One update of the flat arrays (equal lengths), without weight decay on the elements `no_decay`
-// names. With `narrow`, `narrowed` (same length) receives the updated weights as bf16/fp16 bit
-// patterns, rounded to nearest even. Runs on the calling thread's OpenMP team (all threads of a
+// names. With `narrow` bf16 or fp16, `narrowed` (same length) receives the updated weights as its bit
+// patterns, rounded to nearest even (fp32: nothing). Runs on the calling thread's OpenMP team (all threads of a
 // parallel region it opens).
 void cpu_adamw(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq,
                std::span<const float> grad, const AdamWCoefficients& c, NoDecayRanges no_decay = {},
-               Narrow narrow = Narrow::kNone, uint16_t* narrowed = nullptr);
+               ckpt::DType narrow = ckpt::DType::kF32, uint16_t* narrowed = nullptr);
 
-// out = in rounded to bf16/fp16 bit patterns (nearest even), on all threads. kNone copies nothing.
-void narrow_weights(std::span<const float> in, Narrow narrow, uint16_t* out);
+// out = in rounded to bf16/fp16 bit patterns (nearest even), on all threads. fp32 copies nothing.
+void narrow_weights(std::span<const float> in, ckpt::DType narrow, uint16_t* out);
 
 }  // namespace shardkit::trainer

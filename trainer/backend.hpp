@@ -15,6 +15,7 @@
 
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/layout.hpp"
+#include "ckpt/shard_format.hpp"
 #include "ckpt/tensor_table.hpp"
 #include "comm/mpi.hpp"
 #include "model/model.hpp"
@@ -117,7 +118,7 @@ class Backend {
   // is released (after wait_snapshot()); 0 where the copy is done when begin_snapshot() returns, or
   // when no optimizer step has had to wait for it.
   virtual double snapshot_wait_ms() = 0;
-  virtual std::array<std::span<const float>, 3> snapshot_buffers() const = 0;
+  virtual std::array<std::span<const float>, ckpt::kNumOptimizerStates> snapshot_buffers() const = 0;
   // What the save writes: state `state` (0 master, 1 exp_avg, 2 exp_avg_sq) handed to `sink` in flat
   // order, after wait_snapshot(). The snapshot buffer whole, unless the states are too large to be
   // held twice (NVMe offload): then they are streamed from where they live, and the backend's next

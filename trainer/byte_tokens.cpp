@@ -5,15 +5,15 @@
 #include <algorithm>
 #include <vector>
 
-#include "ckpt/error.hpp"
-#include "ckpt/file_util.hpp"
-#include "ckpt/write_target.hpp"
+#include "base/error.hpp"
+#include "base/file_util.hpp"
+#include "base/write_target.hpp"
 
 namespace shardkit::trainer {
 
 int64_t encode_bytes(const std::filesystem::path& text, const std::filesystem::path& out,
                      const std::function<void(int64_t done, int64_t total)>& progress) {
-  const ckpt::FileDescriptor in = ckpt::open_input_file(text);
+  const FileDescriptor in = open_input_file(text);
   const int64_t size = in.size();
   if (size == 0) fail(ErrorKind::kInvalidInput, text.string() + ": empty file, nothing to encode");
   // Blocks keep the memory at a few tens of MiB whatever the text's size, and pace the progress reports.
@@ -23,7 +23,7 @@ int64_t encode_bytes(const std::filesystem::path& text, const std::filesystem::p
   std::filesystem::path tmp = out;
   tmp += ".tmp";
   {
-    ckpt::FileDescriptor fd = ckpt::create_fresh_file(tmp);
+    FileDescriptor fd = create_fresh_file(tmp);
     for (int64_t offset = 0; offset < size; offset += kBlockBytes) {
       const size_t n = static_cast<size_t>(std::min(kBlockBytes, size - offset));
       in.pread_exact(bytes.data(), n, offset);

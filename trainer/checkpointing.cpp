@@ -8,31 +8,18 @@
 #include <thread>
 #include <utility>
 
+#include "base/clock.hpp"
+#include "base/error.hpp"
+#include "base/fault.hpp"
+#include "base/json_input.hpp"
+#include "base/thread_pool.hpp"
 #include "ckpt/checkpoint_reader.hpp"
-#include "ckpt/error.hpp"
-#include "ckpt/fault.hpp"
-#include "ckpt/json_input.hpp"
 #include "ckpt/run_dir.hpp"
 #include "ckpt/save.hpp"
 #include "ckpt/shard_format.hpp"
-#include "ckpt/thread_pool.hpp"
 #include "model/registry.hpp"
 
 namespace shardkit::trainer {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-const std::vector<std::string>& state_names() {
-  static const std::vector<std::string> names = {std::string(ckpt::kMasterWeights), std::string(ckpt::kExpAvg),
-                                                 std::string(ckpt::kExpAvgSq)};
-  return names;
-}
-
-}  // namespace
 
 // The save being written in the background: the worker thread sets `done` last, after `outcome` or
 // `error` (a failure outside the save protocol, which only this rank may have seen: fatal), so the
@@ -89,7 +76,7 @@ void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& b
   // Snapshot: a consistent copy of this step's states, taken between optimizer steps. The write reads
   // only the snapshot, so training may go on while it runs.
   {
-    const ckpt::FaultScope fault(comm_.rank(), step);  // "slow-snapshot"
+    const FaultScope fault(comm_.rank(), step);  // "slow-snapshot"
     backend.begin_snapshot();
   }
 
@@ -98,7 +85,7 @@ void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& b
   request.meta.step = step;
   request.meta.table = &table;
   request.meta.layout = backend.layout().spec();
-  request.meta.states = state_names();
+  request.meta.states = ckpt::optimizer_state_names();
   request.meta.shard = shard_;
   request.meta.trainer_state = trainer_state;
   request.meta.model = model;
@@ -205,7 +192,7 @@ std::string set_aside(const std::filesystem::path& step_dir) {
 nlohmann::json load_checkpoint(const std::filesystem::path& path, const model::Model& model, Backend& backend) {
   // Every chunk is read, decoded and checked on several threads, in file order: a resume reads at the
   // disk's speed.
-  ckpt::CheckpointReader reader(path, ckpt::ThreadPool::default_threads(0) + 1);
+  ckpt::CheckpointReader reader(path, ThreadPool::default_threads(0) + 1);
   const std::string where = reader.step_dir().string();
   const ckpt::TensorTable& table = model.table();
   if (!(reader.tensors() == table)) {
@@ -226,12 +213,11 @@ nlohmann::json load_checkpoint(const std::filesystem::path& path, const model::M
     fail(ErrorKind::kInvalidInput,
          where + " holds model " + saved->architecture().dump() + ", not " + model.architecture().dump());
   }
-  int states[3];
-  for (int s = 0; s < 3; ++s) {
-    states[s] = reader.find_state(state_names()[static_cast<size_t>(s)]);
-    if (states[s] < 0) {
-      fail(ErrorKind::kInvalidInput, where + " has no '" + state_names()[static_cast<size_t>(s)] + "' state");
-    }
+  int states[ckpt::kNumOptimizerStates];
+  for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
+    const std::string name(ckpt::kOptimizerStates[static_cast<size_t>(s)]);
+    states[s] = reader.find_state(name);
+    if (states[s] < 0) fail(ErrorKind::kInvalidInput, where + " has no '" + name + "' state");
   }
   // A read that fails (damage in the part this rank reads) must not skip the collectives that the
   // backend's load runs after reading: the error is kept and thrown once the load is through, so that
@@ -251,8 +237,8 @@ nlohmann::json load_checkpoint(const std::filesystem::path& path, const model::M
   // Inside the damage check of the caller: a trainer state that contradicts its checkpoint (a step
   // other than the one the manifest and the directory name carry) is a damaged checkpoint.
   const ckpt::Manifest& manifest = reader.manifest();
-  const int64_t step = ckpt::integer_field(manifest.trainer_state, "step", where + ": trainer_state", 0, ckpt::kMaxStep,
-                                           ErrorKind::kCorrupt);
+  const int64_t step =
+      integer_field(manifest.trainer_state, "step", where + ": trainer_state", 0, ckpt::kMaxStep, ErrorKind::kCorrupt);
   if (step != manifest.step) {
     fail(ErrorKind::kCorrupt, where + ": trainer_state.step is " + std::to_string(step) +
                                   ", but the checkpoint is of step " + std::to_string(manifest.step));

@@ -5,8 +5,8 @@
 #include <thread>
 #include <vector>
 
-#include "ckpt/error.hpp"
-#include "ckpt/fault.hpp"
+#include "base/error.hpp"
+#include "base/fault.hpp"
 #include "model/cpu/gemm.hpp"
 #include "trainer/backend.hpp"
 #include "trainer/live_snapshot.hpp"
@@ -116,7 +116,7 @@ class CpuBackend final : public Backend {
       copies_ = false;
       return;
     }
-    const auto bytes = static_cast<int64_t>(3 * sizeof(float)) * engine_.layout().flat_size();
+    const int64_t bytes = ckpt::kOptimizerStateBytes * engine_.layout().flat_size();
     copies_ = snapshot_copies_states(options_, bytes);
     if (!copies_) return;
     for (auto& buffer : snapshot_) buffer.resize(static_cast<size_t>(engine_.layout().flat_size()));
@@ -127,10 +127,10 @@ class CpuBackend final : public Backend {
       snapshot_gate_.close();
       return;
     }
-    if (ckpt::fault_armed("slow-snapshot")) {
-      ckpt::fault_delay();
+    if (fault_armed("slow-snapshot")) {
+      fault_delay();
     }
-    for (int s = 0; s < 3; ++s) {
+    for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
       float* out = snapshot_[s].data();
       engine_.read_state(s, [&](std::span<const float> piece) { out = std::ranges::copy(piece, out).out; });
     }
@@ -138,14 +138,14 @@ class CpuBackend final : public Backend {
   void wait_snapshot() override {}
   // Without a copy: how long the optimizer step waited for the save to be done with the states.
   double snapshot_wait_ms() override { return copies_ ? 0 : snapshot_gate_.waited_ms(); }
-  std::array<std::span<const float>, 3> snapshot_buffers() const override {
+  std::array<std::span<const float>, ckpt::kNumOptimizerStates> snapshot_buffers() const override {
     return {snapshot_[0], snapshot_[1], snapshot_[2]};
   }
   void stream_snapshot(int state, const std::function<void(std::span<const float>)>& sink) override {
     if (copies_) return Backend::stream_snapshot(state, sink);
     // The slow-snapshot fault delays the save's reading of the live states, which the step waits for.
-    if (state == 0 && ckpt::fault_armed("slow-snapshot")) {
-      ckpt::fault_delay();
+    if (state == 0 && fault_armed("slow-snapshot")) {
+      fault_delay();
     }
     engine_.read_state(state, sink);
   }
@@ -159,7 +159,7 @@ class CpuBackend final : public Backend {
   BackendOptions options_;
   std::unique_ptr<model::CpuModel> model_;
   ZeroEngine engine_;
-  ckpt::LargeVector<float> snapshot_[3];
+  LargeVector<float> snapshot_[ckpt::kNumOptimizerStates];
   bool decided_ = false;  // reserve_snapshot() has chosen
   bool copies_ = true;    // snapshots are a copy; else the save reads the live states behind the gate
   SnapshotGate snapshot_gate_;

@@ -1,5 +1,5 @@
 // make_cuda_backend in builds without CUDA: a clear error instead of a missing feature.
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "trainer/backend.hpp"
 
 namespace shardkit::trainer {

@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "ckpt/error.hpp"
-#include "ckpt/file_util.hpp"
+#include "base/error.hpp"
+#include "base/file_util.hpp"
 
 namespace shardkit::trainer {
 namespace {
@@ -230,7 +230,7 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 // Reads the preamble (magic, version, header length) and the header, returning the header's text and
 // where the data begins.
-std::pair<std::string, int64_t> npy_header_text(const ckpt::FileDescriptor& fd, int64_t file_size) {
+std::pair<std::string, int64_t> npy_header_text(const FileDescriptor& fd, int64_t file_size) {
   const std::filesystem::path& path = fd.path();
   unsigned char preamble[12] = {};
   constexpr int64_t kV1Preamble = 10, kV2Preamble = 12;  // magic, major, minor, then a uint16 or uint32 length
@@ -279,7 +279,7 @@ int64_t element_count(const std::vector<int64_t>& shape, int64_t limit) {
 
 // Validates a .npy token file: little-endian uint16 or uint32, 1-D or 2-D in C order (a 1-D array
 // has the same bytes in either order), and exactly the data its shape needs after the header.
-TokenExtent npy_extent(const ckpt::FileDescriptor& fd, int64_t file_size) {
+TokenExtent npy_extent(const FileDescriptor& fd, int64_t file_size) {
   const std::filesystem::path& path = fd.path();
   const auto [text, data_at] = npy_header_text(fd, file_size);
   const NpyHeader header = NpyHeaderParser(path, text).parse();
@@ -303,7 +303,7 @@ TokenExtent npy_extent(const ckpt::FileDescriptor& fd, int64_t file_size) {
 
 // ---- Format ---------------------------------------------------------------------------------------
 
-bool has_npy_magic(const ckpt::FileDescriptor& fd, int64_t file_size) {
+bool has_npy_magic(const FileDescriptor& fd, int64_t file_size) {
   char magic[kNpyMagicBytes];
   if (file_size < kNpyMagicBytes) return false;
   fd.pread_exact(magic, sizeof(magic), 0);
@@ -311,7 +311,7 @@ bool has_npy_magic(const ckpt::FileDescriptor& fd, int64_t file_size) {
 }
 
 // A file too short for the whole llm.c header is raw whatever its first bytes.
-bool has_llmc_magic(const ckpt::FileDescriptor& fd, int64_t file_size, int32_t header[3]) {
+bool has_llmc_magic(const FileDescriptor& fd, int64_t file_size, int32_t header[3]) {
   if (file_size < kLlmcHeaderBytes) return false;
   fd.pread_exact(header, 3 * sizeof(int32_t), 0);
   return header[0] == kLlmcGpt2Magic || header[0] == kLlmcLlama3Magic;
@@ -326,7 +326,7 @@ TokenExtent raw_extent(const std::filesystem::path& path, int64_t file_size) {
 }
 
 // Decides the format from the first bytes (see data.hpp) and validates it against the file size.
-TokenExtent token_extent(const ckpt::FileDescriptor& fd, int64_t file_size) {
+TokenExtent token_extent(const FileDescriptor& fd, int64_t file_size) {
   const std::filesystem::path& path = fd.path();
   TokenExtent extent;
   if (has_npy_magic(fd, file_size)) {
@@ -385,7 +385,7 @@ double unit_interval(uint32_t high, uint32_t low) noexcept {
 // ---- TokenFile -----------------------------------------------------------------------------------
 
 TokenFile::TokenFile(const std::filesystem::path& path) : path_(path) {
-  const ckpt::FileDescriptor fd = ckpt::open_input_file(path);
+  const FileDescriptor fd = open_input_file(path);
   const int64_t file_size = fd.size();
   // Every check happens before the mapping exists, so nothing can throw while it would leak.
   const TokenExtent extent = token_extent(fd, file_size);

@@ -15,9 +15,9 @@
 #include <span>
 #include <utility>
 
-#include "ckpt/error.hpp"
-#include "ckpt/file_util.hpp"
-#include "ckpt/json_input.hpp"
+#include "base/error.hpp"
+#include "base/file_util.hpp"
+#include "base/json_input.hpp"
 
 namespace shardkit::trainer {
 namespace {
@@ -137,7 +137,7 @@ class Section {
   Section(const json& object, std::string path, Report& report)
       : object_(object), path_(std::move(path)), report_(report) {
     const std::string what = path_.empty() ? "the config" : path_;
-    if (!object_.is_object()) reject(what + " must be an object, got " + ckpt::value_excerpt(object_));
+    if (!object_.is_object()) reject(what + " must be an object, got " + value_excerpt(object_));
   }
 
   std::string name(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
@@ -178,7 +178,7 @@ class Section {
   std::optional<int64_t> integer(const std::string& key, int64_t lo, int64_t hi) {
     const json* v = find(key);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_number()) bad(key, "must be an integer, got " + ckpt::value_excerpt(*v));
+    if (!v->is_number()) bad(key, "must be an integer, got " + value_excerpt(*v));
     if (v->is_number_float()) {
       const double x = v->get<double>();
       if (x != std::floor(x)) bad(key, "is " + v->dump() + ", must be an integer");
@@ -193,7 +193,7 @@ class Section {
   std::optional<double> number(const std::string& key, double lo, double hi) {
     const json* v = find(key);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_number()) bad(key, "must be a number, got " + ckpt::value_excerpt(*v));
+    if (!v->is_number()) bad(key, "must be a number, got " + value_excerpt(*v));
     const double x = v->get<double>();
     if (!(x >= lo && x <= hi)) bad(key, "is " + v->dump() + ", " + range_text(lo, hi, kNoLimit));
     return x;
@@ -202,14 +202,14 @@ class Section {
   std::optional<bool> flag(const std::string& key) {
     const json* v = find(key);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_boolean()) bad(key, "must be true or false, got " + ckpt::value_excerpt(*v));
+    if (!v->is_boolean()) bad(key, "must be true or false, got " + value_excerpt(*v));
     return v->get<bool>();
   }
 
   std::optional<std::string> text(const std::string& key) {
     const json* v = find(key);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_string()) bad(key, "must be a string, got " + ckpt::value_excerpt(*v));
+    if (!v->is_string()) bad(key, "must be a string, got " + value_excerpt(*v));
     return v->get<std::string>();
   }
 
@@ -471,7 +471,7 @@ void parse_betas(Section& params, OptimizerConfig& out) {
   if (betas == nullptr) return;
   const auto valid = [](const json& b) { return b.is_number() && b.get<double>() >= 0 && b.get<double>() < 1; };
   if (!betas->is_array() || betas->size() != 2 || !valid((*betas)[0]) || !valid((*betas)[1])) {
-    params.bad("betas", "must be [beta1, beta2] with each in [0, 1), got " + ckpt::value_excerpt(*betas));
+    params.bad("betas", "must be [beta1, beta2] with each in [0, 1), got " + value_excerpt(*betas));
   }
   out.beta1 = (*betas)[0].get<double>();
   out.beta2 = (*betas)[1].get<double>();
@@ -756,8 +756,7 @@ std::optional<ckpt::DType> parse_comm_dtype(Section& top) {
   if (name == "fp32") return ckpt::DType::kF32;
   if (name == "fp16") return ckpt::DType::kF16;
   if (name == "bf16") return ckpt::DType::kBF16;
-  top.bad("communication_data_type",
-          "is " + ckpt::value_excerpt(json(*given)) + ", must be \"fp32\", \"fp16\" or \"bf16\"");
+  top.bad("communication_data_type", "is " + value_excerpt(json(*given)) + ", must be \"fp32\", \"fp16\" or \"bf16\"");
 }
 
 }  // namespace
@@ -792,14 +791,13 @@ DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const Aut
 }
 
 DsConfig load_ds_config(const std::filesystem::path& file, int world_size, const AutoContext& context) {
-  const std::string text =
-      ckpt::read_small_file(file, ckpt::json_limits::kDsConfig.max_bytes, ErrorKind::kInvalidInput);
+  const std::string text = read_small_file(file, json_limits::kDsConfig.max_bytes, ErrorKind::kInvalidInput);
   return parse_ds_config_text(text, world_size, context, file.string());
 }
 
 DsConfig parse_ds_config_text(std::string_view text, int world_size, const AutoContext& context,
                               const std::string& where) {
-  const json config = ckpt::parse_untrusted_json(text, ckpt::json_limits::kDsConfig, where, ErrorKind::kInvalidInput);
+  const json config = parse_untrusted_json(text, json_limits::kDsConfig, where, ErrorKind::kInvalidInput);
   return parse_ds_config(config, world_size, context, where);
 }
 

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <thread>
 
+#include "base/error.hpp"
+#include "base/text_format.hpp"
 #include "ckpt/checkpoint_reader.hpp"
-#include "ckpt/error.hpp"
 #include "ckpt/shard_format.hpp"
-#include "ckpt/text_format.hpp"
 #include "model/cpu/gemm.hpp"
 #include "model/cpu/host_memory.hpp"
 #include "model/registry.hpp"
@@ -26,10 +26,10 @@ void require_memory_for(const model::Model& m, int seq_len, const std::string& w
   const double activations = m.cpu_activation_bytes(kBatch, seq_len);
   const double machine = model::cpu::physical_memory_bytes();
   if (weights + activations > machine) {
-    fail(ErrorKind::kInvalidInput, where + ": evaluating its model needs " + ckpt::format_bytes(weights + activations) +
-                                       " (weights " + ckpt::format_bytes(weights) + ", activations " +
-                                       ckpt::format_bytes(activations) + "), more than this machine's " +
-                                       ckpt::format_bytes(machine) + " of memory");
+    fail(ErrorKind::kInvalidInput, where + ": evaluating its model needs " + format_bytes(weights + activations) +
+                                       " (weights " + format_bytes(weights) + ", activations " +
+                                       format_bytes(activations) + "), more than this machine's " +
+                                       format_bytes(machine) + " of memory");
   }
 }
 

@@ -1,6 +1,6 @@
 #include "trainer/init.hpp"
 
-#include "ckpt/checksum.hpp"
+#include "base/xxh64.hpp"
 #include "model/cpu/ops.hpp"
 #include "trainer/data.hpp"
 
@@ -17,7 +17,7 @@ void init_values(const model::Model& model, int tensor, uint64_t seed, int64_t o
     return;
   }
   const std::string& name = model.table()[static_cast<size_t>(tensor)].name;
-  const uint64_t stream = ckpt::xxh64(name.data(), name.size());
+  const uint64_t stream = xxh64(name.data(), name.size());
   const float std = rule.std;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {

@@ -10,8 +10,9 @@
 #include <mutex>
 #include <string>
 
-#include "ckpt/error.hpp"
-#include "ckpt/text_format.hpp"
+#include "base/clock.hpp"
+#include "base/error.hpp"
+#include "base/text_format.hpp"
 #include "model/cpu/host_memory.hpp"
 #include "trainer/backend.hpp"
 
@@ -37,9 +38,9 @@ class SnapshotGate {
   void wait_open() {
     std::unique_lock lock(mutex_);
     if (!closed_) return;
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = Clock::now();
     opened_.wait(lock, [this] { return !closed_; });
-    waited_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    waited_ms_ += ms_since(start);
   }
   // How long steps waited since the last close().
   double waited_ms() {
@@ -70,7 +71,7 @@ inline bool snapshot_copies_states(const BackendOptions& options, int64_t bytes_
   const auto log = [&](const std::string& line) {
     if (options.log) options.log("checkpoint snapshots: " + line);
   };
-  const std::string size = ckpt::format_bytes(static_cast<double>(bytes_per_rank));
+  const std::string size = format_bytes(static_cast<double>(bytes_per_rank));
   const std::string copy = "a copy of the optimizer states in host memory (" + size +
                            " a rank), written while "
                            "training goes on";
@@ -98,7 +99,7 @@ inline bool snapshot_copies_states(const BackendOptions& options, int64_t bytes_
     return true;
   }
   log("none: a copy (" + size + " for each of the node's " + std::to_string(ranks_on_node) + " ranks) would not fit " +
-      "in the " + ckpt::format_bytes(available) + " of host memory available; " + live +
+      "in the " + format_bytes(available) + " of host memory available; " + live +
       " (--snapshot-staging host forces a copy)");
   return false;
 }

@@ -8,8 +8,8 @@
 #include <sstream>
 #include <string>
 
-#include "ckpt/error.hpp"
-#include "ckpt/json_input.hpp"
+#include "base/error.hpp"
+#include "base/json_input.hpp"
 
 namespace shardkit::trainer {
 namespace {
@@ -54,7 +54,7 @@ const nlohmann::json& state_field(const nlohmann::json& j, const char* key, cons
 
 // An integer field within [lo, hi]; JSON floats (even 3.0) are refused, as to_json writes integers.
 int64_t integer_field(const nlohmann::json& j, const char* key, int64_t lo, int64_t hi, const std::string& where) {
-  return ckpt::integer_field(j, key, where + ": loss scaler state", lo, hi, ErrorKind::kCorrupt);
+  return integer_field(j, key, where + ": loss scaler state", lo, hi, ErrorKind::kCorrupt);
 }
 
 double scale_field(const nlohmann::json& j, const std::string& where) {

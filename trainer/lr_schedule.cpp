@@ -9,7 +9,7 @@
 #include <numbers>
 #include <string>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::trainer {
 namespace {

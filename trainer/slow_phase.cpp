@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "base/clock.hpp"
+
 namespace shardkit::trainer {
 
 SlowPhases::SlowPhases(Log log, std::chrono::milliseconds after)
@@ -20,7 +22,7 @@ void SlowPhases::run(const std::string& what, const std::function<void()>& f) {
   {
     const std::lock_guard lock(mutex_);
     current_ = what;
-    started_ = std::chrono::steady_clock::now();
+    started_ = Clock::now();
     announced_ = false;
   }
   changed_.notify_all();
@@ -32,7 +34,7 @@ void SlowPhases::run(const std::string& what, const std::function<void()>& f) {
     }
   };
   bool announced = false;
-  std::chrono::steady_clock::time_point started;
+  Clock::time_point started;
   {
     End end{*this};
     f();
@@ -40,7 +42,7 @@ void SlowPhases::run(const std::string& what, const std::function<void()>& f) {
     announced = announced_;
     started = started_;
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double seconds = seconds_since(started);
   if (announced || seconds * 1000 >= static_cast<double>(after_.count())) {
     char line[64];
     std::snprintf(line, sizeof(line), " done in %.1f s", seconds);
@@ -56,7 +58,7 @@ void SlowPhases::watch() {
       continue;
     }
     const auto due = started_ + after_;
-    if (std::chrono::steady_clock::now() < due) {
+    if (Clock::now() < due) {
       changed_.wait_until(lock, due);
       continue;
     }

@@ -11,6 +11,8 @@
 #include <string>
 #include <thread>
 
+#include "base/clock.hpp"
+
 namespace shardkit::trainer {
 
 class SlowPhases {
@@ -33,7 +35,7 @@ class SlowPhases {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::string current_;  // the phase running, empty between phases
-  std::chrono::steady_clock::time_point started_;
+  Clock::time_point started_;
   bool announced_ = false;
   bool done_ = false;
   std::thread watcher_;

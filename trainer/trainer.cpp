@@ -7,15 +7,16 @@
 #include <fstream>
 #include <thread>
 
-#include "ckpt/error.hpp"
-#include "ckpt/fault.hpp"
-#include "ckpt/file_util.hpp"
-#include "ckpt/json_input.hpp"
+#include "base/clock.hpp"
+#include "base/error.hpp"
+#include "base/fault.hpp"
+#include "base/file_util.hpp"
+#include "base/json_input.hpp"
+#include "base/text_format.hpp"
+#include "base/write_target.hpp"
 #include "ckpt/run_dir.hpp"
 #include "ckpt/run_lock.hpp"
 #include "ckpt/shard_format.hpp"
-#include "ckpt/text_format.hpp"
-#include "ckpt/write_target.hpp"
 #include "model/cpu/gemm.hpp"
 #include "model/hf_weights.hpp"
 #include "model/registry.hpp"
@@ -30,11 +31,6 @@
 
 namespace shardkit::trainer {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
 
 // Ranks that share this node split its cores.
 int default_threads(comm::MpiCollective& comm) {
@@ -74,7 +70,7 @@ struct Trainer::State {
   State(comm::MpiCollective& c, const TrainOptions& o) : comm(c), options(o) {}
   bool root() const { return comm.rank() == 0; }
   void log(const std::string& line) const {
-    if (root() && !options.quiet) ckpt::print_line(stdout, "%s", line.c_str()), std::fflush(stdout);
+    if (root() && !options.quiet) print_line(stdout, "%s", line.c_str()), std::fflush(stdout);
   }
   nlohmann::json trainer_state() const;
   void restore(const nlohmann::json& state, const std::string& where);
@@ -106,7 +102,7 @@ void Trainer::State::restore(const nlohmann::json& s, const std::string& where) 
   // Each is range-checked before use: a negative or huge step would name step directories
   // "step--0000002" or run a trillion steps; the counters cannot exceed the steps taken.
   auto integer = [&](const nlohmann::json& j, const char* key, int64_t lo, int64_t hi) {
-    return ckpt::integer_field(j, key, where + ": trainer_state", lo, hi, ErrorKind::kCorrupt);
+    return integer_field(j, key, where + ": trainer_state", lo, hi, ErrorKind::kCorrupt);
   };
   step = integer(s, "step", 0, ckpt::kMaxStep);
   consumed_samples = integer(s, "consumed_samples", 0, int64_t{1} << 62);  // sample indices add to it
@@ -179,7 +175,7 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   // take seconds to minutes, and say so while they run.
   SlowPhases phases([&s](const std::string& line) { s.log(line); });
   s.phases = &phases;
-  const std::string params = ckpt::format_count(s.table.total_elements()) + " parameters";
+  const std::string params = format_count(s.table.total_elements()) + " parameters";
   phases.run("allocating the model and ZeRO states (" + params + ", " + options.device + ")",
              [&] { s.backend = options.device == "cuda" ? make_cuda_backend(bo) : make_cpu_backend(bo); });
   s.schedule = std::make_unique<LrSchedule>(s.config.scheduler, s.config.optimizer.lr);
@@ -222,7 +218,7 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
 
   // Every rank reports what it holds, so that ZeRO's 1/N savings are visible.
   const MemoryReport m = s.backend->memory();
-  const auto bytes = [](int64_t b) { return ckpt::format_bytes(static_cast<double>(b)); };
+  const auto bytes = [](int64_t b) { return format_bytes(static_cast<double>(b)); };
   const auto held = [&](int64_t device, int64_t host, int64_t nvme) {  // offloaded states are named by where they are
     return nvme > 0 ? bytes(nvme) + " (on NVMe)" : host > 0 ? bytes(host) + " (in host memory)" : bytes(device);
   };
@@ -247,7 +243,7 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   if (s.root() && !options.metrics.empty()) {
     // The metrics file may lie in a run folder from elsewhere: a link, FIFO or device there would take
     // the records outside it (or block), so it must be a regular file of its own before it is appended to.
-    ckpt::open_own_file(options.metrics, O_WRONLY | O_APPEND | O_CREAT).close();
+    open_own_file(options.metrics, O_WRONLY | O_APPEND | O_CREAT).close();
     s.metrics.open(options.metrics, std::ios::app);
     if (!s.metrics) fail(ErrorKind::kInvalidInput, options.metrics.string() + ": cannot open for appending");
   }
@@ -264,12 +260,12 @@ StepRecord Trainer::State::train_step() {
   const double scale = scaler->scale();
   const float grad_scale = static_cast<float>(scale / static_cast<double>(gas));
   double fwd_ms = 0, bwd_ms = 0;
-  const ckpt::FaultScope faults(comm.rank(), step + 1);  // for fault points deep in the step (swap-enospc)
-  if (ckpt::fault_armed("step-error", comm.rank(), step + 1)) {
+  const FaultScope faults(comm.rank(), step + 1);  // for fault points deep in the step (swap-enospc)
+  if (fault_armed("step-error", comm.rank(), step + 1)) {
     fail(ErrorKind::kIo, "step " + std::to_string(step + 1) + ": injected failure (SHARDKIT_FAULT=step-error)");
   }
-  if (ckpt::fault_armed("stall", comm.rank(), step + 1)) std::this_thread::sleep_for(std::chrono::hours(1));
-  ckpt::crash_point("step-kill", comm.rank(), step + 1);
+  if (fault_armed("stall", comm.rank(), step + 1)) std::this_thread::sleep_for(std::chrono::hours(1));
+  crash_point("step-kill", comm.rank(), step + 1);
 
   backend->zero_grads();
   double loss_sum = 0;
@@ -380,14 +376,14 @@ bool Trainer::State::resume() {
         stale = true;  // a damaged `latest`, or a symbolic link: replaced as well
       }
       if (!loaded.empty() && stale) {
-        ckpt::write_file_durable(options.save_dir / ckpt::kLatestFileName, loaded.filename().string() + "\n");
+        write_file_durable(options.save_dir / ckpt::kLatestFileName, loaded.filename().string() + "\n");
       }
     }
     comm.barrier();
   };
   for (size_t i = 0; i < candidates.size(); ++i) {
     const std::filesystem::path& path = candidates[i];
-    const auto load_start = std::chrono::steady_clock::now();
+    const auto load_start = Clock::now();
     nlohmann::json state;
     std::string error;
     try {
@@ -420,13 +416,12 @@ bool Trainer::State::resume() {
       continue;
     }
     // The slowest rank's time; the states read (weights and two moments) are the same at any world size.
-    const double seconds =
-        comm.allreduce_max(std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count());
+    const double seconds = comm.allreduce_max(seconds_since(load_start));
     const double bytes = 3.0 * sizeof(float) * static_cast<double>(table.total_elements());
     restore(state, path.string());
     char rate[96];
-    std::snprintf(rate, sizeof(rate), ": %s of states read in %.2f s (%.2f GB/s)", ckpt::format_bytes(bytes).c_str(),
-                  seconds, bytes / seconds / 1e9);
+    std::snprintf(rate, sizeof(rate), ": %s of states read in %.2f s (%.2f GB/s)", format_bytes(bytes).c_str(), seconds,
+                  bytes / seconds / 1e9);
     log("resumed from " + path.string() + " at step " + std::to_string(step) + " (" + std::to_string(comm.size()) +
         " ranks, ZeRO stage " + std::to_string(config.zero.stage) + ")" + rate);
     set_damaged_aside(path);
@@ -466,7 +461,7 @@ void Trainer::State::report(const std::vector<SaveOutcome>& saves) {
     std::snprintf(line, sizeof(line),
                   ": %s committed in %.0f ms; training lost %.1f ms (save() held the loop %.1f ms, the device "
                   "waited %.1f ms for the snapshot)",
-                  ckpt::format_bytes(static_cast<double>(o.bytes)).c_str(), o.write_ms, o.training_lost_ms(),
+                  format_bytes(static_cast<double>(o.bytes)).c_str(), o.write_ms, o.training_lost_ms(),
                   o.loop_blocked_ms, o.device_wait_ms);
     log("checkpoint " + o.path.string() + line);
     write_metrics({{"event", "checkpoint"},

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "model/cpu/ops.hpp"
 #include "trainer/grad_wire.hpp"
 #include "trainer/weight_decay.hpp"
@@ -63,7 +63,7 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::Tensor
 }
 
 MemoryReport ZeroEngine::memory() const noexcept {
-  auto bytes = [](const ckpt::LargeVector<float>& v) { return static_cast<int64_t>(v.size() * sizeof(float)); };
+  auto bytes = [](const LargeVector<float>& v) { return static_cast<int64_t>(v.size() * sizeof(float)); };
   MemoryReport r;
   // Stage 3 keeps no replicated parameters: the fp32 partition is what the model's groups are
   // gathered from.
@@ -167,7 +167,7 @@ void ZeroEngine::release(int group) {
   if (stage() != 3) return;
   if (--acquired_count_[static_cast<size_t>(group)] > 0) return;
   const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
-  for (int t = g.first; t < g.last; ++t) ckpt::LargeVector<float>().swap(gathered_[static_cast<size_t>(t)]);
+  for (int t = g.first; t < g.last; ++t) LargeVector<float>().swap(gathered_[static_cast<size_t>(t)]);
 }
 
 void ZeroEngine::gather_stage3(int group) {
@@ -197,7 +197,7 @@ void ZeroEngine::gather_stage3(int group) {
 
 const float* ZeroEngine::param(int tensor) const {
   if (stage() <= 2) return params_full_.data() + layout().global_offset(tensor);
-  const ckpt::LargeVector<float>& full = gathered_[static_cast<size_t>(tensor)];
+  const LargeVector<float>& full = gathered_[static_cast<size_t>(tensor)];
   if (full.size() != static_cast<size_t>(numel(tensor))) {
     fail(ErrorKind::kInternal, "parameter " + table_[static_cast<size_t>(tensor)].name + " used while not acquired");
   }
@@ -243,7 +243,7 @@ void ZeroEngine::flush_pending_grads() {
     }
     for (size_t k = i; k < j; ++k) {
       for (int t = closed[k].first; t < closed[k].last; ++t)
-        ckpt::LargeVector<float>().swap(grad_buffers_[static_cast<size_t>(t)]);
+        LargeVector<float>().swap(grad_buffers_[static_cast<size_t>(t)]);
     }
     i = j;
   }
@@ -313,7 +313,7 @@ std::span<float> ZeroEngine::optimizer_grads() noexcept {
   return stage() == 0 ? grads_full_ : grad_part_;
 }
 
-std::span<const float> ZeroEngine::owned(const ckpt::LargeVector<float>& buffer) const noexcept {
+std::span<const float> ZeroEngine::owned(const LargeVector<float>& buffer) const noexcept {
   return std::span<const float>(buffer.data() + plan_.owned_offset(), static_cast<size_t>(plan_.owned_size()));
 }
 
@@ -350,7 +350,7 @@ void ZeroEngine::read_state(int state, const StateSink& sink) {
                  [&](const nvme::StateSwapper::Chunk& chunk) { sink(chunk.states[static_cast<size_t>(state)]); });
     return;
   }
-  const ckpt::LargeVector<float>* buffers[] = {&master_, &exp_avg_, &exp_avg_sq_};
+  const LargeVector<float>* buffers[] = {&master_, &exp_avg_, &exp_avg_sq_};
   sink(owned(*buffers[state]));
 }
 

@@ -29,7 +29,7 @@
 #include <span>
 #include <vector>
 
-#include "ckpt/huge_pages.hpp"
+#include "base/huge_pages.hpp"
 #include "ckpt/layout.hpp"
 #include "comm/mpi.hpp"
 #include "model/param_store.hpp"
@@ -126,7 +126,7 @@ class ZeroEngine final : public model::ParameterStore {
   // the swapped step wrote them already).
   void publish_params();
   std::span<float> optimizer_grads() noexcept;
-  std::span<const float> owned(const ckpt::LargeVector<float>& buffer) const noexcept;
+  std::span<const float> owned(const LargeVector<float>& buffer) const noexcept;
   void flush_pending_grads();
   void reduce_stage2(int first_tensor, int last_tensor);
   void reduce_stage3(int first_tensor, int last_tensor);
@@ -141,27 +141,27 @@ class ZeroEngine final : public model::ParameterStore {
   ZeroPlan plan_;
 
   // Stages 0-2: the model's parameters, replicated (W * P elements, tensors at global offsets).
-  ckpt::LargeVector<float> params_full_;
+  LargeVector<float> params_full_;
   // Stages 0-1: gradients, replicated, accumulated in place across micro-batches.
-  ckpt::LargeVector<float> grads_full_;
+  LargeVector<float> grads_full_;
   // The optimizer's view: stage 0 full (W * P), stages 1-2 the partition (P), stage 3 the slots (F).
   // Empty with NVMe offload, where swap_ holds the states.
-  ckpt::LargeVector<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
+  LargeVector<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
   std::vector<ElementRange> no_decay_;  // positions of the optimizer view that weight decay skips
   std::unique_ptr<nvme::StateSwapper> swap_, param_swap_;
   // Stage 3 with the optimizer on NVMe and the parameters in memory: the parameters of the slots (F).
-  ckpt::LargeVector<float> params_part_;
+  LargeVector<float> params_part_;
   nvme::RangeRead param_reads_[2];  // stage 3, parameters on NVMe: a gather's bucket and the next
 
   // Stage 3: gathered parameters of acquired groups, one buffer per tensor.
-  std::vector<ckpt::LargeVector<float>> gathered_;
+  std::vector<LargeVector<float>> gathered_;
   std::vector<int> acquired_count_;  // per group
   // Stages 2-3: gradient buffers of open groups (one per tensor) and closed groups awaiting reduction.
-  std::vector<ckpt::LargeVector<float>> grad_buffers_;
+  std::vector<LargeVector<float>> grad_buffers_;
   std::vector<int> pending_groups_;
   int64_t pending_elems_ = 0;
   int closed_groups_ = 0;  // groups the current micro-batch has closed
-  ckpt::LargeVector<float> send_buffer_, recv_buffer_;
+  LargeVector<float> send_buffer_, recv_buffer_;
 };
 
 }  // namespace shardkit::trainer

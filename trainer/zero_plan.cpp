@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::trainer {
 

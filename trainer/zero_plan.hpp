@@ -1,6 +1,6 @@
 // The ZeRO plan: what one rank of a ZeRO engine holds and exchanges, derived from the layout function
 // (ckpt/layout.hpp) for a given rank. Both engines -- CPU ranks (zero_engine.hpp) and GPUs
-// (cuda/gpu_engine.cuh) -- size their buffers, place the rank's partition and cut their collectives
+// (cuda/gpu_engine.hpp) -- size their buffers, place the rank's partition and cut their collectives
 // with it, so the partitioning arithmetic lives in the layout and here, and nowhere else.
 //
 //   replicated buffers (stages 0-2): W * P elements, tensor t at the layout's global offset, rank r's

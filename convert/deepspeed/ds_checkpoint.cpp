@@ -4,9 +4,9 @@
 #include <map>
 #include <regex>
 
-#include "ckpt/error.hpp"
-#include "ckpt/file_util.hpp"
-#include "ckpt/json_input.hpp"
+#include "base/error.hpp"
+#include "base/file_util.hpp"
+#include "base/json_input.hpp"
 #include "ckpt/shard_format.hpp"
 
 namespace shardkit::convert::deepspeed {
@@ -41,11 +41,11 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 // A shape from param_shapes: a torch.Size (read as a tuple) or a list of non-negative ints.
 std::vector<int64_t> shape_of(const Value& v, const std::string& where, const std::string& name) {
   if (v.kind != Kind::kTuple && v.kind != Kind::kList)
-    bad(where, "the shape of " + ckpt::quoted_excerpt(name) + " is " + v.describe());
+    bad(where, "the shape of " + quoted_excerpt(name) + " is " + v.describe());
   std::vector<int64_t> shape;
   for (const Value* d : v.items) {
     if (d->kind != Kind::kInt || d->integer < 0 || d->integer > (int64_t{1} << 40)) {
-      bad(where, "the shape of " + ckpt::quoted_excerpt(name) + " holds something other than a size");
+      bad(where, "the shape of " + quoted_excerpt(name) + " holds something other than a size");
     }
     shape.push_back(d->integer);
   }
@@ -102,7 +102,7 @@ int64_t step_value(const Value& v, const TorchFile& file, const std::string& wha
 
 // A tag read from `latest`: one folder name inside the checkpoint folder, nothing that leads elsewhere.
 std::string read_tag(const std::filesystem::path& file) {
-  std::string tag = ckpt::read_small_file(file, 4096, ErrorKind::kInvalidInput);
+  std::string tag = read_small_file(file, 4096, ErrorKind::kInvalidInput);
   while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.back()))) tag.pop_back();
   while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.front()))) tag.erase(tag.begin());
   if (tag.empty() || tag == "." || tag == ".." || tag.find_first_of(std::string("/\\\0", 3)) != std::string::npos) {
@@ -138,7 +138,7 @@ void DeepSpeedCheckpoint::locate_folder(const std::filesystem::path& path) {
       folder_ = path / read_tag(path / pointer);
       if (!std::filesystem::is_directory(folder_, ec)) {
         bad((path / pointer).string(),
-            "names " + ckpt::quoted_excerpt(folder_.filename().string()) + ", which is not a folder beside it");
+            "names " + quoted_excerpt(folder_.filename().string()) + ", which is not a folder beside it");
       }
       break;
     }
@@ -154,21 +154,21 @@ int DeepSpeedCheckpoint::parameter(const std::string& name, const std::vector<in
   const std::optional<model::HfName> c = model_->classify_hf_name(bare);
   const std::string model_name = "model " + model_->name();
   if (c && c->kind == model::HfName::kTiedOutput) {
-    bad(where, "parameter " + ckpt::quoted_excerpt(name) + " is trained apart from the token embedding, but " +
-                   model_name + " ties the output projection to it");
+    bad(where, "parameter " + quoted_excerpt(name) + " is trained apart from the token embedding, but " + model_name +
+                   " ties the output projection to it");
   }
   const int t = c && c->kind == model::HfName::kParameter ? model_->table().find(c->name) : -1;
-  if (t < 0) bad(where, "unknown parameter " + ckpt::quoted_excerpt(name) + ": " + model_name + " has no such tensor");
+  if (t < 0) bad(where, "unknown parameter " + quoted_excerpt(name) + ": " + model_name + " has no such tensor");
   if (!seen_as_[static_cast<size_t>(t)].empty()) {
-    bad(where, "parameters " + ckpt::quoted_excerpt(seen_as_[static_cast<size_t>(t)]) + " and " +
-                   ckpt::quoted_excerpt(name) + " are both " + model_->table()[static_cast<size_t>(t)].name);
+    bad(where, "parameters " + quoted_excerpt(seen_as_[static_cast<size_t>(t)]) + " and " + quoted_excerpt(name) +
+                   " are both " + model_->table()[static_cast<size_t>(t)].name);
   }
   seen_as_[static_cast<size_t>(t)] = name;
   const std::vector<int64_t>& expected = model_->table()[static_cast<size_t>(t)].shape;
   // The universal checkpoint of a stage 3 run stores every tensor flat.
   const bool flat_ok = shape.size() == 1 && layout_ == SourceLayout::kUniversal;
   if (shape != expected && !(flat_ok && shape[0] == numel_of(expected))) {
-    bad(where, "parameter " + ckpt::quoted_excerpt(name) + " has shape " + shape_text(shape) + "; " + model_name +
+    bad(where, "parameter " + quoted_excerpt(name) + " has shape " + shape_text(shape) + "; " + model_name +
                    " expects " + shape_text(expected));
   }
   return t;
@@ -261,7 +261,7 @@ void DeepSpeedCheckpoint::open_zero() {
   if (const Value* frozen = ms.get("frozen_param_shapes"); frozen && frozen->kind == Kind::kDict) {
     if (!frozen->pairs.empty()) {
       const Value* first = frozen->pairs.front().first;
-      bad(where, "frozen parameters (" + (first->kind == Kind::kString ? ckpt::quoted_excerpt(first->text) : "one") +
+      bad(where, "frozen parameters (" + (first->kind == Kind::kString ? quoted_excerpt(first->text) : "one") +
                      ") have no optimizer state; import them with `convert import` after zero_to_fp32");
     }
   }

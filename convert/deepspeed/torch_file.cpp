@@ -3,8 +3,8 @@
 #include <cstring>
 #include <vector>
 
+#include "base/error.hpp"
 #include "ckpt/dtype_convert.hpp"
-#include "ckpt/error.hpp"
 
 namespace shardkit::convert::deepspeed {
 namespace {

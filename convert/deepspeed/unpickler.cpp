@@ -5,8 +5,8 @@
 #include <cstring>
 #include <unordered_map>
 
-#include "ckpt/error.hpp"
-#include "ckpt/json_input.hpp"
+#include "base/error.hpp"
+#include "base/json_input.hpp"
 
 namespace shardkit::convert::deepspeed {
 
@@ -281,7 +281,7 @@ Value* Machine::global(std::string_view module, std::string_view name) {
       return v;
     }
   }
-  refuse("refused the Python global " + ckpt::quoted_excerpt(std::string(module) + "." + std::string(name)) +
+  refuse("refused the Python global " + quoted_excerpt(std::string(module) + "." + std::string(name)) +
          ": DeepSpeed checkpoints need only torch tensors, containers and DeepSpeed's own state classes");
 }
 
@@ -319,14 +319,14 @@ Value* Machine::rebuild_tensor(const Value& args) {
   if (numel != 0) {
     for (size_t i = 0; i < t.shape.size(); ++i) {
       if (t.shape[i] > limit || (t.stride[i] != 0 && (t.shape[i] - 1) > (limit - last) / t.stride[i])) {
-        refuse("a tensor of shape reaching past its storage " + ckpt::quoted_excerpt(t.storage->key) + " of " +
+        refuse("a tensor of shape reaching past its storage " + quoted_excerpt(t.storage->key) + " of " +
                std::to_string(limit) + " elements");
       }
       last += (t.shape[i] - 1) * t.stride[i];
     }
     if (last >= limit) {
-      refuse("a tensor reaching past its storage " + ckpt::quoted_excerpt(t.storage->key) + " of " +
-             std::to_string(limit) + " elements");
+      refuse("a tensor reaching past its storage " + quoted_excerpt(t.storage->key) + " of " + std::to_string(limit) +
+             " elements");
     }
   } else if (t.offset > limit) {
     refuse("an empty tensor at an offset past its storage");
@@ -371,7 +371,7 @@ Value* Machine::reduce(Value* callable, Value* args) {
       for (const auto& [member, value] : kStageMembers) {
         if (member == a[1]->text) return integer(value);
       }
-      refuse("ZeroStageEnum has no member " + ckpt::quoted_excerpt(a[1]->text));
+      refuse("ZeroStageEnum has no member " + quoted_excerpt(a[1]->text));
     }
     case Role::kStageEnum:
       if (a.size() != 1 || a[0]->kind != Value::Kind::kInt || a[0]->integer < 0 || a[0]->integer > 3) {
@@ -397,7 +397,7 @@ Value* Machine::persistent(const Value* pid) {
   const std::string& key = pid->items[2]->text;
   if (key.empty() || key.size() > 64 ||
       key.find_first_not_of("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_") != std::string::npos) {
-    refuse("a storage key " + ckpt::quoted_excerpt(key) + " that is not a short alphanumeric name");
+    refuse("a storage key " + quoted_excerpt(key) + " that is not a short alphanumeric name");
   }
   Value* v = make(Value::Kind::kStorage);
   v->storage = {key, known(pid->items[1]).dtype, pid->items[4]->integer};

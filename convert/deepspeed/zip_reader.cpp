@@ -5,8 +5,8 @@
 #include <cstring>
 #include <vector>
 
-#include "ckpt/error.hpp"
-#include "ckpt/json_input.hpp"
+#include "base/error.hpp"
+#include "base/json_input.hpp"
 
 namespace shardkit::convert::deepspeed {
 namespace {
@@ -45,7 +45,7 @@ uint64_t u64(const unsigned char* p) {
 }  // namespace
 
 ZipReader::ZipReader(const std::filesystem::path& path) : path_(path) {
-  const ckpt::FileDescriptor file = ckpt::open_input_file(path, ErrorKind::kInvalidInput);
+  const FileDescriptor file = open_input_file(path, ErrorKind::kInvalidInput);
   file_size_ = static_cast<uint64_t>(file.size());
   index(file);
 }
@@ -54,7 +54,7 @@ void ZipReader::refuse(const std::string& what) const {
   fail(ErrorKind::kInvalidInput, path_.string() + ": not a readable PyTorch zip archive: " + what);
 }
 
-void ZipReader::index(const ckpt::FileDescriptor& file) {
+void ZipReader::index(const FileDescriptor& file) {
   if (file_size_ < kEocdSize) refuse("the file is too short (" + std::to_string(file_size_) + " bytes)");
   const size_t tail_size = static_cast<size_t>(std::min<uint64_t>(file_size_, kMaxTail));
   std::vector<unsigned char> tail(tail_size);
@@ -124,12 +124,12 @@ void ZipReader::index(const ckpt::FileDescriptor& file) {
     for (size_t at = 0; at + 4 <= extra_len;) {
       const uint16_t id = u16(x + at);
       const size_t len = u16(x + at + 2);
-      if (at + 4 + len > extra_len) refuse("entry " + ckpt::quoted_excerpt(name) + " has a damaged extra field");
+      if (at + 4 + len > extra_len) refuse("entry " + quoted_excerpt(name) + " has a damaged extra field");
       if (id == kZip64ExtraId) {
         size_t k = at + 4;
         auto take = [&](uint64_t& field) {
           if (field != 0xffffffff) return;
-          if (k + 8 > at + 4 + len) refuse("entry " + ckpt::quoted_excerpt(name) + " has a short ZIP64 field");
+          if (k + 8 > at + 4 + len) refuse("entry " + quoted_excerpt(name) + " has a short ZIP64 field");
           field = u64(x + k);
           k += 8;
         };
@@ -140,29 +140,26 @@ void ZipReader::index(const ckpt::FileDescriptor& file) {
       at += 4 + len;
     }
     pos += kCentralSize + name_len + extra_len + comment_len;
-    if (flags & 0x1) refuse("entry " + ckpt::quoted_excerpt(name) + " is encrypted");
+    if (flags & 0x1) refuse("entry " + quoted_excerpt(name) + " is encrypted");
     if (method != 0) {
-      refuse("entry " + ckpt::quoted_excerpt(name) + " is compressed (method " + std::to_string(method) +
+      refuse("entry " + quoted_excerpt(name) + " is compressed (method " + std::to_string(method) +
              "); torch.save stores every entry uncompressed");
     }
-    if (compressed != uncompressed)
-      refuse("entry " + ckpt::quoted_excerpt(name) + " is stored with two different sizes");
+    if (compressed != uncompressed) refuse("entry " + quoted_excerpt(name) + " is stored with two different sizes");
     // The data starts after the local header, whose name and extra field lengths may differ from the
     // central directory's (torch.save pads the local extra field to align the data to 64 bytes).
     if (local > file_size_ || file_size_ - local < kLocalSize)
-      refuse("entry " + ckpt::quoted_excerpt(name) + " lies outside the file");
+      refuse("entry " + quoted_excerpt(name) + " lies outside the file");
     unsigned char lh[kLocalSize];
     file.pread_exact(lh, sizeof lh, static_cast<int64_t>(local));
-    if (u32(lh) != kLocalSignature)
-      refuse("entry " + ckpt::quoted_excerpt(name) + " has no local header at its offset");
+    if (u32(lh) != kLocalSignature) refuse("entry " + quoted_excerpt(name) + " has no local header at its offset");
     const uint64_t data = local + kLocalSize + u16(lh + 26) + u16(lh + 28);
     if (data > file_size_ || compressed > file_size_ - data) {
-      refuse("entry " + ckpt::quoted_excerpt(name) + " (" + std::to_string(compressed) +
+      refuse("entry " + quoted_excerpt(name) + " (" + std::to_string(compressed) +
              " bytes) runs past the end of the file");
     }
     ZipEntry entry{name, data, compressed};
-    if (!entries_.emplace(name, std::move(entry)).second)
-      refuse("entry " + ckpt::quoted_excerpt(name) + " appears twice");
+    if (!entries_.emplace(name, std::move(entry)).second) refuse("entry " + quoted_excerpt(name) + " appears twice");
   }
 }
 
@@ -173,18 +170,18 @@ const ZipEntry* ZipReader::find(std::string_view name) const {
 
 void ZipReader::read(const ZipEntry& entry, uint64_t offset, std::span<std::byte> out) const {
   if (offset > entry.size || out.size() > entry.size - offset) {
-    fail(ErrorKind::kInvalidInput, path_.string() + ": entry " + ckpt::quoted_excerpt(entry.name) + " holds " +
+    fail(ErrorKind::kInvalidInput, path_.string() + ": entry " + quoted_excerpt(entry.name) + " holds " +
                                        std::to_string(entry.size) + " bytes; bytes " + std::to_string(offset) + ".." +
                                        std::to_string(offset + out.size()) + " were expected");
   }
   if (out.empty()) return;
-  const ckpt::FileDescriptor file = ckpt::open_input_file(path_, ErrorKind::kInvalidInput);
+  const FileDescriptor file = open_input_file(path_, ErrorKind::kInvalidInput);
   file.pread_exact(out.data(), out.size(), static_cast<int64_t>(entry.data_offset + offset));
 }
 
 std::string ZipReader::read_all(const ZipEntry& entry, uint64_t max_bytes) const {
   if (entry.size > max_bytes) {
-    fail(ErrorKind::kInvalidInput, path_.string() + ": entry " + ckpt::quoted_excerpt(entry.name) + " is " +
+    fail(ErrorKind::kInvalidInput, path_.string() + ": entry " + quoted_excerpt(entry.name) + " is " +
                                        std::to_string(entry.size) + " bytes, more than the " +
                                        std::to_string(max_bytes) + " expected at most");
   }

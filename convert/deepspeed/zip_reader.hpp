@@ -19,7 +19,7 @@
 #include <string>
 #include <string_view>
 
-#include "ckpt/file_util.hpp"
+#include "base/file_util.hpp"
 
 namespace shardkit::convert::deepspeed {
 
@@ -48,7 +48,7 @@ class ZipReader {
   std::string read_all(const ZipEntry& entry, uint64_t max_bytes) const;
 
  private:
-  void index(const ckpt::FileDescriptor& file);
+  void index(const FileDescriptor& file);
   [[noreturn]] void refuse(const std::string& what) const;
 
   std::filesystem::path path_;

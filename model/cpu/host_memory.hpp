@@ -8,8 +8,8 @@
 #include <fstream>
 #include <string>
 
-#include "ckpt/error.hpp"
-#include "ckpt/text_format.hpp"
+#include "base/error.hpp"
+#include "base/text_format.hpp"
 
 namespace shardkit::model::cpu {
 
@@ -32,9 +32,9 @@ inline double available_memory_bytes() {
 inline void require_activation_memory(const std::string& model, int batch, int seq_len, double bytes) {
   if (bytes <= physical_memory_bytes()) return;
   fail(ErrorKind::kInvalidInput, "model " + model + ": a batch of " + std::to_string(batch) + " x " +
-                                     std::to_string(seq_len) + " tokens needs " + ckpt::format_bytes(bytes) +
+                                     std::to_string(seq_len) + " tokens needs " + format_bytes(bytes) +
                                      " of activations, more than this machine's " +
-                                     ckpt::format_bytes(physical_memory_bytes()) + " of memory");
+                                     format_bytes(physical_memory_bytes()) + " of memory");
 }
 
 }  // namespace shardkit::model::cpu

@@ -1,7 +1,7 @@
 #include "model/gpt2/config.hpp"
 
-#include "ckpt/error.hpp"
-#include "ckpt/json_input.hpp"
+#include "base/error.hpp"
+#include "base/json_input.hpp"
 
 namespace shardkit::model::gpt2 {
 namespace {
@@ -22,7 +22,7 @@ const Preset kPresets[] = {
 
 int field(const nlohmann::json& j, const char* key, const std::string& where) {
   return static_cast<int>(
-      ckpt::integer_field(j, key, where + ": model field", 1, int64_t{1} << 30, ErrorKind::kInvalidInput));
+      integer_field(j, key, where + ": model field", 1, int64_t{1} << 30, ErrorKind::kInvalidInput));
 }
 
 }  // namespace
@@ -67,7 +67,7 @@ GptConfig config_from_json(const nlohmann::json& j, const std::string& where) {
   const auto name = j.find("name");
   if (name != j.end() && !(name->is_string() && name->get_ref<const std::string&>().size() <= 256)) {
     fail(ErrorKind::kInvalidInput,
-         where + ": model field 'name' is " + ckpt::value_excerpt(*name) + ", expected a string of at most 256 bytes");
+         where + ": model field 'name' is " + value_excerpt(*name) + ", expected a string of at most 256 bytes");
   }
   c.name = name != j.end() ? name->get<std::string>() : where;
   validate(c, where);

@@ -3,17 +3,15 @@
 #include <algorithm>
 #include <chrono>
 
-#include "ckpt/error.hpp"
-#include "ckpt/text_format.hpp"
+#include "base/clock.hpp"
+#include "base/error.hpp"
+#include "base/text_format.hpp"
 #include "model/cpu/host_memory.hpp"
 #include "model/cpu/ops.hpp"
 #include "model/gpt2/cpu_ops.hpp"
 
 namespace shardkit::model::gpt2 {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-}  // namespace
+namespace {}  // namespace
 
 CpuGpt2::CpuGpt2(const GptConfig& config, int batch, int seq_len)
     : config_(config), max_batch_(batch), max_seq_(seq_len) {

@@ -1,7 +1,7 @@
 #include "model/gpt2/hf.hpp"
 
-#include "ckpt/error.hpp"
-#include "ckpt/json_input.hpp"
+#include "base/error.hpp"
+#include "base/json_input.hpp"
 
 namespace shardkit::model::gpt2 {
 namespace {}  // namespace
@@ -36,8 +36,7 @@ nlohmann::json hf_config_json(const GptConfig& c, const std::string& torch_dtype
 GptConfig config_from_hf(const nlohmann::json& j, const std::string& where) {
   if (!j.is_object()) fail(ErrorKind::kInvalidInput, where + ": not a JSON object");
   if (j.contains("model_type") && j["model_type"] != "gpt2") {
-    fail(ErrorKind::kInvalidInput,
-         where + ": model_type is " + ckpt::value_excerpt(j["model_type"]) + ", expected \"gpt2\"");
+    fail(ErrorKind::kInvalidInput, where + ": model_type is " + value_excerpt(j["model_type"]) + ", expected \"gpt2\"");
   }
   nlohmann::json fields = j;
   if (!fields.contains("n_positions") && fields.contains("n_ctx")) fields["n_positions"] = fields["n_ctx"];

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::model::llama {
 

@@ -5,17 +5,15 @@
 #include <cmath>
 #include <utility>
 
-#include "ckpt/error.hpp"
-#include "ckpt/text_format.hpp"
+#include "base/clock.hpp"
+#include "base/error.hpp"
+#include "base/text_format.hpp"
 #include "model/cpu/host_memory.hpp"
 #include "model/cpu/ops.hpp"
 #include "model/llama/cpu_ops.hpp"
 
 namespace shardkit::model::llama {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-}  // namespace
+namespace {}  // namespace
 
 CpuLlama::CpuLlama(const LlamaConfig& config, int batch, int seq_len)
     : config_(config), max_batch_(batch), max_seq_(seq_len) {

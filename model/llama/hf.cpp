@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "ckpt/error.hpp"
-#include "ckpt/json_input.hpp"
+#include "base/error.hpp"
+#include "base/json_input.hpp"
 
 namespace shardkit::model::llama {
 namespace {
@@ -39,7 +39,7 @@ class Fields {
       return static_cast<int>(fallback);
     }
     return static_cast<int>(
-        ckpt::checked_integer(j_[key], where_ + ": model field", key, 1, int64_t{1} << 30, ErrorKind::kInvalidInput));
+        checked_integer(j_[key], where_ + ": model field", key, 1, int64_t{1} << 30, ErrorKind::kInvalidInput));
   }
   double number(const char* key, double fallback) const {
     if (!j_.contains(key)) {
@@ -51,7 +51,7 @@ class Fields {
   double number_of(const nlohmann::json& v, const std::string& key) const {
     if (!v.is_number() || !std::isfinite(v.get<double>())) {
       fail(ErrorKind::kInvalidInput,
-           where_ + ": model field '" + key + "' is " + ckpt::value_excerpt(v) + ", expected a finite number");
+           where_ + ": model field '" + key + "' is " + value_excerpt(v) + ", expected a finite number");
     }
     return v.get<double>();
   }
@@ -62,7 +62,7 @@ class Fields {
     }
     if (!j_[key].is_boolean()) {
       fail(ErrorKind::kInvalidInput,
-           where_ + ": model field '" + key + "' is " + ckpt::value_excerpt(j_[key]) + ", expected true or false");
+           where_ + ": model field '" + key + "' is " + value_excerpt(j_[key]) + ", expected true or false");
     }
     return j_[key].get<bool>();
   }
@@ -84,14 +84,14 @@ class Fields {
     if (!scaling) return;
     if (!scaling->is_object()) {
       fail(ErrorKind::kInvalidInput,
-           where_ + ": rope_scaling is " + ckpt::value_excerpt(*scaling) + ", expected an object or null");
+           where_ + ": rope_scaling is " + value_excerpt(*scaling) + ", expected an object or null");
     }
     const nlohmann::json& s = *scaling;
     const nlohmann::json type = s.contains("rope_type") ? s["rope_type"] : s.value("type", nlohmann::json("default"));
     if (type == "default") return;
     if (type != "llama3") {
       fail(ErrorKind::kInvalidInput,
-           where_ + ": rope type " + ckpt::value_excerpt(type) + " is not supported (\"default\" and \"llama3\" are)");
+           where_ + ": rope type " + value_excerpt(type) + " is not supported (\"default\" and \"llama3\" are)");
     }
     Fields f(s, where_ + ": rope_scaling", false);
     c.rope_scaling.factor = f.number("factor", 0);
@@ -129,13 +129,13 @@ LlamaConfig parse(const nlohmann::json& j, const std::string& where, bool hf) {
     }
     const nlohmann::json act = j.value("hidden_act", nlohmann::json("silu"));
     if (act != "silu") {
-      fail(ErrorKind::kInvalidInput, where + ": hidden_act is " + ckpt::value_excerpt(act) + ", expected \"silu\"");
+      fail(ErrorKind::kInvalidInput, where + ": hidden_act is " + value_excerpt(act) + ", expected \"silu\"");
     }
   }
   const auto name = j.find("name");
   if (!hf && name != j.end() && !(name->is_string() && name->get_ref<const std::string&>().size() <= 256)) {
     fail(ErrorKind::kInvalidInput,
-         where + ": model field 'name' is " + ckpt::value_excerpt(*name) + ", expected a string of at most 256 bytes");
+         where + ": model field 'name' is " + value_excerpt(*name) + ", expected a string of at most 256 bytes");
   }
   c.name = !hf && name != j.end() ? name->get<std::string>() : where;
   validate(c, where);

@@ -6,8 +6,8 @@
 
 #include <fstream>
 
+#include "base/error.hpp"
 #include "ckpt/checkpoint_reader.hpp"
-#include "ckpt/error.hpp"
 #include "ckpt/shard_format.hpp"
 #include "tests/support/test_support.hpp"
 

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <random>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace shardkit::ckpt {

@@ -4,9 +4,9 @@
 
 #include <functional>
 
-#include "ckpt/checksum.hpp"
+#include "base/xxh64.hpp"
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "ckpt/shard_format.hpp"
 
 namespace shardkit::ckpt {

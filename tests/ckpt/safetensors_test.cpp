@@ -9,7 +9,7 @@
 #include <iterator>
 #include <thread>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::ckpt::safetensors {
 namespace {

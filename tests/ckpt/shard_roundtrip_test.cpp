@@ -4,13 +4,13 @@
 
 #include <random>
 
-#include "bench/synthetic.hpp"
+#include "base/error.hpp"
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/diff.hpp"
-#include "ckpt/error.hpp"
 #include "ckpt/run_dir.hpp"
 #include "ckpt/save.hpp"
 #include "ckpt/shard_format.hpp"
+#include "ckpt/synthetic.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace shardkit {
@@ -31,7 +31,7 @@ void expect_synthetic_content(CheckpointReader& reader, uint64_t seed) {
       std::vector<float> whole(static_cast<size_t>(n));
       reader.read(static_cast<int>(t), s, 0, whole);
       for (int64_t i = 0; i < n; ++i) {
-        ASSERT_EQ(whole[static_cast<size_t>(i)], bench::synthetic_value(seed, static_cast<int>(t), s, i))
+        ASSERT_EQ(whole[static_cast<size_t>(i)], ckpt::synthetic_value(seed, static_cast<int>(t), s, i))
             << table[t].name << " state " << s << " element " << i;
       }
       for (int trial = 0; trial < 4 && n > 0; ++trial) {
@@ -101,7 +101,7 @@ TEST(ShardRoundTrip, ABatchOfRangesOnSeveralThreadsReadsExactly) {
       reader.read(requests);
       for (const Expected& r : ranges) {
         for (size_t i = 0; i < r.values.size(); ++i) {
-          ASSERT_EQ(r.values[i], bench::synthetic_value(kSeed, r.tensor, r.state, r.offset + static_cast<int64_t>(i)))
+          ASSERT_EQ(r.values[i], ckpt::synthetic_value(kSeed, r.tensor, r.state, r.offset + static_cast<int64_t>(i)))
               << table[static_cast<size_t>(r.tensor)].name << " state " << r.state << " element " << r.offset + i;
         }
       }
@@ -110,7 +110,7 @@ TEST(ShardRoundTrip, ABatchOfRangesOnSeveralThreadsReadsExactly) {
 }
 
 TEST(ShardRoundTrip, LargeChunksAndTheDefaultChunkSize) {
-  const ckpt::TensorTable table = bench::synthetic_table(600'000);
+  const ckpt::TensorTable table = ckpt::synthetic_table(600'000);
   TempDir dir;
   testing::write_synthetic_checkpoint(dir.path(), table, {3, 2, 16}, {}, kSeed);
   CheckpointReader reader(dir.path());
@@ -208,7 +208,7 @@ TEST(ShardRoundTrip, StreamedAppendsWriteTheSameShardAsOneCall) {
   const ckpt::TensorTable table = testing::random_table(17, 9, 3000);
   const ckpt::Layout layout(table, {3, 2, 16});
   std::vector<float> flat(static_cast<size_t>(layout.flat_size()));
-  bench::fill_synthetic(layout, 1, kSeed, 0, flat);
+  ckpt::fill_synthetic(layout, 1, kSeed, 0, flat);
   std::mt19937_64 rng(3);
   for (int level : {0, 2}) {
     TempDir dir;

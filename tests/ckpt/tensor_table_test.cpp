@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::ckpt {
 namespace {

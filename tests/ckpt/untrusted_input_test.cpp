@@ -17,10 +17,10 @@
 #include <functional>
 #include <string>
 
+#include "base/error.hpp"
+#include "base/file_util.hpp"
+#include "base/json_input.hpp"
 #include "ckpt/checkpoint_reader.hpp"
-#include "ckpt/error.hpp"
-#include "ckpt/file_util.hpp"
-#include "ckpt/json_input.hpp"
 #include "ckpt/manifest.hpp"
 #include "ckpt/safetensors.hpp"
 #include "ckpt/shard_format.hpp"
@@ -117,9 +117,9 @@ TEST(UntrustedInput, FifosAndDirectoriesAreRefusedWithoutBlocking) {
   const TempDir dir;
   const std::filesystem::path fifo = dir / "fifo";
   make_fifo(fifo);
-  expect_refused([&] { ckpt::read_small_file(fifo, 4096); }, fifo.string(), "not a regular file (a FIFO)");
-  expect_refused([&] { ckpt::open_input_file(dir.path()); }, dir.path().string(), "not a regular file (a directory)");
-  expect_refused([&] { ckpt::open_input_file("/dev/null"); }, "/dev/null", "not a regular file (a character device)");
+  expect_refused([&] { read_small_file(fifo, 4096); }, fifo.string(), "not a regular file (a FIFO)");
+  expect_refused([&] { open_input_file(dir.path()); }, dir.path().string(), "not a regular file (a directory)");
+  expect_refused([&] { open_input_file("/dev/null"); }, "/dev/null", "not a regular file (a character device)");
 
   // Each kind of input, named as shardkit looks for it.
   const std::filesystem::path step = dir / "run" / "step-00000001";
@@ -171,7 +171,7 @@ TEST(UntrustedInput, DeeplyNestedJsonIsRefusedBeforeParsing) {
   const std::string commented = "{\"a\": // \"\r" + nested(1000) + "}";
   expect_refused([&] { trainer::parse_ds_config_text(commented, 1, {}, "c.json"); }, "c.json", "nested deeper");
   // 64 levels are fine.
-  EXPECT_NO_THROW(ckpt::parse_untrusted_json(nested(64), {1 << 20, false}, "ok", ErrorKind::kCorrupt));
+  EXPECT_NO_THROW(parse_untrusted_json(nested(64), {1 << 20, false}, "ok", ErrorKind::kCorrupt));
 }
 
 TEST(UntrustedInput, OversizedOrDenseJsonIsRefusedBeforeParsing) {
@@ -192,9 +192,9 @@ TEST(UntrustedInput, OversizedOrDenseJsonIsRefusedBeforeParsing) {
 
 TEST(UntrustedInput, ValuesInMessagesAreCutShortAndEscaped) {
   const std::string long_text(10'000, 'a');
-  const std::string shown = ckpt::quoted_excerpt(long_text + "\x1b[32m");
+  const std::string shown = quoted_excerpt(long_text + "\x1b[32m");
   EXPECT_LT(shown.size(), 200u);
-  EXPECT_EQ(ckpt::quoted_excerpt("a\x1b[32mOK\n"), "'a\\x1b[32mOK\\x0a'");
+  EXPECT_EQ(quoted_excerpt("a\x1b[32mOK\n"), "'a\\x1b[32mOK\\x0a'");
   const std::string ds = R"({"train_batch_size": ")" + long_text + "\"}";
   const Outcome o = run_isolated([&] { trainer::parse_ds_config_text(ds, 1, {}, "ds.json"); });
   ASSERT_EQ(o.kind, Outcome::kError) << describe(o);
@@ -221,7 +221,7 @@ TEST(UntrustedInput, CheckedIntegerNamesFileKeyValueAndRange) {
   const nlohmann::json j = {{"n", -2}, {"big", uint64_t{1} << 63}, {"f", 2.5}, {"s", "7"}};
   auto message = [&](const char* key) {
     try {
-      ckpt::integer_field(j, key, "f.json", 0, 100, ErrorKind::kCorrupt);
+      integer_field(j, key, "f.json", 0, 100, ErrorKind::kCorrupt);
     } catch (const Error& e) {
       return std::string(e.what());
     }

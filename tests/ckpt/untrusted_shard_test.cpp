@@ -15,8 +15,8 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "base/error.hpp"
 #include "ckpt/checkpoint_reader.hpp"
-#include "ckpt/error.hpp"
 #include "ckpt/h5.hpp"
 #include "ckpt/isolated_process.hpp"
 #include "ckpt/manifest.hpp"

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "bench/synthetic.hpp"
+#include "base/error.hpp"
 #include "ckpt/checkpoint_reader.hpp"
-#include "ckpt/error.hpp"
 #include "ckpt/h5.hpp"
 #include "ckpt/shard_format.hpp"
+#include "ckpt/synthetic.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace shardkit {
@@ -131,7 +131,7 @@ void expect_view_holds(const fs::path& view, const ckpt::TensorTable& table, con
       ASSERT_EQ(d.dims, dims_of(table[t]));
       ASSERT_EQ(static_cast<int64_t>(d.values.size()), table[t].numel());
       for (size_t i = 0; i < d.values.size(); ++i) {
-        ASSERT_EQ(d.values[i], bench::synthetic_value(seed, static_cast<int>(t), s, static_cast<int64_t>(i)))
+        ASSERT_EQ(d.values[i], ckpt::synthetic_value(seed, static_cast<int>(t), s, static_cast<int64_t>(i)))
             << "element " << i;
       }
     }
@@ -196,7 +196,7 @@ TEST(VirtualView, ScalarIsZeroDimensionalAndEmptyTensorsAreEmptyVirtualDatasets)
   EXPECT_EQ(scalar.space_class, H5S_SCALAR);
   EXPECT_TRUE(scalar.dims.empty());
   ASSERT_EQ(scalar.values.size(), 1u);
-  EXPECT_EQ(scalar.values[0], bench::synthetic_value(kSeed, 1, 1, 0));
+  EXPECT_EQ(scalar.values[0], ckpt::synthetic_value(kSeed, 1, 1, 0));
   for (const char* name : {"empty.bias", "empty.matrix"}) {
     const ViewDataset empty = read_view(dir / "view.h5", "fp32", name);
     EXPECT_EQ(empty.layout, H5D_VIRTUAL) << name;
@@ -409,7 +409,7 @@ TEST(VirtualView, ShardMissingAtReadTimeReadsAsNaN) {
           EXPECT_TRUE(std::isnan(value)) << table[t].name << " element " << i;
           ++missing;
         } else {
-          EXPECT_EQ(value, bench::synthetic_value(kSeed, static_cast<int>(t), 0, i)) << table[t].name << " " << i;
+          EXPECT_EQ(value, ckpt::synthetic_value(kSeed, static_cast<int>(t), 0, i)) << table[t].name << " " << i;
           ++present;
         }
       }

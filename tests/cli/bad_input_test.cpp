@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "base/sanitizers.hpp"
 #include "ckpt/manifest.hpp"
-#include "ckpt/sanitizers.hpp"
 #include "model/gpt2/config.hpp"
 #include "tests/cli/cli_support.hpp"
 

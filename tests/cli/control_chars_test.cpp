@@ -7,7 +7,7 @@
 #include <fstream>
 #include <string>
 
-#include "ckpt/checksum.hpp"
+#include "base/xxh64.hpp"
 #include "ckpt/manifest.hpp"
 #include "ckpt/shard_format.hpp"
 #include "tests/cli/cli_support.hpp"
@@ -54,7 +54,7 @@ std::filesystem::path checkpoint(const testing::TempDir& dir) {
 void write_sealed(const std::filesystem::path& step_dir, nlohmann::json manifest) {
   manifest.erase("manifest_digest");
   const std::string canonical = manifest.dump();
-  manifest["manifest_digest"] = ckpt::to_hex(ckpt::xxh64(canonical.data(), canonical.size()));
+  manifest["manifest_digest"] = to_hex(xxh64(canonical.data(), canonical.size()));
   std::ofstream(step_dir / "manifest.json", std::ios::trunc) << manifest.dump(2);
 }
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/error.hpp"
-#include "ckpt/file_util.hpp"
+#include "base/error.hpp"
+#include "base/file_util.hpp"
 #include "ckpt/manifest.hpp"
 #include "ckpt/run_dir.hpp"
 #include "ckpt/run_lock.hpp"
@@ -132,7 +132,7 @@ TEST(UntrustedFs, TemporaryFilesLeftAsSymlinksAreReplacedNotWrittenThrough) {
   testing::TempDir dir;
   write(dir / "victim", kPrecious);
   std::filesystem::create_symlink(dir / "victim", dir / "latest.tmp");
-  ckpt::write_file_durable(dir / "latest", "step-00000002\n");
+  write_file_durable(dir / "latest", "step-00000002\n");
   EXPECT_TRUE(untouched(dir / "victim"));
   EXPECT_FALSE(std::filesystem::is_symlink(dir / "latest"));
   EXPECT_EQ(slurp(dir / "latest"), "step-00000002\n");

@@ -8,13 +8,13 @@
 #include <fstream>
 #include <random>
 
-#include "bench/synthetic.hpp"
+#include "base/error.hpp"
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/diff.hpp"
 #include "ckpt/dtype_convert.hpp"
-#include "ckpt/error.hpp"
 #include "ckpt/h5.hpp"
 #include "ckpt/safetensors.hpp"
+#include "ckpt/synthetic.hpp"
 #include "convert/consolidate.hpp"
 #include "convert/import.hpp"
 #include "convert/reshard.hpp"
@@ -129,7 +129,7 @@ TEST(Consolidate, SafetensorsHaveGpt2NamesShapesAndCorrectlyRoundedValues) {
   const auto source = gpt2_checkpoint(dir / "src", {3, 3, 16}, 2);
   const model::gpt2::GptConfig c = small_gpt2();
   const ckpt::TensorTable table = model::gpt2::tensor_table(c);
-  for (auto dtype : {convert::ExportDtype::kF32, convert::ExportDtype::kBF16, convert::ExportDtype::kF16}) {
+  for (auto dtype : {ckpt::DType::kF32, ckpt::DType::kBF16, ckpt::DType::kF16}) {
     convert::ConsolidateRequest r;
     r.source = source;
     r.output = dir / ("out" + std::to_string(static_cast<int>(dtype)));
@@ -145,15 +145,15 @@ TEST(Consolidate, SafetensorsHaveGpt2NamesShapesAndCorrectlyRoundedValues) {
       std::vector<std::byte> bytes(info->size());
       reader.read(*info, 0, bytes);
       for (int64_t i = 0; i < table[t].numel(); ++i) {
-        const float want = bench::synthetic_value(kSeed, static_cast<int>(t), 0, i);
-        if (dtype == convert::ExportDtype::kF32) {
+        const float want = ckpt::synthetic_value(kSeed, static_cast<int>(t), 0, i);
+        if (dtype == ckpt::DType::kF32) {
           float got;
           std::memcpy(&got, bytes.data() + i * 4, 4);
           ASSERT_EQ(got, want);
         } else {
           uint16_t got;
           std::memcpy(&got, bytes.data() + i * 2, 2);
-          ASSERT_EQ(got, dtype == convert::ExportDtype::kBF16 ? ckpt::fp32_to_bf16(want) : ckpt::fp32_to_fp16(want));
+          ASSERT_EQ(got, dtype == ckpt::DType::kBF16 ? ckpt::fp32_to_bf16(want) : ckpt::fp32_to_fp16(want));
         }
       }
     }
@@ -197,7 +197,7 @@ TEST(Consolidate, ShardedOutputMatchesTheSingleFile) {
   const auto& m = whole.at("optimizer.exp_avg.transformer.h.1.mlp.c_fc.weight");
   float v;
   std::memcpy(&v, m.data() + 4 * 5, 4);
-  EXPECT_EQ(v, bench::synthetic_value(kSeed, t, 1, 5));
+  EXPECT_EQ(v, ckpt::synthetic_value(kSeed, t, 1, 5));
 }
 
 TEST(Import, ThenConsolidateGivesBackTheSameBytesAndResumesFromZeroMoments) {
@@ -221,7 +221,7 @@ TEST(Import, ThenConsolidateGivesBackTheSameBytesAndResumesFromZeroMoments) {
     x.resize(static_cast<size_t>(reader.tensors()[t].numel()));
     reader.read(static_cast<int>(t), 0, 0, x);
     for (size_t i = 0; i < x.size(); ++i)
-      ASSERT_EQ(x[i], bench::synthetic_value(kSeed, static_cast<int>(t), 0, static_cast<int64_t>(i)));
+      ASSERT_EQ(x[i], ckpt::synthetic_value(kSeed, static_cast<int>(t), 0, static_cast<int64_t>(i)));
     reader.read(static_cast<int>(t), 1, 0, x);
     for (float v : x) ASSERT_EQ(v, 0.0f);
   }
@@ -302,11 +302,11 @@ TEST(Consolidate, Hdf5HoldsEveryTensorInItsShape) {
     std::vector<float> x(static_cast<size_t>(table[t].numel()));
     ASSERT_GE(H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, x.data()), 0);
     for (size_t i = 0; i < x.size(); ++i)
-      ASSERT_EQ(x[i], bench::synthetic_value(kSeed, static_cast<int>(t), 0, static_cast<int64_t>(i)));
+      ASSERT_EQ(x[i], ckpt::synthetic_value(kSeed, static_cast<int>(t), 0, static_cast<int64_t>(i)));
   }
   // bf16 is not an HDF5 1.10 type: a clear refusal.
   r.output = dir / "h5b";
-  r.dtype = convert::ExportDtype::kBF16;
+  r.dtype = ckpt::DType::kBF16;
   EXPECT_THROW(convert::consolidate(r, small_pieces()), Error);
   EXPECT_FALSE(std::filesystem::exists(r.output));
 }

@@ -11,8 +11,8 @@
 #include <fstream>
 #include <functional>
 
+#include "base/error.hpp"
 #include "ckpt/checkpoint_reader.hpp"
-#include "ckpt/error.hpp"
 #include "ckpt/safetensors.hpp"
 #include "convert/consolidate.hpp"
 #include "convert/deepspeed/unpickler.hpp"

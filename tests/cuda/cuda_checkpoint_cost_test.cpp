@@ -53,7 +53,7 @@ TEST_P(CudaCheckpointCost, ASlowSnapshotCopyIsTimeTheDeviceWaitedAndTrainingLost
 }
 
 INSTANTIATE_TEST_SUITE_P(Staging, CudaCheckpointCost, ::testing::Values("device", "host"),
-                         [](const auto& info) { return std::string(info.param); });
+                         [](const auto& param_info) { return std::string(param_info.param); });
 
 // A save every step, so that each staged copy may find the previous drain still reading the staging
 // buffer: the checkpoint of step 4, resumed, continues the uninterrupted run bit for bit (same world

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "comm/mpi.hpp"
 #include "tests/cuda/require_gpus.hpp"
 #include "tests/support/mpi_support.hpp"

@@ -8,9 +8,9 @@
 
 #include "comm/mpi.hpp"
 #include "tests/cuda/require_gpus.hpp"
-#include "trainer/cuda/device_context.cuh"
-#include "trainer/cuda/gpu_engine.cuh"
-#include "trainer/cuda/kernels.cuh"
+#include "trainer/cuda/device_context.hpp"
+#include "trainer/cuda/gpu_engine.hpp"
+#include "trainer/cuda/kernels.hpp"
 #include "trainer/zero_engine.hpp"
 
 namespace shardkit {

@@ -14,12 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "model/gpt2/cuda/kernels.hpp"
 #include "tests/cuda/require_gpus.hpp"
 #include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/gpu_model.cuh"
-#include "trainer/cuda/kernels.cuh"
-#include "trainer/cuda/matmul.cuh"
-#include "trainer/cuda/norms.cuh"
+#include "trainer/cuda/gpu_model.hpp"
+#include "trainer/cuda/kernels.hpp"
+#include "trainer/cuda/matmul.hpp"
+#include "trainer/cuda/norms.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {
@@ -112,15 +113,15 @@ void check_attention(const AttentionCase& c) {
   auto qkv16 = upload(qkv_t), dout16 = upload(dout_t);
   DeviceBuffer<T> out16(size_t{1} * N * C), dqkv16(size_t{3} * N * C);
   DeviceBuffer<float> lse16(stats), delta16(stats);
-  attention_forward<T>(out16.data(), lse16.data(), qkv16.data(), c.B, c.S, C, c.NH, nullptr);
-  attention_backward<T>(dqkv16.data(), delta16.data(), dout16.data(), out16.data(), qkv16.data(), lse16.data(), c.B,
-                        c.S, C, c.NH, nullptr);
+  model::gpt2::attention_forward<T>(out16.data(), lse16.data(), qkv16.data(), c.B, c.S, C, c.NH, nullptr);
+  model::gpt2::attention_backward<T>(dqkv16.data(), delta16.data(), dout16.data(), out16.data(), qkv16.data(),
+                                     lse16.data(), c.B, c.S, C, c.NH, nullptr);
 
   auto qkv32 = upload(qkv_f), dout32 = upload(dout_f);
   DeviceBuffer<float> out32(size_t{1} * N * C), dqkv32(size_t{3} * N * C), lse32(stats), delta32(stats);
-  attention_forward<float>(out32.data(), lse32.data(), qkv32.data(), c.B, c.S, C, c.NH, nullptr);
-  attention_backward<float>(dqkv32.data(), delta32.data(), dout32.data(), out32.data(), qkv32.data(), lse32.data(), c.B,
-                            c.S, C, c.NH, nullptr);
+  model::gpt2::attention_forward<float>(out32.data(), lse32.data(), qkv32.data(), c.B, c.S, C, c.NH, nullptr);
+  model::gpt2::attention_backward<float>(dqkv32.data(), delta32.data(), dout32.data(), out32.data(), qkv32.data(),
+                                         lse32.data(), c.B, c.S, C, c.NH, nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
 
   EXPECT_LT(relative_error(widen(download(out16)), download(out32)), 1e-2) << "out " << what;
@@ -168,7 +169,7 @@ TEST(CudaKernels, CausalMaskHoldsInTheTensorCorePath) {
     auto d = upload(input);
     DeviceBuffer<__nv_bfloat16> out(size_t{1} * N * C);
     DeviceBuffer<float> lse(size_t{1} * c.NH * c.S);
-    attention_forward<__nv_bfloat16>(out.data(), lse.data(), d.data(), c.B, c.S, C, c.NH, nullptr);
+    model::gpt2::attention_forward<__nv_bfloat16>(out.data(), lse.data(), d.data(), c.B, c.S, C, c.NH, nullptr);
     return widen(download(out));
   };
   const auto before = run(qkv);

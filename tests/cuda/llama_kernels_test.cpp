@@ -15,18 +15,18 @@
 #include <utility>
 #include <vector>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "model/cpu/ops.hpp"
 #include "model/llama/config.hpp"
 #include "model/llama/cpu_ops.hpp"
-#include "model/llama/cuda/gpu_model.cuh"
-#include "model/llama/cuda/kernels.cuh"
+#include "model/llama/cuda/gpu_model.hpp"
+#include "model/llama/cuda/kernels.hpp"
 #include "model/llama/model.hpp"
 #include "model/registry.hpp"
 #include "tests/cuda/require_gpus.hpp"
 #include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/kernels.cuh"
-#include "trainer/cuda/norms.cuh"
+#include "trainer/cuda/kernels.hpp"
+#include "trainer/cuda/norms.hpp"
 
 namespace shardkit::model::llama {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "tests/cuda/require_gpus.hpp"
 #include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/param_partition.cuh"
+#include "trainer/cuda/param_partition.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {

@@ -13,8 +13,8 @@
 #include "model/registry.hpp"
 #include "tests/cuda/require_gpus.hpp"
 #include "tests/support/weight_decay_check.hpp"
-#include "trainer/cuda/device_context.cuh"
-#include "trainer/cuda/gpu_engine.cuh"
+#include "trainer/cuda/device_context.hpp"
+#include "trainer/cuda/gpu_engine.hpp"
 #include "trainer/weight_decay.hpp"
 
 namespace shardkit {

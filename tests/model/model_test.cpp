@@ -6,7 +6,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "model/llama/config.hpp"
 #include "model/llama/model.hpp"
 #include "model/registry.hpp"

@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "base/error.hpp"
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/diff.hpp"
-#include "ckpt/error.hpp"
 #include "ckpt/shard_format.hpp"
 #include "comm/mpi.hpp"
 #include "tests/support/mpi_support.hpp"

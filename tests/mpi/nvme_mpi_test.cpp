@@ -16,12 +16,12 @@
 #include <set>
 #include <thread>
 
+#include "base/error.hpp"
+#include "base/sanitizers.hpp"
+#include "base/text_format.hpp"
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/diff.hpp"
-#include "ckpt/error.hpp"
 #include "ckpt/layout.hpp"
-#include "ckpt/sanitizers.hpp"
-#include "ckpt/text_format.hpp"
 #include "comm/mpi.hpp"
 #include "model/registry.hpp"
 #include "tests/support/mpi_support.hpp"
@@ -290,13 +290,13 @@ TEST(NvmeMpi, SwapFilesThatFitOneByOneButNotTogetherAreRefusedBeforeAnyIsCreated
       EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
       error = e.what();
     }
-    const std::string free = ckpt::format_bytes(static_cast<double>(size));
-    EXPECT_EQ(error.rfind(dir.string() + ": " + free + " free, but the swap files of the 2 ranks on this node need " +
-                              ckpt::format_bytes(2.0 * static_cast<double>(file)) +
-                              " on its file system (this rank's share " +
-                              ckpt::format_bytes(static_cast<double>(file)) + ": the optimizer states of this rank's ",
-                          0),
-              0u)
+    const std::string free = format_bytes(static_cast<double>(size));
+    EXPECT_EQ(
+        error.rfind(dir.string() + ": " + free + " free, but the swap files of the 2 ranks on this node need " +
+                        format_bytes(2.0 * static_cast<double>(file)) + " on its file system (this rank's share " +
+                        format_bytes(static_cast<double>(file)) + ": the optimizer states of this rank's ",
+                    0),
+        0u)
         << what << ": " << error;
     world.barrier();
     for (const auto& e : std::filesystem::recursive_directory_iterator(disk.path())) {

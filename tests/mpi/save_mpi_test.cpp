@@ -4,11 +4,11 @@
 
 #include <random>
 
-#include "bench/synthetic.hpp"
+#include "base/error.hpp"
 #include "ckpt/checkpoint_reader.hpp"
-#include "ckpt/error.hpp"
 #include "ckpt/save.hpp"
 #include "ckpt/shard_format.hpp"
+#include "ckpt/synthetic.hpp"
 #include "comm/mpi.hpp"
 #include "tests/support/mpi_support.hpp"
 
@@ -17,7 +17,7 @@ namespace {
 
 std::vector<std::vector<float>> synthetic_buffers(const ckpt::Layout& layout, int rank, uint64_t seed) {
   std::vector<std::vector<float>> buffers(3, std::vector<float>(static_cast<size_t>(layout.flat_size())));
-  for (int s = 0; s < 3; ++s) bench::fill_synthetic(layout, rank, seed, s, buffers[static_cast<size_t>(s)]);
+  for (int s = 0; s < 3; ++s) ckpt::fill_synthetic(layout, rank, seed, s, buffers[static_cast<size_t>(s)]);
   return buffers;
 }
 
@@ -61,7 +61,7 @@ TEST(SaveMpi, EveryRankWritesItsShardAndAnyRankReadsEverything) {
             std::vector<float> part(static_cast<size_t>(len));
             reader.read(static_cast<int>(t), s, offset, part);
             for (int64_t i = 0; i < len; ++i) {
-              ASSERT_EQ(part[static_cast<size_t>(i)], bench::synthetic_value(99, static_cast<int>(t), s, offset + i))
+              ASSERT_EQ(part[static_cast<size_t>(i)], ckpt::synthetic_value(99, static_cast<int>(t), s, offset + i))
                   << table[t].name << " stage " << stage;
             }
             offset += len;
@@ -97,7 +97,7 @@ TEST(SaveMpi, LatestMovesOnlyWhenACheckpointCommits) {
   for (size_t t = 0; t < table.size(); ++t) {
     if (table[t].numel() == 0) continue;
     again.read(static_cast<int>(t), 0, 0, x);
-    EXPECT_EQ(x[0], bench::synthetic_value(2, static_cast<int>(t), 0, 0));
+    EXPECT_EQ(x[0], ckpt::synthetic_value(2, static_cast<int>(t), 0, 0));
   }
 }
 

@@ -7,9 +7,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "base/sanitizers.hpp"
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/diff.hpp"
-#include "ckpt/sanitizers.hpp"
 #include "comm/mpi.hpp"
 #include "tests/support/mpi_support.hpp"
 #include "trainer/trainer.hpp"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "report/html_report.hpp"
 #include "report/metrics.hpp"
 #include "tests/support/test_support.hpp"

@@ -7,12 +7,12 @@
 #include <random>
 #include <stdexcept>
 
-#include "bench/synthetic.hpp"
-#include "ckpt/file_util.hpp"
+#include "base/file_util.hpp"
 #include "ckpt/h5.hpp"
 #include "ckpt/manifest.hpp"
 #include "ckpt/save.hpp"
 #include "ckpt/shard_format.hpp"
+#include "ckpt/synthetic.hpp"
 
 namespace shardkit::testing {
 
@@ -53,7 +53,7 @@ std::filesystem::path write_synthetic_checkpoint(const std::filesystem::path& ru
     ckpt::ShardWriter writer(step_dir / ckpt::shard_file_name(rank, spec.world_size), table, layout, {uid, step, rank},
                              meta.states, options);
     for (size_t s = 0; s < meta.states.size(); ++s) {
-      bench::fill_synthetic(layout, rank, seed, static_cast<int>(s), flat);
+      ckpt::fill_synthetic(layout, rank, seed, static_cast<int>(s), flat);
       writer.write_state(meta.states[s], flat);
     }
     records.push_back(writer.commit());
@@ -79,7 +79,7 @@ ChunkExtent chunk_extent(const std::filesystem::path& shard, const std::string& 
 }
 
 void flip_bit(const std::filesystem::path& file, int64_t offset, int bit) {
-  ckpt::FileDescriptor fd(file, O_RDWR);
+  FileDescriptor fd(file, O_RDWR);
   unsigned char byte = 0;
   fd.pread_exact(&byte, 1, offset);
   byte ^= static_cast<unsigned char>(1u << bit);

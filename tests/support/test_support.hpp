@@ -31,7 +31,7 @@ class TempDir {
 // States used by the tests, as the trainer will write them.
 const std::vector<std::string>& adam_states();
 
-// Writes a committed checkpoint of synthetic values (bench::synthetic_value with `seed`) laid out by
+// Writes a committed checkpoint of synthetic values (ckpt::synthetic_value with `seed`) laid out by
 // `spec`, writing every rank's shard from this process. Returns the step directory.
 std::filesystem::path write_synthetic_checkpoint(const std::filesystem::path& run_dir, const ckpt::TensorTable& table,
                                                  const ckpt::LayoutSpec& spec, const ckpt::ShardOptions& options,

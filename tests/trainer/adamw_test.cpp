@@ -10,8 +10,8 @@
 #include <random>
 #include <vector>
 
+#include "base/error.hpp"
 #include "ckpt/dtype_convert.hpp"
-#include "ckpt/error.hpp"
 #include "ckpt/layout.hpp"
 #include "model/registry.hpp"
 #include "trainer/adamw.hpp"
@@ -196,12 +196,12 @@ TEST(CpuAdamW, NarrowedWeightsAreTheRoundedUpdate) {
   a.lr = 1e-2;
   a.weight_decay = 0.01;
   const size_t n = 20000;
-  for (const Narrow narrow : {Narrow::kBf16, Narrow::kFp16}) {
+  for (const ckpt::DType narrow : {ckpt::DType::kBF16, ckpt::DType::kF16}) {
     State s = random_state(n, 2);
     std::vector<uint16_t> narrowed(n);
     cpu_adamw(s.w, s.m, s.v, s.g, AdamWCoefficients::of(a), {}, narrow, narrowed.data());
     for (size_t i = 0; i < n; ++i) {
-      const uint16_t want = narrow == Narrow::kBf16 ? ckpt::fp32_to_bf16(s.w[i]) : ckpt::fp32_to_fp16(s.w[i]);
+      const uint16_t want = narrow == ckpt::DType::kBF16 ? ckpt::fp32_to_bf16(s.w[i]) : ckpt::fp32_to_fp16(s.w[i]);
       ASSERT_EQ(narrowed[i], want) << "element " << i;
     }
   }
@@ -210,8 +210,8 @@ TEST(CpuAdamW, NarrowedWeightsAreTheRoundedUpdate) {
 TEST(CpuAdamW, NarrowWeightsRoundsEveryElement) {
   const State s = random_state(70001, 3);
   std::vector<uint16_t> bf16(s.w.size()), fp16(s.w.size());
-  narrow_weights(s.w, Narrow::kBf16, bf16.data());
-  narrow_weights(s.w, Narrow::kFp16, fp16.data());
+  narrow_weights(s.w, ckpt::DType::kBF16, bf16.data());
+  narrow_weights(s.w, ckpt::DType::kF16, fp16.data());
   for (size_t i = 0; i < s.w.size(); ++i) {
     ASSERT_EQ(bf16[i], ckpt::fp32_to_bf16(s.w[i])) << i;
     ASSERT_EQ(fp16[i], ckpt::fp32_to_fp16(s.w[i])) << i;

@@ -10,7 +10,7 @@
 #include <tuple>
 #include <vector>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::trainer {
 namespace {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::trainer {
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace shardkit::trainer::nvme {

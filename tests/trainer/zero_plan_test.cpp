@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <map>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace shardkit::trainer {

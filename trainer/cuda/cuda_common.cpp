@@ -9,7 +9,8 @@
 #include <set>
 #include <thread>
 
-#include "ckpt/text_format.hpp"
+#include "base/clock.hpp"
+#include "base/text_format.hpp"
 #include "comm/watchdog.hpp"
 
 namespace shardkit::trainer::cuda {
@@ -24,11 +25,11 @@ void throw_allocation_failure(cudaError_t status, size_t bytes, Memory where) {
     throw_cuda(device ? "cudaMalloc" : "cudaMallocHost", cudaGetErrorString(status), __FILE__, __LINE__);
   }
   cudaGetLastError();  // out of memory is not sticky: clear it, the device stays usable
-  const std::string asked = ckpt::format_bytes(static_cast<double>(bytes));
+  const std::string asked = format_bytes(static_cast<double>(bytes));
   if (!device) {
     const double available =
         static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-    fail(ErrorKind::kIo, "out of page-locked host memory: " + asked + " more asked, " + ckpt::format_bytes(available) +
+    fail(ErrorKind::kIo, "out of page-locked host memory: " + asked + " more asked, " + format_bytes(available) +
                              " of the host's memory free (offloaded optimizer states, offloaded parameters and "
                              "checkpoint snapshots are page-locked; check also `ulimit -l`)");
   }
@@ -40,8 +41,8 @@ void throw_allocation_failure(cudaError_t status, size_t bytes, Memory where) {
     fail(ErrorKind::kIo, "out of GPU memory: " + asked + " more asked");
   }
   fail(ErrorKind::kIo, "out of GPU memory: " + asked + " more asked of CUDA device " + std::to_string(ordinal) + " (" +
-                           props.name + "), which has " + ckpt::format_bytes(static_cast<double>(free)) + " free of " +
-                           ckpt::format_bytes(static_cast<double>(total)) +
+                           props.name + "), which has " + format_bytes(static_cast<double>(free)) + " free of " +
+                           format_bytes(static_cast<double>(total)) +
                            "; lower train_micro_batch_size_per_gpu, raise zero_optimization.stage, or offload "
                            "(offload_optimizer, and offload_param at stage 3)");
 }
@@ -54,14 +55,14 @@ std::set<ncclComm_t> aborted;  // communicators freed by ncclCommAbort
 }  // namespace
 
 void wait_checking_nccl(cudaStream_t stream, ncclComm_t comm) {
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
   for (;;) {
     const cudaError_t state = cudaStreamQuery(stream);
     if (state == cudaSuccess) return;
     if (state != cudaErrorNotReady) CUDA_CHECK(state);
     ncclResult_t async = ncclSuccess;
     NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double waited = seconds_since(start);
     if ((async != ncclSuccess && async != ncclInProgress) || waited > comm::collective_timeout_seconds()) {
       // Aborted here, before anything frees device memory: cudaFree would wait for the collectives
       // that never complete.

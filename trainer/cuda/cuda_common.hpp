@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 
 namespace shardkit::trainer::cuda {
 

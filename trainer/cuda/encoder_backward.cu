@@ -6,7 +6,7 @@
 #include <numeric>
 #include <vector>
 
-#include "trainer/cuda/encoder_backward.cuh"
+#include "trainer/cuda/encoder_backward.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {

@@ -3,8 +3,8 @@
 #include <type_traits>
 
 #include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/flash_attention.cuh"
-#include "trainer/cuda/head_size.cuh"
+#include "trainer/cuda/flash_attention.hpp"
+#include "trainer/cuda/head_size.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {

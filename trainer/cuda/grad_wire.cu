@@ -4,8 +4,8 @@
 #include <algorithm>
 
 #include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/grad_wire.cuh"
-#include "trainer/cuda/kernels.cuh"
+#include "trainer/cuda/grad_wire.hpp"
+#include "trainer/cuda/kernels.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {

@@ -5,9 +5,9 @@
 #include <type_traits>
 
 #include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/flash_attention.cuh"
-#include "trainer/cuda/head_size.cuh"
-#include "trainer/cuda/kernels.cuh"
+#include "trainer/cuda/flash_attention.hpp"
+#include "trainer/cuda/head_size.hpp"
+#include "trainer/cuda/kernels.hpp"
 #include "trainer/cuda/launch.cuh"
 #include "trainer/cuda/vec.cuh"
 
@@ -16,20 +16,6 @@ namespace {
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
-
-// ------------------------------------------------------------------------------------------------
-// Embeddings
-
-template <typename T>
-__global__ void encoder_forward_kernel(T* out, const int32_t* inputs, const T* wte, const T* wpe, int N, int S, int C) {
-  const int64_t total = int64_t{N} * C;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t n = i / C;
-    const int c = static_cast<int>(i % C);
-    const int s = static_cast<int>(n % S);
-    out[i] = from_float<T>(to_float(wte[int64_t{inputs[n]} * C + c]) + to_float(wpe[int64_t{s} * C + c]));
-  }
-}
 
 // ------------------------------------------------------------------------------------------------
 // Deterministic column sums
@@ -382,6 +368,15 @@ __global__ void read_back_kernel(double* host, const double* device, int n) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) host[i] = device[i];
 }
 
+__global__ void spin_kernel(uint64_t ns) {
+  uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
 template <typename T>
 __global__ void cast_kernel(T* out, const float* in, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
@@ -517,12 +512,6 @@ void check_attention_shape(const AttentionShape& a) {
 }  // namespace
 
 template <typename T>
-void encoder_forward(T* out, const int32_t* inputs, const T* wte, const T* wpe, int B, int S, int C, cudaStream_t st) {
-  encoder_forward_kernel<<<blocks_for(int64_t{B} * S * C, 256), 256, 0, st>>>(out, inputs, wte, wpe, B * S, S, C);
-  check_launch();
-}
-
-template <typename T>
 void bias_forward(T* out, const T* bias, int N, int OC, cudaStream_t st) {
   bias_forward_kernel<<<blocks_for(int64_t{N} * OC, 256), 256, 0, st>>>(out, bias, N, OC);
   check_launch();
@@ -591,19 +580,6 @@ void attention_backward(T* dq, T* dk, T* dv, float* delta, const T* dout, const 
 }
 
 template <typename T>
-void attention_forward(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
-  const AttentionShape a{B, S, NH, NH, C / NH, 3 * int64_t{C}, 3 * int64_t{C}};
-  attention_forward(out, lse, qkv, qkv + C, qkv + 2 * C, a, st);
-}
-
-template <typename T>
-void attention_backward(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B,
-                        int S, int C, int NH, cudaStream_t st) {
-  const AttentionShape a{B, S, NH, NH, C / NH, 3 * int64_t{C}, 3 * int64_t{C}};
-  attention_backward(dqkv, dqkv + C, dqkv + 2 * C, delta, dout, out, qkv, qkv + C, qkv + 2 * C, lse, a, st);
-}
-
-template <typename T>
 void softmax_cross_entropy(T* logits, int64_t ld, float* losses, const int32_t* targets, int rows, int V, float dscale,
                            bool backward, cudaStream_t st) {
   if (rows == 0) return;
@@ -644,16 +620,17 @@ void read_back(double* host, const double* device, int n, cudaStream_t st) {
   check_launch();
 }
 
+void delay_stream(cudaStream_t st, double ms) {
+  spin_kernel<<<1, 1, 0, st>>>(static_cast<uint64_t>(ms * 1e6));
+  check_launch();
+}
+
 #define SHARDKIT_INSTANTIATE(T)                                                                                      \
-  template void encoder_forward<T>(T*, const int32_t*, const T*, const T*, int, int, int, cudaStream_t);             \
   template void bias_forward<T>(T*, const T*, int, int, cudaStream_t);                                               \
   template void bias_backward<T>(float*, const T*, int, int, float*, cudaStream_t);                                  \
   template void gelu_forward<T>(T*, const T*, int64_t, cudaStream_t);                                                \
   template void gelu_backward<T>(T*, const T*, const T*, int64_t, cudaStream_t);                                     \
   template void add_inplace<T>(T*, const T*, int64_t, cudaStream_t);                                                 \
-  template void attention_forward<T>(T*, float*, const T*, int, int, int, int, cudaStream_t);                        \
-  template void attention_backward<T>(T*, float*, const T*, const T*, const T*, const float*, int, int, int, int,    \
-                                      cudaStream_t);                                                                 \
   template void attention_forward<T>(T*, float*, const T*, const T*, const T*, const AttentionShape&, cudaStream_t); \
   template void attention_backward<T>(T*, T*, T*, float*, const T*, const T*, const T*, const T*, const T*,          \
                                       const float*, const AttentionShape&, cudaStream_t);                            \

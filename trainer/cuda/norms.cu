@@ -2,9 +2,9 @@
 #include <string>
 
 #include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/kernels.cuh"
+#include "trainer/cuda/kernels.hpp"
 #include "trainer/cuda/launch.cuh"
-#include "trainer/cuda/norms.cuh"
+#include "trainer/cuda/norms.hpp"
 #include "trainer/cuda/vec.cuh"
 
 namespace shardkit::trainer::cuda {

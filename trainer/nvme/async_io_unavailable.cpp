@@ -1,5 +1,5 @@
 // open_async_io in builds without liburing: a clear error instead of a missing feature.
-#include "ckpt/error.hpp"
+#include "base/error.hpp"
 #include "trainer/nvme/aio.hpp"
 
 namespace shardkit::trainer::nvme {

@@ -12,8 +12,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "ckpt/error.hpp"
-#include "ckpt/text_format.hpp"
+#include "base/error.hpp"
+#include "base/text_format.hpp"
 
 namespace shardkit::trainer::nvme {
 namespace {
@@ -61,13 +61,12 @@ std::map<uint64_t, FileSystemUse> use_by_file_system(std::span<const SwapNeed> n
 }
 
 // O_EXCL: a file of this name is either a live run's (locked) or a killed run's (replaced).
-ckpt::FileDescriptor create_locked(const std::filesystem::path& path,
-                                   const std::function<void(const std::string&)>& notice) {
+FileDescriptor create_locked(const std::filesystem::path& path, const std::function<void(const std::string&)>& notice) {
   for (int attempt = 0;; ++attempt) {
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd >= 0) {
       ::close(fd);
-      ckpt::FileDescriptor out(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+      FileDescriptor out(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
       if (::flock(out.get(), LOCK_EX | LOCK_NB) != 0) fail_errno(path.string() + ": flock", errno);
       return out;
     }
@@ -76,7 +75,7 @@ ckpt::FileDescriptor create_locked(const std::filesystem::path& path,
       fail(ErrorKind::kIo, path.string() + ": cannot create the swap file: " + std::strerror(e));
     }
     {
-      ckpt::FileDescriptor old(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      FileDescriptor old(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
       if (::flock(old.get(), LOCK_EX | LOCK_NB) != 0) {
         fail(ErrorKind::kInvalidInput, path.string() +
                                            ": in use by a running shardkit job (its swap file is locked); "
@@ -113,10 +112,10 @@ void check_node_free_space(comm::MpiCollective& comm, std::span<const SwapNeed> 
     }
     if (use.free < static_cast<double>(total)) {
       fail(ErrorKind::kInvalidInput,
-           use.dir.string() + ": " + ckpt::format_bytes(use.free) + " free, but the swap files of the " +
+           use.dir.string() + ": " + format_bytes(use.free) + " free, but the swap files of the " +
                std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") + " on this node need " +
-               ckpt::format_bytes(static_cast<double>(total)) + " on its file system (this rank's share " +
-               ckpt::format_bytes(static_cast<double>(use.bytes)) + ": " + use.what + ")");
+               format_bytes(static_cast<double>(total)) + " on its file system (this rank's share " +
+               format_bytes(static_cast<double>(use.bytes)) + ": " + use.what + ")");
     }
   }
 }
@@ -138,7 +137,7 @@ SwapFile::SwapFile(const std::filesystem::path& dir, const std::string& name, in
   // A file-size limit (RLIMIT_FSIZE) must fail the allocation with EFBIG, not kill the process.
   std::signal(SIGXFSZ, SIG_IGN);
   if (const int rc = ::posix_fallocate(fd_.get(), 0, bytes); rc != 0) {
-    fail(ErrorKind::kIo, fd_.path().string() + ": cannot allocate " + ckpt::format_bytes(static_cast<double>(bytes)) +
+    fail(ErrorKind::kIo, fd_.path().string() + ": cannot allocate " + format_bytes(static_cast<double>(bytes)) +
                              " for " + what_needs + ": " + std::strerror(rc));
   }
   const int flags = ::fcntl(fd_.get(), F_GETFL);

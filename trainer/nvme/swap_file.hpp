@@ -10,7 +10,7 @@
 #include <span>
 #include <string>
 
-#include "ckpt/file_util.hpp"
+#include "base/file_util.hpp"
 #include "comm/mpi.hpp"
 
 namespace shardkit::trainer::nvme {
@@ -52,7 +52,7 @@ class SwapFile {
   bool direct() const noexcept { return direct_; }
 
  private:
-  ckpt::FileDescriptor fd_;
+  FileDescriptor fd_;
   int64_t bytes_ = 0;
   bool direct_ = false;
 };

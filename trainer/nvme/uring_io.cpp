@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "ckpt/error.hpp"
-#include "ckpt/fault.hpp"
+#include "base/error.hpp"
+#include "base/fault.hpp"
 #include "trainer/nvme/aio.hpp"
 
 namespace shardkit::trainer::nvme {
@@ -128,7 +128,7 @@ void UringIo::reap_one() {
 void UringIo::complete(size_t slot, int result) {
   IoRequest& p = slots_[slot].piece;
   // The swapped states live on this thread's FaultScope's rank and step (the trainer's step).
-  if (p.op == IoOp::kWrite && result >= 0 && ckpt::fault_armed("swap-enospc")) result = -ENOSPC;
+  if (p.op == IoOp::kWrite && result >= 0 && fault_armed("swap-enospc")) result = -ENOSPC;
   if (result == -EAGAIN || result == -EINTR || (result > 0 && static_cast<size_t>(result) < p.bytes)) {
     // Retried as the kernel asks, or the rest of a short transfer.
     const size_t moved = result > 0 ? static_cast<size_t>(result) : 0;

@@ -1,4 +1,4 @@
-#include "model/llama/cuda/kernels.cuh"
+#include "model/llama/cuda/kernels.hpp"
 #include "trainer/cuda/cuda_common.hpp"
 #include "trainer/cuda/launch.cuh"
 #include "trainer/cuda/vec.cuh"

@@ -1,0 +1,225 @@
+#include "model/gpt2/cuda/gpu_model.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "base/clock.hpp"
+#include "model/gpt2/cuda/kernels.hpp"
+#include "trainer/cuda/device_type.hpp"
+#include "trainer/cuda/head_size.hpp"
+#include "trainer/cuda/kernels.hpp"
+#include "trainer/cuda/norms.hpp"
+
+namespace shardkit::model::gpt2 {
+namespace {
+
+// dweight += inp^T @ dout;  dbias += colsum(dout)   (inp (N, IC), dout (N, OC))
+template <typename T>
+void weight_grads(cublasHandle_t h, cudaStream_t st, float* scratch, float* dweight, float* dbias, const T* dout,
+                  const T* inp, int N, int IC, int OC) {
+  gemm<T, float>(h, true, false, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dweight, OC);
+  bias_backward(dbias, dout, N, OC, scratch, st);
+}
+
+// dinp = dout @ weight^T;  dweight += inp^T @ dout;  dbias += colsum(dout)
+template <typename T>
+void matmul_backward(cublasHandle_t h, cudaStream_t st, float* scratch, T* dinp, float* dweight, float* dbias,
+                     const T* dout, const T* inp, const T* weight, int N, int IC, int OC) {
+  gemm<T, T>(h, false, true, N, IC, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp, IC);
+  weight_grads(h, st, scratch, dweight, dbias, dout, inp, N, IC, OC);
+}
+
+}  // namespace
+
+std::string cuda_unsupported(const GptConfig& config) {
+  const int head_size = config.n_embd / config.n_head;
+  if (!supported_head_size(head_size)) {
+    return "head size n_embd / n_head = " + std::to_string(head_size) +
+           ", but the CUDA attention kernels are built for " + kHeadSizes;
+  }
+  return norm_unsupported(Norm::kLayer, "n_embd", config.n_embd);
+}
+
+template <typename T>
+GpuGpt2<T>::GpuGpt2(const GptConfig& config, int batch, int seq_len, cublasHandle_t cublas, cudaStream_t stream)
+    : config_(config),
+      B_(batch),
+      S_(seq_len),
+      cublas_(cublas),
+      stream_(stream),
+      matmul_(stream),
+      encoder_backward_(batch * seq_len, config.vocab_size) {
+  const int L = config.n_layer;
+  const size_t N = static_cast<size_t>(batch) * seq_len, C = static_cast<size_t>(config.n_embd);
+  const size_t Ls = static_cast<size_t>(L);
+  logits_ld_ = padded_vocab(config.vocab_size);
+  head_rows_ = head_block_rows(logits_ld_, sizeof(T), static_cast<int>(N));
+  auto alloc = [&](auto& buffer, size_t count) { allocate_activation(buffer, count, activation_bytes_); };
+  alloc(encoded_, N * C);
+  alloc(ln1_, Ls * N * C);
+  alloc(qkv_, Ls * N * 3 * C);
+  alloc(atty_, Ls * N * C);
+  alloc(res2_, Ls * N * C);
+  alloc(ln2_, Ls * N * C);
+  alloc(fch_, Ls * N * 4 * C);
+  alloc(fch_gelu_, Ls * N * 4 * C);
+  alloc(res3_, Ls * N * C);
+  alloc(lnf_, N * C);
+  alloc(logits_, static_cast<size_t>(head_rows_) * logits_ld_);
+  alloc(wte_padded_, static_cast<size_t>(logits_ld_) * C);
+  CUDA_CHECK(cudaMemsetAsync(wte_padded_.data(), 0, wte_padded_.bytes(), stream_));
+  alloc(ln1_mean_, Ls * N);
+  alloc(ln1_rstd_, Ls * N);
+  alloc(ln2_mean_, Ls * N);
+  alloc(ln2_rstd_, Ls * N);
+  alloc(lnf_mean_, N);
+  alloc(lnf_rstd_, N);
+  alloc(lse_, Ls * N * static_cast<size_t>(config.n_head));
+  alloc(losses_, N);
+  alloc(dres_, N * C);
+  alloc(dbuf_c_, N * C);
+  alloc(dbuf_c2_, N * C);
+  alloc(dbuf_3c_, N * 3 * C);
+  alloc(dbuf_4c2_, N * 4 * C);
+  alloc(delta_, N * static_cast<size_t>(config.n_head));
+  // The reductions' partial sums (LayerNorm and bias gradients, one kernel at a time on the stream).
+  alloc(scratch_, static_cast<size_t>(std::max(norm_scratch_floats(Norm::kLayer, config.n_embd),
+                                               bias_scratch_floats(4 * config.n_embd))));
+  activation_bytes_ += encoder_backward_.bytes();
+  loss_sum_.resize(kSumScratch);
+  loss_host_.resize(1);
+}
+
+template <typename T>
+void GpuGpt2<T>::forward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
+  const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
+  const int N = B_ * S_;
+  const size_t NC = static_cast<size_t>(N) * C;
+  p.acquire(0);
+  encoder_forward(encoded_.data(), inputs, p.param(kWte), p.param(kWpe), B_, S_, C, stream_);
+  p.release(0);
+  const T* residual = encoded_.data();
+  for (int l = 0; l < L; ++l) {
+    p.acquire(1 + l);
+    auto w = [&](int k) { return p.param(block_tensor(l, k)); };
+    const size_t lc = static_cast<size_t>(l) * NC, ln = static_cast<size_t>(l) * N;
+    // Biases, the GELU and the residual additions run in the matrix products' epilogues.
+    layernorm_forward(ln1_.data() + lc, ln1_mean_.data() + ln, ln1_rstd_.data() + ln, residual, w(kLn1W), w(kLn1B), N,
+                      C, stream_);
+    matmul_.run<T>(Epilogue::kBias, false, false, N, 3 * C, C, ln1_.data() + lc, C, w(kQkvW), 3 * C,
+                   qkv_.data() + 3 * lc, 3 * C, w(kQkvB));
+    attention_forward(atty_.data() + lc, lse_.data() + ln * NH, qkv_.data() + 3 * lc, B_, S_, C, NH, stream_);
+    matmul_.run<T>(Epilogue::kBias, false, false, N, C, C, atty_.data() + lc, C, w(kAttProjW), C, res2_.data() + lc, C,
+                   w(kAttProjB), nullptr, residual);
+    layernorm_forward(ln2_.data() + lc, ln2_mean_.data() + ln, ln2_rstd_.data() + ln, res2_.data() + lc, w(kLn2W),
+                      w(kLn2B), N, C, stream_);
+    matmul_.run<T>(Epilogue::kBiasGelu, false, false, N, 4 * C, C, ln2_.data() + lc, C, w(kFcW), 4 * C,
+                   fch_gelu_.data() + 4 * lc, 4 * C, w(kFcB), fch_.data() + 4 * lc);
+    matmul_.run<T>(Epilogue::kBias, false, false, N, C, 4 * C, fch_gelu_.data() + 4 * lc, 4 * C, w(kFcProjW), C,
+                   res3_.data() + lc, C, w(kFcProjB), nullptr, res2_.data() + lc);
+    p.release(1 + l);
+    residual = res3_.data() + lc;
+  }
+  const int lnf = block_tensor(L, 0);
+  p.acquire(L + 1);
+  layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, p.param(lnf), p.param(lnf + 1), N, C,
+                    stream_);
+  p.release(L + 1);
+}
+
+template <typename T>
+double GpuGpt2<T>::forward_backward(GpuParamStore<T>& p, const int32_t* inputs, const int32_t* targets,
+                                    float grad_scale, model::PassTimes* times) {
+  queue(p, inputs, targets, grad_scale, times);
+  return finish(p, times);
+}
+
+template <typename T>
+void GpuGpt2<T>::queue(GpuParamStore<T>& p, const int32_t* inputs, const int32_t* targets, float grad_scale,
+                       model::PassTimes* times) {
+  const auto start = Clock::now();
+  forward_blocks(p, inputs);
+  const int N = B_ * S_, C = config_.n_embd, V = config_.vocab_size;
+  // Output projection (tied to wte) fused with the cross-entropy and its gradient, in blocks of rows.
+  p.open_grads(0);
+  p.acquire(0);
+  // The padding rows of the copy stay zero, so are the padding logits, and so is what they add to dx.
+  CUDA_CHECK(cudaMemcpyAsync(wte_padded_.data(), p.param(kWte), sizeof(T) * V * C, cudaMemcpyDeviceToDevice, stream_));
+  const T* wte = wte_padded_.data();
+  const int Vp = logits_ld_;
+  const float dscale = grad_scale / static_cast<float>(N);
+  for (int r0 = 0; r0 < N; r0 += head_rows_) {
+    const int rows = std::min(head_rows_, N - r0);
+    const T* x = lnf_.data() + static_cast<size_t>(r0) * C;
+    gemm<T, T>(cublas_, false, true, rows, Vp, C, 1.0f, x, C, wte, C, 0.0f, logits_.data(), Vp);
+    softmax_cross_entropy(logits_.data(), Vp, losses_.data() + r0, targets + r0, rows, V, dscale, true, stream_);
+    gemm<T, T>(cublas_, false, false, rows, C, Vp, 1.0f, logits_.data(), Vp, wte, C, 0.0f,
+               dbuf_c_.data() + static_cast<size_t>(r0) * C, C);
+    head_weight_grad(cublas_, p.grad(kWte), logits_.data(), logits_ld_, x, V, C, rows);
+  }
+  p.release(0);
+  sum_floats(loss_sum_.data(), losses_.data(), N, stream_);
+  if (times) times->forward_ms = ms_since(start);
+  backward_start_ = Clock::now();
+  backward_blocks(p, inputs);
+  // The loss is needed on the host for the step's record; finish() waits for it.
+  read_back(loss_host_.data(), loss_sum_.data(), 1, stream_);
+}
+
+template <typename T>
+double GpuGpt2<T>::finish(GpuParamStore<T>& p, model::PassTimes* times) {
+  p.synchronize(stream_);
+  if (times) times->backward_ms = ms_since(backward_start_);
+  return loss_host_.data()[0] / (static_cast<double>(B_) * S_);
+}
+
+template <typename T>
+void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
+  const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
+  const int N = B_ * S_;
+  const size_t NC = static_cast<size_t>(N) * C;
+  auto block_output = [&](int l) { return l < 0 ? encoded_.data() : res3_.data() + static_cast<size_t>(l) * NC; };
+  const int lnf = block_tensor(L, 0);
+  CUDA_CHECK(cudaMemsetAsync(dres_.data(), 0, NC * sizeof(T), stream_));
+  p.acquire(L + 1);
+  p.open_grads(L + 1);
+  layernorm_backward(dres_.data(), p.grad(lnf), p.grad(lnf + 1), dbuf_c_.data(), block_output(L - 1), p.param(lnf),
+                     lnf_mean_.data(), lnf_rstd_.data(), N, C, scratch_.data(), stream_);
+  p.close_grads(L + 1);
+  p.release(L + 1);
+  for (int l = L - 1; l >= 0; --l) {
+    p.acquire(1 + l);
+    p.open_grads(1 + l);
+    auto w = [&](int k) { return p.param(block_tensor(l, k)); };
+    auto g = [&](int k) { return p.grad(block_tensor(l, k)); };
+    const size_t lc = static_cast<size_t>(l) * NC, ln = static_cast<size_t>(l) * N;
+    T* dres = dres_.data();
+    // d(fc output) = (dres @ fcproj^T) * gelu'(fc pre-activation), the GELU's backward in the epilogue.
+    matmul_.run<T>(Epilogue::kDGelu, false, true, N, 4 * C, C, dres, C, w(kFcProjW), C, dbuf_4c2_.data(), 4 * C,
+                   nullptr, fch_.data() + 4 * lc);
+    weight_grads(cublas_, stream_, scratch_.data(), g(kFcProjW), g(kFcProjB), dres, fch_gelu_.data() + 4 * lc, N, 4 * C,
+                 C);
+    matmul_backward(cublas_, stream_, scratch_.data(), dbuf_c_.data(), g(kFcW), g(kFcB), dbuf_4c2_.data(),
+                    ln2_.data() + lc, w(kFcW), N, C, 4 * C);
+    layernorm_backward(dres, g(kLn2W), g(kLn2B), dbuf_c_.data(), res2_.data() + lc, w(kLn2W), ln2_mean_.data() + ln,
+                       ln2_rstd_.data() + ln, N, C, scratch_.data(), stream_);
+    matmul_backward(cublas_, stream_, scratch_.data(), dbuf_c_.data(), g(kAttProjW), g(kAttProjB), dres,
+                    atty_.data() + lc, w(kAttProjW), N, C, C);
+    attention_backward(dbuf_3c_.data(), delta_.data(), dbuf_c_.data(), atty_.data() + lc, qkv_.data() + 3 * lc,
+                       lse_.data() + ln * NH, B_, S_, C, NH, stream_);
+    matmul_backward(cublas_, stream_, scratch_.data(), dbuf_c2_.data(), g(kQkvW), g(kQkvB), dbuf_3c_.data(),
+                    ln1_.data() + lc, w(kQkvW), N, C, 3 * C);
+    layernorm_backward(dres, g(kLn1W), g(kLn1B), dbuf_c2_.data(), block_output(l - 1), w(kLn1W), ln1_mean_.data() + ln,
+                       ln1_rstd_.data() + ln, N, C, scratch_.data(), stream_);
+    p.close_grads(1 + l);
+    p.release(1 + l);
+  }
+  encoder_backward_.run(p.grad(kWte), p.grad(kWpe), dres_.data(), inputs, B_, S_, C, stream_);
+  p.close_grads(0);
+}
+
+template class GpuGpt2<float>;
+template class GpuGpt2<__nv_bfloat16>;
+template class GpuGpt2<__half>;
+
+}  // namespace shardkit::model::gpt2

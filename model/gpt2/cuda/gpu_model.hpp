@@ -1,0 +1,72 @@
+// GPT-2 on one GPU: the same computation as the CPU model (Hugging Face's GPT2LMHeadModel, no
+// dropout), with activations and parameters in T (float, bf16 or fp16), fp32 accumulation, fp32
+// parameter gradients, cuBLAS matrix products and the kernels of trainer/cuda. Parameters and
+// gradients come from a GpuParamStore: the model knows nothing of ZeRO.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "base/clock.hpp"
+#include "model/gpt2/config.hpp"
+#include "trainer/cuda/encoder_backward.hpp"
+#include "trainer/cuda/gpu_model.hpp"
+#include "trainer/cuda/matmul.hpp"
+
+namespace shardkit::model::gpt2 {
+
+using namespace trainer::cuda;
+
+// Empty when the CUDA kernels support `config`'s shape, else why not.
+std::string cuda_unsupported(const GptConfig& config);
+
+template <typename T>
+class GpuGpt2 final : public GpuModel<T> {
+ public:
+  GpuGpt2(const GptConfig& config, int batch, int seq_len, cublasHandle_t cublas, cudaStream_t stream);
+
+  // Parameter groups: 0 = embeddings, 1..L = blocks, L+1 = final LayerNorm (as the CPU model).
+  const std::vector<TensorGroup>& groups() const noexcept { return groups_; }
+  int64_t activation_bytes() const noexcept { return activation_bytes_; }
+
+  // A micro-batch of device token ids (batch x seq_len): adds the gradient of grad_scale * loss into
+  // the store's gradient buffers and returns the mean loss (the one host synchronisation of the pass).
+  double forward_backward(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets, float grad_scale,
+                          PassTimes* times);
+  // forward_backward in two halves: queue() puts the passes and the copy of the loss on the stream
+  // without waiting (what a CUDA graph captures: the same kernels on the same memory every time, when
+  // the store's buffers do not move); finish() waits for them and returns the mean loss.
+  void queue(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets, float grad_scale,
+             PassTimes* times);
+  double finish(GpuParamStore<T>& params, PassTimes* times);
+
+ private:
+  void forward_blocks(GpuParamStore<T>& p, const int32_t* inputs);
+  void backward_blocks(GpuParamStore<T>& p, const int32_t* inputs);
+
+  GptConfig config_;
+  int B_, S_;
+  cublasHandle_t cublas_;
+  cudaStream_t stream_;
+  Matmul matmul_;
+  EncoderBackward encoder_backward_;
+  std::vector<TensorGroup> groups_;
+  int head_rows_;  // rows of logits computed at once
+  int logits_ld_;  // row stride of the logits (the vocabulary size rounded up)
+  int64_t activation_bytes_ = 0;
+  Clock::time_point backward_start_;  // PassTimes::backward_ms runs from here to finish()
+
+  // Activations: per layer l and N = B*S rows.
+  DeviceBuffer<T> encoded_, ln1_, qkv_, atty_, res2_, ln2_, fch_, fch_gelu_, res3_, lnf_, logits_, wte_padded_;
+  DeviceBuffer<float> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_, lnf_mean_, lnf_rstd_, lse_, losses_;
+  // Backward scratch.
+  DeviceBuffer<T> dres_, dbuf_c_, dbuf_c2_, dbuf_3c_, dbuf_4c2_;
+  DeviceBuffer<float> delta_, scratch_;
+  DeviceBuffer<double> loss_sum_;
+  // Where the host reads it: pinned, so the copy is queued and the wait is wait_checking_nccl's (a
+  // copy into pageable memory would block inside CUDA, where no NCCL watchdog can see a stall).
+  PinnedBuffer<double> loss_host_;
+};
+
+}  // namespace shardkit::model::gpt2

@@ -1,0 +1,273 @@
+#include "model/llama/cuda/gpu_model.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "base/clock.hpp"
+#include "model/llama/cuda/kernels.hpp"
+#include "trainer/cuda/device_type.hpp"
+#include "trainer/cuda/head_size.hpp"
+#include "trainer/cuda/kernels.hpp"
+#include "trainer/cuda/norms.hpp"
+
+namespace shardkit::model::llama {
+namespace {
+
+// The backward pass of a bias-free nn.Linear y (N, OUT) = x (N, IN) W^T with W (OUT, IN):
+// dx = dy W, added to dx when accumulate (beta 1: the sum of the products feeding one input, as the
+// CPU model adds them); dW += dy^T x in fp32.
+template <typename T>
+void linear_backward(cublasHandle_t h, T* dx, float* dweight, const T* dy, const T* x, const T* weight, int N, int IN,
+                     int OUT, bool accumulate) {
+  gemm<T, T>(h, false, false, N, IN, OUT, 1.0f, dy, OUT, weight, IN, accumulate ? 1.0f : 0.0f, dx, IN);
+  gemm<T, float>(h, true, false, OUT, IN, N, 1.0f, dy, OUT, x, IN, 1.0f, dweight, IN);
+}
+
+}  // namespace
+
+std::string cuda_unsupported(const LlamaConfig& c) {
+  if (!supported_head_size(c.head_dim)) {
+    return "head_dim " + std::to_string(c.head_dim) + ", but the CUDA attention kernels are built for " + kHeadSizes;
+  }
+  return norm_unsupported(Norm::kRms, "hidden_size", c.hidden_size);
+}
+
+template <typename T>
+GpuLlama<T>::GpuLlama(const LlamaConfig& config, int batch, int seq_len, cublasHandle_t cublas, cudaStream_t stream)
+    : config_(config),
+      B_(batch),
+      S_(seq_len),
+      final_group_(config.n_layer + 1),
+      cublas_(cublas),
+      stream_(stream),
+      matmul_(stream),
+      embedding_backward_(batch * seq_len, config.vocab_size) {
+  validate(config, "model " + config.name);
+  if (batch < 1 || seq_len < 1 || seq_len > config.max_position_embeddings) {
+    fail(ErrorKind::kInvalidInput, "batch " + std::to_string(batch) + " x sequence " + std::to_string(seq_len) +
+                                       " does not fit the model (max_position_embeddings " +
+                                       std::to_string(config.max_position_embeddings) + ")");
+  }
+  const size_t N = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
+  const size_t L = static_cast<size_t>(config.n_layer), H = static_cast<size_t>(config.hidden_size);
+  const size_t I = static_cast<size_t>(config.intermediate_size), NH = static_cast<size_t>(config.n_head);
+  const size_t QW = NH * static_cast<size_t>(config.head_dim);
+  const size_t KW = static_cast<size_t>(config.n_kv_head) * static_cast<size_t>(config.head_dim);
+  logits_ld_ = padded_vocab(config.vocab_size);
+  head_rows_ = head_block_rows(logits_ld_, sizeof(T), static_cast<int>(N));
+  auto alloc = [&](auto& buffer, size_t count) { allocate_activation(buffer, count, activation_bytes_); };
+  const RopeTables rope = rope_tables(config, seq_len);
+  alloc(cos_, rope.cos.size());
+  alloc(sin_, rope.sin.size());
+  CUDA_CHECK(cudaMemcpy(cos_.data(), rope.cos.data(), cos_.bytes(), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(sin_.data(), rope.sin.data(), sin_.bytes(), cudaMemcpyHostToDevice));
+  alloc(encoded_, N * H);
+  alloc(xn1_, L * N * H);
+  alloc(q_, L * N * QW);
+  alloc(k_, L * N * KW);
+  alloc(v_, L * N * KW);
+  alloc(atty_, L * N * QW);
+  alloc(res2_, L * N * H);
+  alloc(xn2_, L * N * H);
+  alloc(gate_, L * N * I);
+  alloc(up_, L * N * I);
+  alloc(act_, L * N * I);
+  alloc(res3_, L * N * H);
+  alloc(xnf_, N * H);
+  alloc(logits_, static_cast<size_t>(head_rows_) * logits_ld_);
+  alloc(head_padded_, static_cast<size_t>(logits_ld_) * H);
+  CUDA_CHECK(cudaMemsetAsync(head_padded_.data(), 0, head_padded_.bytes(), stream_));
+  alloc(rstd1_, L * N);
+  alloc(rstd2_, L * N);
+  alloc(rstdf_, N);
+  alloc(lse_, L * N * NH);
+  alloc(losses_, N);
+  alloc(dres_, N * H);
+  alloc(dxn_, N * H);
+  alloc(datty_, N * QW);
+  alloc(dq_, N * QW);
+  alloc(dk_, N * KW);
+  alloc(dv_, N * KW);
+  alloc(dgate_, N * I);
+  alloc(dup_, N * I);
+  alloc(delta_, N * NH);
+  alloc(scratch_, static_cast<size_t>(norm_scratch_floats(Norm::kRms, config.hidden_size)));
+  activation_bytes_ += embedding_backward_.bytes();
+  loss_sum_.resize(kSumScratch);
+  loss_host_.resize(1);
+}
+
+template <typename T>
+void GpuLlama<T>::forward_layers(GpuParamStore<T>& p, const int32_t* inputs) {
+  const LlamaConfig& c = config_;
+  const int N = B_ * S_, H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const int QW = c.n_head * D, KW = c.n_kv_head * D;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const AttentionShape shape{B_, S_, c.n_head, c.n_kv_head, D, QW, KW};
+
+  p.acquire(0);
+  embedding_forward(encoded_.data(), inputs, p.param(0), N, H, stream_);
+  p.release(0);
+
+  const T* x = encoded_.data();
+  for (int l = 0; l < c.n_layer; ++l) {
+    p.acquire(1 + l);
+    auto w = [&](int k) { return p.param(layer_tensor(l, k)); };
+    const size_t at = static_cast<size_t>(l) * static_cast<size_t>(N);
+    T* xn1 = xn1_.data() + at * H;
+    T* q = q_.data() + at * QW;
+    T* k = k_.data() + at * KW;
+    T* v = v_.data() + at * KW;
+    T* atty = atty_.data() + at * QW;
+    T* res2 = res2_.data() + at * H;
+    T* xn2 = xn2_.data() + at * H;
+    T* gate = gate_.data() + at * I;
+    T* up = up_.data() + at * I;
+    T* act = act_.data() + at * I;
+    T* res3 = res3_.data() + at * H;
+
+    // nn.Linear's y = x W^T (W [out, in]); the residual additions run in the products' epilogues.
+    rmsnorm_forward(xn1, rstd1_.data() + at, x, w(kInputNorm), N, H, eps, stream_);
+    matmul_.run<T>(Epilogue::kNone, false, true, N, QW, H, xn1, H, w(kQ), H, q, QW);
+    matmul_.run<T>(Epilogue::kNone, false, true, N, KW, H, xn1, H, w(kK), H, k, KW);
+    matmul_.run<T>(Epilogue::kNone, false, true, N, KW, H, xn1, H, w(kV), H, v, KW);
+    rope_forward(q, cos_.data(), sin_.data(), B_, S_, c.n_head, D, stream_);
+    rope_forward(k, cos_.data(), sin_.data(), B_, S_, c.n_kv_head, D, stream_);
+    attention_forward(atty, lse_.data() + at * c.n_head, q, k, v, shape, stream_);
+    matmul_.run<T>(Epilogue::kNone, false, true, N, H, QW, atty, QW, w(kO), QW, res2, H, nullptr, nullptr, x);
+    rmsnorm_forward(xn2, rstd2_.data() + at, res2, w(kPostNorm), N, H, eps, stream_);
+    matmul_.run<T>(Epilogue::kNone, false, true, N, I, H, xn2, H, w(kGate), H, gate, I);
+    matmul_.run<T>(Epilogue::kNone, false, true, N, I, H, xn2, H, w(kUp), H, up, I);
+    swiglu_forward(act, gate, up, int64_t{N} * I, stream_);
+    matmul_.run<T>(Epilogue::kNone, false, true, N, H, I, act, I, w(kDown), I, res3, H, nullptr, nullptr, res2);
+    p.release(1 + l);
+    x = res3;
+  }
+
+  p.acquire(final_group_);
+  rmsnorm_forward(xnf_.data(), rstdf_.data(), x, p.param(final_norm_tensor(c)), N, H, eps, stream_);
+  // The untied head belongs to this group and stays acquired for head(); a tied one is group 0's.
+  if (c.tie_word_embeddings) p.release(final_group_);
+}
+
+template <typename T>
+void GpuLlama<T>::head(GpuParamStore<T>& p, const int32_t* targets, float grad_scale) {
+  const LlamaConfig& c = config_;
+  const int N = B_ * S_, H = c.hidden_size, V = c.vocab_size, Vp = logits_ld_;
+  const int w = head_tensor(c);
+  const int group = c.tie_word_embeddings ? 0 : final_group_;
+  if (c.tie_word_embeddings) p.acquire(0);
+  p.open_grads(group);
+  // The output projection fused with the cross-entropy and its gradient, in blocks of rows. The
+  // padding rows of the copy stay zero, so are the padding logits, and so is what they add to dx.
+  CUDA_CHECK(cudaMemcpyAsync(head_padded_.data(), p.param(w), sizeof(T) * V * H, cudaMemcpyDeviceToDevice, stream_));
+  const T* weight = head_padded_.data();
+  const float dscale = grad_scale / static_cast<float>(N);
+  for (int r0 = 0; r0 < N; r0 += head_rows_) {
+    const int rows = std::min(head_rows_, N - r0);
+    const T* x = xnf_.data() + static_cast<size_t>(r0) * H;
+    gemm<T, T>(cublas_, false, true, rows, Vp, H, 1.0f, x, H, weight, H, 0.0f, logits_.data(), Vp);
+    softmax_cross_entropy(logits_.data(), Vp, losses_.data() + r0, targets + r0, rows, V, dscale, true, stream_);
+    gemm<T, T>(cublas_, false, false, rows, H, Vp, 1.0f, logits_.data(), Vp, weight, H, 0.0f,
+               dxn_.data() + static_cast<size_t>(r0) * H, H);
+    head_weight_grad(cublas_, p.grad(w), logits_.data(), logits_ld_, x, V, H, rows);
+  }
+  // An untied head stays acquired, its gradients open, for the final norm's backward pass; with a
+  // tied head the embedding's gradients stay open for the whole backward pass.
+  if (c.tie_word_embeddings) p.release(group);
+  sum_floats(loss_sum_.data(), losses_.data(), N, stream_);
+}
+
+template <typename T>
+double GpuLlama<T>::forward_backward(GpuParamStore<T>& p, const int32_t* inputs, const int32_t* targets,
+                                     float grad_scale, PassTimes* times) {
+  queue(p, inputs, targets, grad_scale, times);
+  return finish(p, times);
+}
+
+template <typename T>
+void GpuLlama<T>::queue(GpuParamStore<T>& p, const int32_t* inputs, const int32_t* targets, float grad_scale,
+                        PassTimes* times) {
+  const auto start = Clock::now();
+  forward_layers(p, inputs);
+  head(p, targets, grad_scale);
+  if (times) times->forward_ms = ms_since(start);
+  backward_start_ = Clock::now();
+  backward_layers(p, inputs);
+  // The loss is needed on the host for the step's record; finish() waits for it.
+  read_back(loss_host_.data(), loss_sum_.data(), 1, stream_);
+}
+
+template <typename T>
+double GpuLlama<T>::finish(GpuParamStore<T>& p, PassTimes* times) {
+  p.synchronize(stream_);
+  if (times) times->backward_ms = ms_since(backward_start_);
+  return loss_host_.data()[0] / (static_cast<double>(B_) * S_);
+}
+
+template <typename T>
+void GpuLlama<T>::backward_layers(GpuParamStore<T>& p, const int32_t* inputs) {
+  const LlamaConfig& c = config_;
+  const int N = B_ * S_, H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const int QW = c.n_head * D, KW = c.n_kv_head * D;
+  const AttentionShape shape{B_, S_, c.n_head, c.n_kv_head, D, QW, KW};
+  const size_t NH = static_cast<size_t>(N) * H;
+  auto layer_output = [&](int l) { return l < 0 ? encoded_.data() : res3_.data() + static_cast<size_t>(l) * NH; };
+
+  // Final norm: dxn_ holds d(xnf) from the head.
+  CUDA_CHECK(cudaMemsetAsync(dres_.data(), 0, NH * sizeof(T), stream_));
+  const int norm = final_norm_tensor(c);
+  if (c.tie_word_embeddings) {
+    p.acquire(final_group_);
+    p.open_grads(final_group_);
+  }
+  rmsnorm_backward(dres_.data(), p.grad(norm), dxn_.data(), layer_output(c.n_layer - 1), p.param(norm), rstdf_.data(),
+                   N, H, scratch_.data(), stream_);
+  p.close_grads(final_group_);
+  p.release(final_group_);
+
+  for (int l = c.n_layer - 1; l >= 0; --l) {
+    p.acquire(1 + l);
+    p.open_grads(1 + l);
+    auto w = [&](int k) { return p.param(layer_tensor(l, k)); };
+    auto g = [&](int k) { return p.grad(layer_tensor(l, k)); };
+    const size_t at = static_cast<size_t>(l) * static_cast<size_t>(N);
+    T* dres = dres_.data();  // in: d(layer output); out: d(layer input)
+    const T* xn1 = xn1_.data() + at * H;
+    const T* xn2 = xn2_.data() + at * H;
+
+    // res3 = res2 + down(silu(gate(xn2)) * up(xn2)), xn2 = norm(res2). d(act) lands in dgate_, which
+    // the SwiGLU's backward pass then overwrites with d(gate) element by element.
+    linear_backward(cublas_, dgate_.data(), g(kDown), dres, act_.data() + at * I, w(kDown), N, I, H, false);
+    swiglu_backward(dgate_.data(), dup_.data(), dgate_.data(), gate_.data() + at * I, up_.data() + at * I,
+                    int64_t{N} * I, stream_);
+    linear_backward(cublas_, dxn_.data(), g(kGate), dgate_.data(), xn2, w(kGate), N, H, I, false);
+    linear_backward(cublas_, dxn_.data(), g(kUp), dup_.data(), xn2, w(kUp), N, H, I, true);
+    rmsnorm_backward(dres, g(kPostNorm), dxn_.data(), res2_.data() + at * H, w(kPostNorm), rstd2_.data() + at, N, H,
+                     scratch_.data(), stream_);
+    // res2 = input + o(attention(rope(q(xn1)), rope(k(xn1)), v(xn1))), xn1 = norm(input)
+    linear_backward(cublas_, datty_.data(), g(kO), dres, atty_.data() + at * QW, w(kO), N, QW, H, false);
+    attention_backward(dq_.data(), dk_.data(), dv_.data(), delta_.data(), datty_.data(), atty_.data() + at * QW,
+                       q_.data() + at * QW, k_.data() + at * KW, v_.data() + at * KW, lse_.data() + at * c.n_head,
+                       shape, stream_);
+    rope_backward(dq_.data(), cos_.data(), sin_.data(), B_, S_, c.n_head, D, stream_);
+    rope_backward(dk_.data(), cos_.data(), sin_.data(), B_, S_, c.n_kv_head, D, stream_);
+    linear_backward(cublas_, dxn_.data(), g(kQ), dq_.data(), xn1, w(kQ), N, H, QW, false);
+    linear_backward(cublas_, dxn_.data(), g(kK), dk_.data(), xn1, w(kK), N, H, KW, true);
+    linear_backward(cublas_, dxn_.data(), g(kV), dv_.data(), xn1, w(kV), N, H, KW, true);
+    rmsnorm_backward(dres, g(kInputNorm), dxn_.data(), layer_output(l - 1), w(kInputNorm), rstd1_.data() + at, N, H,
+                     scratch_.data(), stream_);
+    p.close_grads(1 + l);
+    p.release(1 + l);
+  }
+
+  if (!c.tie_word_embeddings) p.open_grads(0);
+  embedding_backward_.run(p.grad(0), static_cast<float*>(nullptr), dres_.data(), inputs, B_, S_, H, stream_);
+  p.close_grads(0);
+}
+
+template class GpuLlama<float>;
+template class GpuLlama<__nv_bfloat16>;
+template class GpuLlama<__half>;
+
+}  // namespace shardkit::model::llama

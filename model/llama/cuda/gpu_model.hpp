@@ -1,0 +1,70 @@
+// Llama on one GPU: the same computation as the CPU model (Hugging Face's LlamaForCausalLM), with
+// activations and parameters in T (float, bf16 or fp16), fp32 accumulation, fp32 parameter
+// gradients, cuBLAS matrix products, the family's kernels (model/llama/cuda/kernels.hpp) and the
+// shared ones of trainer/cuda (grouped-query attention, the fused cross-entropy, the embedding's
+// backward pass). Parameters and gradients come from a GpuParamStore: the model knows nothing of ZeRO.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/clock.hpp"
+#include "model/llama/config.hpp"
+#include "trainer/cuda/encoder_backward.hpp"
+#include "trainer/cuda/gpu_model.hpp"
+#include "trainer/cuda/matmul.hpp"
+
+namespace shardkit::model::llama {
+
+using namespace trainer::cuda;
+
+// Empty when the CUDA kernels support `config`'s shape, else why not.
+std::string cuda_unsupported(const LlamaConfig& config);
+
+template <typename T>
+class GpuLlama final : public GpuModel<T> {
+ public:
+  GpuLlama(const LlamaConfig& config, int batch, int seq_len, cublasHandle_t cublas, cudaStream_t stream);
+
+  int64_t activation_bytes() const noexcept override { return activation_bytes_; }
+
+  double forward_backward(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets, float grad_scale,
+                          PassTimes* times) override;
+  void queue(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets, float grad_scale,
+             PassTimes* times) override;
+  double finish(GpuParamStore<T>& params, PassTimes* times) override;
+
+ private:
+  void forward_layers(GpuParamStore<T>& p, const int32_t* inputs);
+  // The head's loss (into loss_sum_) and its gradient (into dxn_) over the final norm's output.
+  void head(GpuParamStore<T>& p, const int32_t* targets, float grad_scale);
+  void backward_layers(GpuParamStore<T>& p, const int32_t* inputs);
+
+  LlamaConfig config_;
+  int B_, S_;
+  int final_group_;  // the final norm's group (with the untied head)
+  cublasHandle_t cublas_;
+  cudaStream_t stream_;
+  Matmul matmul_;
+  EncoderBackward embedding_backward_;
+  int head_rows_;  // rows of logits computed at once
+  int logits_ld_;  // row stride of the logits (the vocabulary size rounded up)
+  int64_t activation_bytes_ = 0;
+  Clock::time_point backward_start_;  // PassTimes::backward_ms runs from here to finish()
+
+  // The rotation's tables (S, D/2), uploaded once.
+  DeviceBuffer<float> cos_, sin_;
+  // Activations: per layer l and N = B*S rows (q, atty: N x NH*D; k, v: N x NKV*D; gate, up, act: N x I).
+  DeviceBuffer<T> encoded_, xn1_, q_, k_, v_, atty_, res2_, xn2_, gate_, up_, act_, res3_, xnf_, logits_, head_padded_;
+  DeviceBuffer<float> rstd1_, rstd2_, rstdf_, lse_, losses_;
+  // Backward scratch.
+  DeviceBuffer<T> dres_, dxn_, datty_, dq_, dk_, dv_, dgate_, dup_;
+  DeviceBuffer<float> delta_, scratch_;
+  DeviceBuffer<double> loss_sum_;
+  // Where the host reads it: pinned, so the copy is queued and the wait is the store's (see GpuGpt2).
+  PinnedBuffer<double> loss_host_;
+};
+
+}  // namespace shardkit::model::llama

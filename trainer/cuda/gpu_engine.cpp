@@ -1,0 +1,605 @@
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <memory>
+#include <thread>
+
+#include "base/fault.hpp"
+#include "base/huge_pages.hpp"
+#include "model/cpu/ops.hpp"
+#include "trainer/cuda/device_type.hpp"
+#include "trainer/cuda/gpu_engine.hpp"
+#include "trainer/cuda/kernels.hpp"
+#include "trainer/weight_decay.hpp"
+
+namespace shardkit::trainer::cuda {
+
+template <typename T>
+GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups,
+                                const std::vector<bool>& decays, const ZeroConfig& config, ckpt::DType wire,
+                                comm::MpiCollective& mpi, ncclComm_t nccl, cudaStream_t stream)
+    : table_(table),
+      groups_(std::move(groups)),
+      config_(config),
+      wire_(mpi.size() > 1 ? wire : ckpt::DType::kF32),  // one rank sends nothing, so rounds nothing
+      mpi_(mpi),
+      nccl_(nccl),
+      stream_(stream),
+      plan_(table, mpi.size(), mpi.rank(), config.stage),
+      // offload_param: page-locked whatever its pin_memory says. Copies from and to pageable memory
+      // make the host wait (for the stream, for the copy), which would stall every gather and defeat
+      // the prefetch. DeepSpeed takes pin_memory as a speed hint; pinned memory is only faster.
+      param_part_(plan_.stage() == 3 ? static_cast<size_t>(plan_.owned_size()) : 0,
+                  config.offload_param.device == "cpu") {
+  const size_t flat = static_cast<size_t>(plan_.owned_size());
+  const size_t full = static_cast<size_t>(plan_.replicated_size());
+  const int stage = plan_.stage();
+  if (stage <= 2) params_full_.resize(full);
+  if (stage <= 1) grads_full_.resize(full);
+  const size_t view = static_cast<size_t>(plan_.optimizer_size());
+  if (config.offload_optimizer.device == "cpu") {
+    host_ = std::make_unique<HostOptimizer<T>>(view, param_part_.on_host());
+  } else {
+    master_.resize(view);
+    exp_avg_.resize(view);
+    exp_avg_sq_.resize(view);
+  }
+  if (!grads_full_is_partition()) {
+    grad_part_.resize(flat);
+    CUDA_CHECK(cudaMemsetAsync(grad_part_.data(), 0, grad_part_.bytes(), stream_));
+  }
+  if (stage == 3) gathered_.resize(table.size());
+  if (stage >= 2) grad_buffers_.resize(table.size());
+  if (stage == 2) {
+    for (int t = 0; t < static_cast<int>(table.size()); ++t) placements_.push_back(layout().locate(t, 0, numel(t)));
+  }
+  acquired_count_.assign(groups_.size(), 0);
+  prefetched_.assign(groups_.size(), 0);
+  for (size_t g = 0; g < groups_.size(); ++g) gathered_at_.push_back(std::make_unique<Event>());
+  scalar_.resize(kSumScratch);
+  scalar_host_.resize(1);
+  no_decay_ = no_decay_ranges(plan_.optimizer_fragments(), decays);
+  if (!host_ && !no_decay_.empty()) {
+    no_decay_device_.resize(no_decay_.size());
+    CUDA_CHECK(cudaMemcpy(no_decay_device_.data(), no_decay_.data(), no_decay_device_.bytes(), cudaMemcpyHostToDevice));
+  }
+}
+
+template <typename T>
+MemoryReport GpuZeroEngine<T>::memory() const noexcept {
+  MemoryReport r;
+  r.parameters = static_cast<int64_t>(params_full_.bytes()) + param_part_.device_bytes();
+  r.host_parameters = param_part_.host_bytes();
+  r.gradients = static_cast<int64_t>(grads_full_.bytes() + grad_part_.bytes());
+  r.optimizer_states = static_cast<int64_t>(master_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes());
+  r.snapshot_staging = static_cast<int64_t>(staging_.bytes());
+  if (host_) r.host_optimizer_states = host_->state_bytes();
+  return r;
+}
+
+template <typename T>
+void GpuZeroEngine<T>::initialize(const InitFn& init) {
+  std::unique_ptr<float[]> staging;
+  std::span<float> host;
+  if (host_) {
+    host = host_->master();  // moments start at zero where they live
+  } else {
+    // Zeroed on the compute threads, not one: billions of elements (the padding between fragments
+    // must be zero; the rest is overwritten).
+    staging.reset(new float[master_.size()]);
+    model::cpu::fill(staging.get(), static_cast<int64_t>(master_.size()), 0.0f);
+    host = std::span<float>(staging.get(), master_.size());
+    CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
+    CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
+  }
+  for (const ckpt::Fragment& f : plan_.optimizer_fragments()) {
+    init(f.tensor, f.tensor_offset, host.subspan(static_cast<size_t>(f.flat_offset), static_cast<size_t>(f.length)));
+  }
+  if (!host_) CUDA_CHECK(cudaMemcpy(master_.data(), host.data(), master_.bytes(), cudaMemcpyHostToDevice));
+  publish_params();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::load(const LoadFn& read) {
+  const std::vector<ckpt::Fragment> fragments = plan_.optimizer_fragments();
+  if (host_) {  // offloaded: the states live in host memory, read there in one pass
+    const std::span<float> targets[ckpt::kNumOptimizerStates] = {host_->master(), host_->exp_avg(),
+                                                                 host_->exp_avg_sq()};
+    read(load_requests(fragments, targets));
+    publish_params();
+    return;
+  }
+  // State by state into host memory, each copied to the device by a helper thread while the next is
+  // read: the copy hides behind the disk.
+  const size_t n = master_.size();
+  HugePageAllocator<float> allocator;  // uninitialised: the reads touch the pages, in parallel
+  const auto release = [&](float* p) { allocator.deallocate(p, n); };
+  std::unique_ptr<float[], decltype(release)> staging[2] = {{allocator.allocate(n), release},
+                                                            {allocator.allocate(n), release}};
+  DeviceBuffer<float>* devices[ckpt::kNumOptimizerStates] = {&master_, &exp_avg_, &exp_avg_sq_};
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  std::thread copier;
+  std::exception_ptr copy_error;
+  auto join_copier = [&] {
+    if (copier.joinable()) copier.join();
+    if (copy_error) std::rethrow_exception(copy_error);
+  };
+  try {
+    for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
+      const std::span<float> host(staging[s % 2].get(), n);
+      read(load_requests(fragments, {&host, 1}, s));
+      join_copier();  // the previous state's copy, which also frees the other staging buffer
+      copier = std::thread([&, s, host] {
+        try {
+          CUDA_CHECK(cudaSetDevice(device));
+          CUDA_CHECK(cudaMemcpy(devices[s]->data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice));
+        } catch (...) {
+          copy_error = std::current_exception();
+        }
+      });
+    }
+    join_copier();
+  } catch (...) {
+    if (copier.joinable()) copier.join();
+    throw;
+  }
+  publish_params();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::begin_snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq) {
+  const std::span<float> targets[ckpt::kNumOptimizerStates] = {master, exp_avg, exp_avg_sq};
+  if (host_) {  // offloaded: the states are in host memory already; the host step would change them
+    if (fault_armed("slow-snapshot")) {
+      fault_delay();
+    }
+    const std::span<float> sources[ckpt::kNumOptimizerStates] = {host_->master(), host_->exp_avg(),
+                                                                 host_->exp_avg_sq()};
+    for (int s = 0; s < ckpt::kNumOptimizerStates; ++s)
+      std::copy_n(sources[s].begin() + plan_.owned_offset(), plan_.owned_size(), targets[s].begin());
+    return;
+  }
+  const DeviceBuffer<float>* sources[ckpt::kNumOptimizerStates] = {&master_, &exp_avg_, &exp_avg_sq_};
+  const size_t bytes = static_cast<size_t>(plan_.owned_size()) * sizeof(float);
+  if (staging_.size() > 0) {
+    // The compute stream makes the device copy itself, so its time (and any wait for the previous
+    // drain, which may still read the buffer) is timed where training pays it; the drain to host
+    // memory then runs beside the following steps, which never wait for it.
+    CUDA_CHECK(cudaEventRecord(snapshot_wait_begin_.get(), stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_done_.get(), 0));
+    if (fault_armed("slow-snapshot")) delay_stream(stream_, fault_delay_ms());
+    for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
+      CUDA_CHECK(cudaMemcpyAsync(staging_.data() + s * plan_.owned_size(), sources[s]->data() + plan_.owned_offset(),
+                                 bytes, cudaMemcpyDeviceToDevice, stream_));
+    }
+    CUDA_CHECK(cudaEventRecord(snapshot_wait_end_.get(), stream_));
+    snapshot_wait_timed_ = true;
+    wait(snapshot_stream_.get(), stream_);
+    for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
+      CUDA_CHECK(cudaMemcpyAsync(targets[s].data(), staging_.data() + s * plan_.owned_size(), bytes,
+                                 cudaMemcpyDeviceToHost, snapshot_stream_.get()));
+    }
+    CUDA_CHECK(cudaEventRecord(snapshot_done_.get(), snapshot_stream_.get()));
+    return;
+  }
+  // The copies run beside the next micro-batches; only the next optimizer step waits for them.
+  wait(snapshot_stream_.get(), stream_);
+  if (fault_armed("slow-snapshot")) delay_stream(snapshot_stream_.get(), fault_delay_ms());
+  snapshot_reads_states_ = true;
+  for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
+    CUDA_CHECK(cudaMemcpyAsync(targets[s].data(), sources[s]->data() + plan_.owned_offset(), bytes,
+                               cudaMemcpyDeviceToHost, snapshot_stream_.get()));
+  }
+  CUDA_CHECK(cudaEventRecord(snapshot_done_.get(), snapshot_stream_.get()));
+}
+
+template <typename T>
+void GpuZeroEngine<T>::wait_snapshot() {
+  CUDA_CHECK(cudaEventSynchronize(snapshot_done_.get()));
+}
+
+template <typename T>
+double GpuZeroEngine<T>::snapshot_wait_ms() {
+  if (!snapshot_wait_timed_) return 0;
+  snapshot_wait_timed_ = false;
+  CUDA_CHECK(cudaEventSynchronize(snapshot_wait_end_.get()));
+  return snapshot_wait_end_.ms_since(snapshot_wait_begin_);
+}
+
+template <typename T>
+std::span<const float> GpuZeroEngine<T>::offloaded_state(int state) const {
+  const std::span<float> all[ckpt::kNumOptimizerStates] = {host_->master(), host_->exp_avg(), host_->exp_avg_sq()};
+  return all[state].subspan(static_cast<size_t>(plan_.owned_offset()), static_cast<size_t>(plan_.owned_size()));
+}
+
+template <typename T>
+int64_t GpuZeroEngine<T>::staging_bytes() const noexcept {
+  return host_ ? 0 : ckpt::kOptimizerStateBytes * plan_.owned_size();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::reserve_staging() {
+  if (!host_ && staging_.size() == 0)
+    staging_ = DeviceBuffer<float>(static_cast<size_t>(ckpt::kNumOptimizerStates * plan_.owned_size()));
+}
+
+template <typename T>
+T* GpuZeroEngine<T>::owned_params() {
+  const int stage = plan_.stage();
+  return stage == 0   ? params_full_.data()
+         : stage <= 2 ? params_full_.data() + plan_.partition_offset(plan_.rank())
+                      : param_part_.data();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::write_params(const typename ParamPartition<T>::Producer& produce) {
+  if (plan_.stage() == 3) {
+    param_part_.store(stream_, produce);
+  } else {
+    produce(0, static_cast<int64_t>(master_.size()), owned_params());
+  }
+}
+
+template <typename T>
+void GpuZeroEngine<T>::publish_params() {
+  const int stage = plan_.stage();
+  T* mine = owned_params();
+  if (host_) {
+    host_->upload(mine, stream_);
+  } else {
+    write_params([&](int64_t lo, int64_t n, T* out) { cast_from_float(out, master_.data() + lo, n, stream_); });
+  }
+  if (stage == 1 || stage == 2) all_gather_params();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::all_gather_params() {
+  NCCL_CHECK(ncclAllGather(owned_params(), params_full_.data(), static_cast<size_t>(plan_.partition_size()),
+                           DeviceType<T>::kNccl, nccl_, stream_));
+}
+
+template <typename T>
+void GpuZeroEngine<T>::wait(cudaStream_t waiter, cudaStream_t producer) {
+  if (waiter != producer) order_.order(producer, waiter);
+}
+
+template <typename T>
+void GpuZeroEngine<T>::acquire(int group) {
+  if (plan_.stage() != 3 || acquired_count_[static_cast<size_t>(group)]++ > 0) return;
+  if (!prefetched_[static_cast<size_t>(group)]) gather(group);
+  prefetched_[static_cast<size_t>(group)] = 0;
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, gathered_at_[static_cast<size_t>(group)]->get(), 0));
+  // The model walks the blocks up in the forward pass and down in the backward pass: gather the next
+  // one in the same direction while this one computes.
+  const int next = last_acquired_ < 0 ? -1 : group + (group > last_acquired_ ? 1 : -1);
+  last_acquired_ = group;
+  if (!config_.overlap_comm || next < 0 || next >= static_cast<int>(groups_.size())) return;
+  const model::TensorGroup& n = groups_[static_cast<size_t>(next)];
+  int64_t elements = 0;
+  for (int t = n.first; t < n.last; ++t) elements += numel(t);
+  if (acquired_count_[static_cast<size_t>(next)] == 0 && !prefetched_[static_cast<size_t>(next)] &&
+      elements <= config_.stage3_prefetch_bucket_size) {
+    gather(next);
+    prefetched_[static_cast<size_t>(next)] = 1;
+  }
+}
+
+template <typename T>
+void GpuZeroEngine<T>::gather(int group) {
+  const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
+  cudaStream_t st = comm();
+  // The partition is current: the optimizer step wrote it on the compute stream (the host optimizer
+  // into host memory: before this call).
+  wait(st, stream_);
+  for (const SlotRun& run : plan_.buckets(g.first, g.last, config_.allgather_bucket_size)) {
+    grow(gather_recv_, static_cast<size_t>(run.span * plan_.world_size()));
+    // A partition in host memory is copied up into this rank's own block of the receive buffer, from
+    // where NCCL gathers in place.
+    const T* mine = param_part_.on_device(run.base, run.span, gather_recv_.data() + plan_.rank() * run.span, st);
+    NCCL_CHECK(
+        ncclAllGather(mine, gather_recv_.data(), static_cast<size_t>(run.span), DeviceType<T>::kNccl, nccl_, st));
+    for (int t = run.first; t < run.last; ++t) {
+      gathered_[static_cast<size_t>(t)] = gather_pool_.take(static_cast<size_t>(numel(t)), st);
+    }
+    for (const PieceCopy& p : plan_.pieces(run)) {
+      CUDA_CHECK(cudaMemcpyAsync(gathered_[static_cast<size_t>(p.tensor)].data() + p.tensor_offset,
+                                 gather_recv_.data() + p.block_offset, static_cast<size_t>(p.count) * sizeof(T),
+                                 cudaMemcpyDeviceToDevice, st));
+    }
+  }
+  CUDA_CHECK(cudaEventRecord(gathered_at_[static_cast<size_t>(group)]->get(), st));
+}
+
+template <typename T>
+void GpuZeroEngine<T>::release(int group) {
+  if (plan_.stage() != 3 || --acquired_count_[static_cast<size_t>(group)] > 0) return;
+  // Back to the pool as soon as the kernels that read them are queued: the next gather into the same
+  // memory waits for them on the device, not here.
+  const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
+  for (int t = g.first; t < g.last; ++t) gather_pool_.give(std::move(gathered_[static_cast<size_t>(t)]), stream_);
+}
+
+template <typename T>
+void GpuZeroEngine<T>::drop_prefetched() {
+  for (size_t group = 0; group < groups_.size(); ++group) {
+    if (!prefetched_[group]) continue;
+    prefetched_[group] = 0;
+    const model::TensorGroup& g = groups_[group];
+    for (int t = g.first; t < g.last; ++t) gather_pool_.give(std::move(gathered_[static_cast<size_t>(t)]), comm());
+  }
+  last_acquired_ = -1;
+}
+
+template <typename T>
+const T* GpuZeroEngine<T>::param(int tensor) const {
+  if (plan_.stage() <= 2) return params_full_.data() + layout().global_offset(tensor);
+  const DeviceBuffer<T>& full = gathered_[static_cast<size_t>(tensor)];
+  if (full.size() != static_cast<size_t>(numel(tensor))) {
+    fail(ErrorKind::kInternal, "parameter " + table_[static_cast<size_t>(tensor)].name + " used while not acquired");
+  }
+  return full.data();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::open_grads(int group) {
+  if (plan_.stage() <= 1) return;
+  const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
+  for (int t = g.first; t < g.last; ++t) {
+    DeviceBuffer<float>& b = grad_buffers_[static_cast<size_t>(t)];
+    b = grad_pool_.take(static_cast<size_t>(numel(t)), stream_);
+    CUDA_CHECK(cudaMemsetAsync(b.data(), 0, b.bytes(), stream_));
+  }
+}
+
+template <typename T>
+float* GpuZeroEngine<T>::grad(int tensor) {
+  if (plan_.stage() <= 1) return grads_full_.data() + layout().global_offset(tensor);
+  return grad_buffers_[static_cast<size_t>(tensor)].data();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::close_grads(int group) {
+  if (plan_.stage() <= 1) return;
+  pending_groups_.push_back(group);
+  const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
+  for (int t = g.first; t < g.last; ++t) pending_elems_ += numel(t);
+  // The micro-batch's backward pass is through once it has closed every group, whatever the family's
+  // order (an untied head closes the last group first, and then no group is open for a moment).
+  const bool pass_done = ++closed_groups_ == static_cast<int>(groups_.size());
+  if (pending_elems_ >= config_.reduce_bucket_size || pass_done) flush_pending_grads();
+  if (pass_done) {
+    closed_groups_ = 0;
+    grads_reduced_ = true;  // this micro-batch is reduced: later ones add to it
+  }
+}
+
+template <typename T>
+void GpuZeroEngine<T>::flush_pending_grads() {
+  std::vector<model::TensorGroup> closed;
+  for (int g : pending_groups_) closed.push_back(groups_[static_cast<size_t>(g)]);
+  std::sort(closed.begin(), closed.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  wait(comm(), stream_);  // the closed groups' gradients are complete
+  size_t i = 0;
+  while (i < closed.size()) {
+    size_t j = i + 1;
+    while (j < closed.size() && closed[j].first == closed[j - 1].last) ++j;
+    if (plan_.stage() == 2) {
+      reduce_stage2(closed[i].first, closed[j - 1].last);
+    } else {
+      reduce_stage3(closed[i].first, closed[j - 1].last);
+    }
+    for (size_t k = i; k < j; ++k) {
+      for (int t = closed[k].first; t < closed[k].last; ++t) {
+        grad_pool_.give(std::move(grad_buffers_[static_cast<size_t>(t)]), comm());
+      }
+    }
+    i = j;
+  }
+  pending_groups_.clear();
+  pending_elems_ = 0;
+}
+
+template <typename T>
+void GpuZeroEngine<T>::reduce_stage2(int first, int last) {
+  // Each tensor's gradient goes from its own buffer to the rank(s) whose partition holds it, piece by
+  // piece as the layout places it: one ncclReduce per piece, all in one NCCL group (one launch), no
+  // copy into a send buffer -- unless it travels narrowed, then from its narrowed copy. Stages 1-2
+  // concatenate the tensors, so this rank's pieces lie back to back in its partition: one range,
+  // received in one place.
+  const GlobalRun run = plan_.global_run(first, last);
+  const PartitionShare mine = plan_.share(run, plan_.rank());
+  if (narrow_wire()) {
+    grow(send_, static_cast<size_t>(run.hi - run.lo) * wire_bytes(wire_));
+    for (int t = first; t < last; ++t) {
+      to_wire(wire_advance(send_.data(), layout().global_offset(t) - run.lo), wire_,
+              grad_buffers_[static_cast<size_t>(t)].data(), numel(t), comm());
+    }
+  }
+  auto source = [&](int t, int64_t offset) -> const void* {
+    if (!narrow_wire()) return grad_buffers_[static_cast<size_t>(t)].data() + offset;
+    return wire_advance(send_.data(), layout().global_offset(t) - run.lo + offset);
+  };
+  void* into = mine.count == 0 ? nullptr : receive_into(mine.offset, mine.count);
+  NCCL_CHECK(ncclGroupStart());
+  for (int t = first; t < last; ++t) {
+    for (const ckpt::Placement& p : placements_[static_cast<size_t>(t)]) {
+      // Read by the root only.
+      void* recv = p.rank == plan_.rank() ? wire_advance(into, p.flat_offset - mine.offset) : nullptr;
+      NCCL_CHECK(ncclReduce(source(t, p.tensor_offset), recv, static_cast<size_t>(p.length), nccl_type(wire_), ncclSum,
+                            p.rank, nccl_, comm()));
+    }
+  }
+  NCCL_CHECK(ncclGroupEnd());
+  if (mine.count > 0) land(mine.offset, mine.count);
+}
+
+template <typename T>
+void* GpuZeroEngine<T>::wire_advance(void* p, int64_t elements) const noexcept {
+  return static_cast<std::byte*>(p) + elements * static_cast<int64_t>(wire_bytes(wire_));
+}
+
+template <typename T>
+bool GpuZeroEngine<T>::lands_in_place() const noexcept {
+  return !narrow_wire() && !grads_reduced_;
+}
+
+template <typename T>
+void* GpuZeroEngine<T>::receive_into(int64_t offset, int64_t count) {
+  if (lands_in_place()) return grad_part_.data() + offset;
+  grow(recv_, static_cast<size_t>(std::max<int64_t>(1, count)) * wire_bytes(wire_));
+  return recv_.data();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::land(int64_t offset, int64_t count) {
+  if (!lands_in_place()) from_wire(grad_part_.data() + offset, wire_, recv_.data(), count, grads_reduced_, comm());
+}
+
+template <typename T>
+void GpuZeroEngine<T>::reduce_stage3(int first, int last) {
+  // Block r of the send buffer holds rank r's pieces at their slot positions, zeros in the padding,
+  // in the wire's type.
+  const SlotRun run = plan_.slots(first, last);
+  const size_t bytes = static_cast<size_t>(run.span * plan_.world_size()) * wire_bytes(wire_);
+  cudaStream_t st = comm();
+  grow(send_, bytes);
+  CUDA_CHECK(cudaMemsetAsync(send_.data(), 0, bytes, st));
+  for (const PieceCopy& p : plan_.pieces(run)) {
+    to_wire(wire_advance(send_.data(), p.block_offset), wire_,
+            grad_buffers_[static_cast<size_t>(p.tensor)].data() + p.tensor_offset, p.count, st);
+  }
+  NCCL_CHECK(ncclReduceScatter(send_.data(), receive_into(run.base, run.span), static_cast<size_t>(run.span),
+                               nccl_type(wire_), ncclSum, nccl_, st));
+  land(run.base, run.span);
+}
+
+template <typename T>
+bool GpuZeroEngine<T>::grads_full_is_partition() const noexcept {
+  return plan_.stage() == 0 || (plan_.stage() == 1 && plan_.world_size() == 1);
+}
+
+template <typename T>
+const float* GpuZeroEngine<T>::reduced_grads() const noexcept {
+  return grads_full_is_partition() ? grads_full_.data() : grad_part_.data();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::zero_grads() {
+  if (grads_full_.size()) CUDA_CHECK(cudaMemsetAsync(grads_full_.data(), 0, grads_full_.bytes(), stream_));
+  // Stages 2-3: the first micro-batch's reductions overwrite every gradient of the partition (the
+  // padding, never written, stays zero from the start); stage 1's reduce-scatter overwrites it all.
+  grads_reduced_ = false;
+}
+
+template <typename T>
+void GpuZeroEngine<T>::reduce_grads() {
+  const int stage = plan_.stage();
+  const int64_t P = stage <= 1 ? plan_.partition_size() : 0;
+  if (stage <= 1 && narrow_wire()) {
+    // Narrowed into the wire buffer, reduced there in place, widened back: stage 0 all of it, stage 1
+    // this rank's block (NCCL's in-place reduce-scatter leaves it at rank * P).
+    const size_t n = grads_full_.size();
+    grow(send_, n * wire_bytes(wire_));
+    to_wire(send_.data(), wire_, grads_full_.data(), static_cast<int64_t>(n), stream_);
+    if (stage == 0) {
+      NCCL_CHECK(ncclAllReduce(send_.data(), send_.data(), n, nccl_type(wire_), ncclSum, nccl_, stream_));
+      from_wire(grads_full_.data(), wire_, send_.data(), static_cast<int64_t>(n), false, stream_);
+    } else {
+      void* mine = wire_advance(send_.data(), plan_.partition_offset(plan_.rank()));
+      NCCL_CHECK(
+          ncclReduceScatter(send_.data(), mine, static_cast<size_t>(P), nccl_type(wire_), ncclSum, nccl_, stream_));
+      from_wire(grad_part_.data(), wire_, mine, P, false, stream_);
+    }
+  } else if (stage == 0) {
+    NCCL_CHECK(
+        ncclAllReduce(grads_full_.data(), grads_full_.data(), grads_full_.size(), ncclFloat, ncclSum, nccl_, stream_));
+  } else if (stage == 1 && !grads_full_is_partition()) {
+    NCCL_CHECK(ncclReduceScatter(grads_full_.data(), grad_part_.data(), static_cast<size_t>(P), ncclFloat, ncclSum,
+                                 nccl_, stream_));
+  } else if (stage == 1) {
+    // One rank: nothing to reduce, and the optimizer reads grads_full_ in place.
+  } else if (!pending_groups_.empty() || closed_groups_ != 0) {
+    fail(ErrorKind::kInternal, "gradients still open at the end of the step");
+  } else {
+    wait(stream_, comm());  // every bucket's reduction has landed in the partition
+  }
+}
+
+template <typename T>
+double GpuZeroEngine<T>::global_grad_sq() {
+  const float* g = reduced_grads() + plan_.owned_offset();
+  sum_squares(scalar_.data(), g, plan_.owned_size(), stream_);
+  read_back(scalar_host_.data(), scalar_.data(), 1, stream_);
+  synchronize(stream_);  // the host decides on overflow and clipping from it
+  return mpi_.allreduce_sum(scalar_host_.data()[0]);
+}
+
+template <typename T>
+void GpuZeroEngine<T>::step(const AdamWStep& s) {
+  const int stage = plan_.stage();
+  const float* grads = reduced_grads();
+  // The update writes the compute-precision copy directly where the model reads it (stage 0: the
+  // replicated buffer; 1-2: this rank's partition of it, then all-gathered; 3: the partition, which
+  // in host memory the host optimizer writes directly and the GPU one through device staging).
+  T* params = owned_params();
+  // Gathers issued ahead hold the old weights and may still read the partition: drop them, and let
+  // the update wait for the communication stream.
+  if (stage == 3) drop_prefetched();
+  wait(stream_, comm());
+  // A snapshot still reads the states. The first wait after one is timed: begin completes when the
+  // stream's own work does, end when the copy does, so their distance is the time the copy cost.
+  if (snapshot_reads_states_) {
+    CUDA_CHECK(cudaEventRecord(snapshot_wait_begin_.get(), stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_done_.get(), 0));
+    CUDA_CHECK(cudaEventRecord(snapshot_wait_end_.get(), stream_));
+    snapshot_reads_states_ = false;  // the steps after this one are ordered after the copy too
+    snapshot_wait_timed_ = true;
+  }
+  const AdamWCoefficients c = AdamWCoefficients::of(s);
+  // AdamW is elementwise: updating in chunks (for the pipelined gather below, or a partition in host
+  // memory) gives the same results.
+  const NoDecayRanges no_decay{no_decay_device_.data(), static_cast<int64_t>(no_decay_device_.size())};
+  const typename ParamPartition<T>::Producer update = [&](int64_t lo, int64_t n, T* out) {
+    adamw(master_.data() + lo, exp_avg_.data() + lo, exp_avg_sq_.data() + lo, grads + lo, out, n, c, no_decay.at(lo),
+          stream_);
+  };
+  if (host_) {
+    host_->step(grads, params, c, {no_decay_.data(), static_cast<int64_t>(no_decay_.size())}, stream_);
+    if (stage == 1 || stage == 2) all_gather_params();
+  } else if (stage == 1 || stage == 2) {
+    update_and_gather(update);
+  } else {
+    write_params(update);
+  }
+}
+
+template <typename T>
+void GpuZeroEngine<T>::update_and_gather(const typename ParamPartition<T>::Producer& update) {
+  // Chunk k's gather runs on the communication stream while the compute stream updates chunk k + 1.
+  // Every rank's chunk k sits at its own partition's offset in params_full_, so the gather is one
+  // in-place broadcast per rank, in one NCCL group.
+  const int64_t P = plan_.partition_size();
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(config_.allgather_bucket_size, (P + 7) / 8));
+  T* mine = owned_params();
+  cudaStream_t st = comm();
+  for (int64_t lo = 0; lo < P; lo += chunk) {
+    const int64_t n = std::min(chunk, P - lo);
+    update(lo, n, mine + lo);
+    wait(st, stream_);
+    NCCL_CHECK(ncclGroupStart());
+    for (int r = 0; r < plan_.world_size(); ++r) {
+      T* at = params_full_.data() + plan_.partition_offset(r) + lo;
+      NCCL_CHECK(ncclBroadcast(at, at, static_cast<size_t>(n), DeviceType<T>::kNccl, r, nccl_, st));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+  }
+  wait(stream_, st);  // the next forward pass reads the gathered weights
+}
+
+template class GpuZeroEngine<float>;
+template class GpuZeroEngine<__nv_bfloat16>;
+template class GpuZeroEngine<__half>;
+
+}  // namespace shardkit::trainer::cuda
