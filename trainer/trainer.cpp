@@ -74,7 +74,25 @@ struct Trainer::State {
   }
   nlohmann::json trainer_state() const;
   void restore(const nlohmann::json& state, const std::string& where);
+
+  // Start-up, in order: the model and DeepSpeed config, with the notices they call for; what the
+  // backend is built from; checkpointing (the save directory's lock, the snapshot buffers); the
+  // parameters (resumed, read from --init-from, or initialised); the memory report; the metrics file.
+  void configure();
+  BackendOptions backend_options();
+  void open_checkpointing(SlowPhases& phases);
+  void initialize_parameters(SlowPhases& phases, const std::string& what);
+  void report_memory();
+  void open_metrics();
+
+  // One optimizer step: the micro-batches' forward and backward passes, the reduction and overflow
+  // check, AdamW (or a skipped step), the console line.
   StepRecord train_step();
+  // Runs the micro-batches, adding their times to *fwd_ms and *bwd_ms; returns the sum of their losses.
+  double accumulate_gradients(float grad_scale, double* fwd_ms, double* bwd_ms);
+  // AdamW over gradients of norm `norm` (unscaled), clipped as configured.
+  void adamw_step(double norm, double scale, double lr);
+  void print_step(const StepRecord& r, double fwd_ms, double bwd_ms, double reduce_ms, double opt_ms) const;
   void write_metrics(const nlohmann::json& record);
   void save();
   void report(const std::vector<SaveOutcome>& saves);  // log lines and metrics events of completed saves
@@ -127,50 +145,8 @@ void Trainer::State::restore(const nlohmann::json& s, const std::string& where) 
 
 Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(std::make_unique<State>(comm, options)) {
   State& s = *s_;
-  if (options.steps < 1) fail(ErrorKind::kInvalidInput, "--steps must be at least 1");
-  s.model = model::resolve_model(options.model);
-  s.config = load_ds_config(options.config, comm.size(),
-                            {s.model->hidden_size(), options.steps, options.lr, options.warmup_steps});
-  for (const std::string& w : s.config.warnings) s.log("warning: " + options.config.string() + ": " + w);
-  const bool cpu = options.device != "cuda";
-  if (cpu && (s.config.fp16.enabled || s.config.bf16)) {
-    s.log(std::string("notice: ") + (s.config.bf16 ? "bf16" : "fp16") +
-          " requested: on CPU ranks the arithmetic stays fp32; loss scaling and overflow checks run as configured");
-  }
-  if (cpu && (s.config.zero.offload_optimizer.device == "cpu" || s.config.zero.offload_param.device == "cpu")) {
-    s.log(
-        "notice: offload_optimizer/offload_param device cpu have no effect on CPU ranks (the states are already in "
-        "host memory)");
-  }
-  model::cpu::set_compute_threads(options.threads > 0 ? options.threads : default_threads(comm));
-
-  s.table = s.model->table();
-  if (options.seq_len < 0 || options.seq_len > s.model->max_seq_len()) {
-    fail(ErrorKind::kInvalidInput, "--seq-len " + std::to_string(options.seq_len) + " is outside [1, " +
-                                       std::to_string(s.model->max_seq_len()) + "], the sequence lengths model " +
-                                       s.model->name() + " supports");
-  }
-  s.seq_len = options.seq_len > 0 ? options.seq_len : s.model->max_seq_len();
-  const int T = s.seq_len;
-  const int micro = static_cast<int>(s.config.micro_batch_per_gpu);
-  BackendOptions bo;
-  bo.model = s.model.get();
-  bo.config = &s.config;
-  bo.micro_batch = micro;
-  bo.seq_len = T;
-  bo.comm = &comm;
-  const std::string& staging = options.snapshot_staging;
-  if (staging == "device" && cpu) {
-    fail(ErrorKind::kInvalidInput, "--snapshot-staging device needs --device cuda (CPU ranks copy in host memory)");
-  }
-  if (staging != "auto" && staging != "device" && staging != "host" && staging != "none") {
-    fail(ErrorKind::kInvalidInput, "--snapshot-staging is '" + staging + "', must be auto, device, host or none");
-  }
-  bo.snapshot_staging = staging == "device" ? SnapshotStaging::kDevice
-                        : staging == "host" ? SnapshotStaging::kHost
-                        : staging == "none" ? SnapshotStaging::kNone
-                                            : SnapshotStaging::kAuto;
-  bo.log = [&s](const std::string& line) { s.log(line); };
+  s.configure();
+  const BackendOptions bo = s.backend_options();
   // Start-up work grows with the model: at billions of parameters allocating, initialising and loading
   // take seconds to minutes, and say so while they run.
   SlowPhases phases([&s](const std::string& line) { s.log(line); });
@@ -181,43 +157,100 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   s.schedule = std::make_unique<LrSchedule>(s.config.scheduler, s.config.optimizer.lr);
   s.scaler = std::make_unique<LossScaler>(s.config.fp16, s.config.bf16);
   s.tokens = std::make_unique<TokenFile>(options.data);
-  s.inputs.resize(static_cast<size_t>(micro) * T);
-  s.targets.resize(static_cast<size_t>(micro) * T);
+  s.inputs.resize(static_cast<size_t>(bo.micro_batch) * s.seq_len);
+  s.targets.resize(static_cast<size_t>(bo.micro_batch) * s.seq_len);
   s.data_seed = options.seed;
-  if (!options.save_dir.empty()) {
-    if (options.save_mode != "async" && options.save_mode != "sync") {
-      fail(ErrorKind::kInvalidInput, "--save-mode is '" + options.save_mode + "', must be async or sync");
-    }
-    s.take_save_dir();
-    s.checkpointer = std::make_unique<Checkpointer>(comm, options.save_dir, options.keep_last, ckpt::ShardOptions{},
-                                                    options.save_mode == "sync" ? SaveMode::kSync : SaveMode::kAsync,
-                                                    [&s](const std::string& line) { s.log(line); });
-    phases.run("allocating the checkpoint snapshot buffers", [&] { s.backend->reserve_snapshot(); });
-  }
-
-  const bool resumed = s.resume();
-  if (!resumed && !options.init_from.empty()) {
-    const model::HfWeights weights(options.init_from);
-    if (weights.model()->architecture() != s.model->architecture()) {
-      fail(ErrorKind::kInvalidInput,
-           options.init_from.string() + ": its config.json describes another model than " + s.model->name());
-    }
-    phases.run("reading " + params + " from " + options.init_from.string(), [&] {
-      s.backend->initialize([&](int t, int64_t offset, std::span<float> out) { weights.read(t, offset, out); });
-    });
-    s.log("initialised from " + options.init_from.string());
-  } else if (!resumed) {
-    const model::Model& m = *s.model;
-    const uint64_t seed = options.seed;
-    phases.run("initialising " + params, [&] {
-      s.backend->initialize([&](int t, int64_t offset, std::span<float> out) { init_values(m, t, seed, offset, out); });
-    });
-  }
+  s.open_checkpointing(phases);
+  s.initialize_parameters(phases, params);
   s.phases = nullptr;
-  s.order = std::make_unique<SampleOrder>(*s.tokens, T, s.data_seed);
+  s.order = std::make_unique<SampleOrder>(*s.tokens, s.seq_len, s.data_seed);
+  s.report_memory();
+  s.open_metrics();
+}
 
+void Trainer::State::configure() {
+  if (options.steps < 1) fail(ErrorKind::kInvalidInput, "--steps must be at least 1");
+  model = model::resolve_model(options.model);
+  config = load_ds_config(options.config, comm.size(),
+                          {model->hidden_size(), options.steps, options.lr, options.warmup_steps});
+  for (const std::string& w : config.warnings) log("warning: " + options.config.string() + ": " + w);
+  const bool cpu = options.device != "cuda";
+  if (cpu && (config.fp16.enabled || config.bf16)) {
+    log(std::string("notice: ") + (config.bf16 ? "bf16" : "fp16") +
+        " requested: on CPU ranks the arithmetic stays fp32; loss scaling and overflow checks run as configured");
+  }
+  if (cpu && (config.zero.offload_optimizer.device == "cpu" || config.zero.offload_param.device == "cpu")) {
+    log("notice: offload_optimizer/offload_param device cpu have no effect on CPU ranks (the states are already in "
+        "host memory)");
+  }
+  model::cpu::set_compute_threads(options.threads > 0 ? options.threads : default_threads(comm));
+  table = model->table();
+  if (options.seq_len < 0 || options.seq_len > model->max_seq_len()) {
+    fail(ErrorKind::kInvalidInput, "--seq-len " + std::to_string(options.seq_len) + " is outside [1, " +
+                                       std::to_string(model->max_seq_len()) + "], the sequence lengths model " +
+                                       model->name() + " supports");
+  }
+  seq_len = options.seq_len > 0 ? options.seq_len : model->max_seq_len();
+  if (!options.save_dir.empty() && options.save_mode != "async" && options.save_mode != "sync") {
+    fail(ErrorKind::kInvalidInput, "--save-mode is '" + options.save_mode + "', must be async or sync");
+  }
+}
+
+BackendOptions Trainer::State::backend_options() {
+  BackendOptions bo;
+  bo.model = model.get();
+  bo.config = &config;
+  bo.micro_batch = static_cast<int>(config.micro_batch_per_gpu);
+  bo.seq_len = seq_len;
+  bo.comm = &comm;
+  const std::string& staging = options.snapshot_staging;
+  if (staging == "device" && options.device != "cuda") {
+    fail(ErrorKind::kInvalidInput, "--snapshot-staging device needs --device cuda (CPU ranks copy in host memory)");
+  }
+  if (staging != "auto" && staging != "device" && staging != "host" && staging != "none") {
+    fail(ErrorKind::kInvalidInput, "--snapshot-staging is '" + staging + "', must be auto, device, host or none");
+  }
+  bo.snapshot_staging = staging == "device" ? SnapshotStaging::kDevice
+                        : staging == "host" ? SnapshotStaging::kHost
+                        : staging == "none" ? SnapshotStaging::kNone
+                                            : SnapshotStaging::kAuto;
+  bo.log = [this](const std::string& line) { log(line); };
+  return bo;
+}
+
+void Trainer::State::open_checkpointing(SlowPhases& slow) {
+  if (options.save_dir.empty()) return;
+  take_save_dir();
+  checkpointer = std::make_unique<Checkpointer>(comm, options.save_dir, options.keep_last, ckpt::ShardOptions{},
+                                                options.save_mode == "sync" ? SaveMode::kSync : SaveMode::kAsync,
+                                                [this](const std::string& line) { log(line); });
+  slow.run("allocating the checkpoint snapshot buffers", [&] { backend->reserve_snapshot(); });
+}
+
+void Trainer::State::initialize_parameters(SlowPhases& slow, const std::string& what) {
+  if (resume()) return;
+  if (!options.init_from.empty()) {
+    const model::HfWeights weights(options.init_from);
+    if (weights.model()->architecture() != model->architecture()) {
+      fail(ErrorKind::kInvalidInput,
+           options.init_from.string() + ": its config.json describes another model than " + model->name());
+    }
+    slow.run("reading " + what + " from " + options.init_from.string(), [&] {
+      backend->initialize([&](int t, int64_t offset, std::span<float> out) { weights.read(t, offset, out); });
+    });
+    log("initialised from " + options.init_from.string());
+    return;
+  }
+  const model::Model& m = *model;
+  const uint64_t seed = options.seed;
+  slow.run("initialising " + what, [&] {
+    backend->initialize([&](int t, int64_t offset, std::span<float> out) { init_values(m, t, seed, offset, out); });
+  });
+}
+
+void Trainer::State::report_memory() {
   // Every rank reports what it holds, so that ZeRO's 1/N savings are visible.
-  const MemoryReport m = s.backend->memory();
+  const MemoryReport m = backend->memory();
   const auto bytes = [](int64_t b) { return format_bytes(static_cast<double>(b)); };
   const auto held = [&](int64_t device, int64_t host, int64_t nvme) {  // offloaded states are named by where they are
     return nvme > 0 ? bytes(nvme) + " (on NVMe)" : host > 0 ? bytes(host) + " (in host memory)" : bytes(device);
@@ -226,40 +259,37 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
                            held(m.parameters, m.host_parameters, m.nvme_parameters) + ", gradients " +
                            bytes(m.gradients) + ", optimizer states " +
                            held(m.optimizer_states, m.host_optimizer_states, m.nvme_optimizer_states) +
-                           ", activations " + bytes(s.backend->activation_bytes()) +
+                           ", activations " + bytes(backend->activation_bytes()) +
                            (m.snapshot_staging > 0 ? ", snapshot staging " + bytes(m.snapshot_staging) : "");
   const std::vector<std::string> all = comm.gather(mine);
-  const ckpt::DType comm_type = comm_dtype(s.config);
+  const ckpt::DType comm_type = comm_dtype(config);
   const std::string wire = comm.size() > 1 && comm_type != ckpt::DType::kF32
                                ? std::string(", gradients reduced in ") + comm_dtype_name(comm_type)
                                : "";
-  s.log("model " + s.model->name() + " (" + s.model->family() + "): " + std::to_string(s.table.total_elements()) +
-        " parameters; " + std::to_string(comm.size()) + " ranks, ZeRO stage " + std::to_string(s.config.zero.stage) +
-        wire + "; batch " + std::to_string(s.config.train_batch_size) + " = " + std::to_string(micro) + " x " +
-        std::to_string(s.config.gradient_accumulation_steps) + " accumulation x " + std::to_string(comm.size()) +
-        " ranks, sequence " + std::to_string(T) + "; " + s.backend->describe());
-  for (const std::string& line : all) s.log("  " + line);
+  log("model " + model->name() + " (" + model->family() + "): " + std::to_string(table.total_elements()) +
+      " parameters; " + std::to_string(comm.size()) + " ranks, ZeRO stage " + std::to_string(config.zero.stage) + wire +
+      "; batch " + std::to_string(config.train_batch_size) + " = " + std::to_string(config.micro_batch_per_gpu) +
+      " x " + std::to_string(config.gradient_accumulation_steps) + " accumulation x " + std::to_string(comm.size()) +
+      " ranks, sequence " + std::to_string(seq_len) + "; " + backend->describe());
+  for (const std::string& line : all) log("  " + line);
+}
 
-  if (s.root() && !options.metrics.empty()) {
-    // The metrics file may lie in a run folder from elsewhere: a link, FIFO or device there would take
-    // the records outside it (or block), so it must be a regular file of its own before it is appended to.
-    open_own_file(options.metrics, O_WRONLY | O_APPEND | O_CREAT).close();
-    s.metrics.open(options.metrics, std::ios::app);
-    if (!s.metrics) fail(ErrorKind::kInvalidInput, options.metrics.string() + ": cannot open for appending");
-  }
+void Trainer::State::open_metrics() {
+  if (!root() || options.metrics.empty()) return;
+  // The metrics file may lie in a run folder from elsewhere: a link, FIFO or device there would take
+  // the records outside it (or block), so it must be a regular file of its own before it is appended to.
+  open_own_file(options.metrics, O_WRONLY | O_APPEND | O_CREAT).close();
+  metrics.open(options.metrics, std::ios::app);
+  if (!metrics) fail(ErrorKind::kInvalidInput, options.metrics.string() + ": cannot open for appending");
 }
 
 Trainer::~Trainer() = default;
 
 StepRecord Trainer::State::train_step() {
   const auto start = Clock::now();
-  const int T = seq_len;
-  const int micro = static_cast<int>(config.micro_batch_per_gpu);
   const int64_t gas = config.gradient_accumulation_steps;
   const int W = comm.size();
   const double scale = scaler->scale();
-  const float grad_scale = static_cast<float>(scale / static_cast<double>(gas));
-  double fwd_ms = 0, bwd_ms = 0;
   const FaultScope faults(comm.rank(), step + 1);  // for fault points deep in the step (swap-enospc)
   if (fault_armed("step-error", comm.rank(), step + 1)) {
     fail(ErrorKind::kIo, "step " + std::to_string(step + 1) + ": injected failure (SHARDKIT_FAULT=step-error)");
@@ -267,20 +297,8 @@ StepRecord Trainer::State::train_step() {
   if (fault_armed("stall", comm.rank(), step + 1)) std::this_thread::sleep_for(std::chrono::hours(1));
   crash_point("step-kill", comm.rank(), step + 1);
 
-  backend->zero_grads();
-  double loss_sum = 0;
-  for (int64_t m = 0; m < gas; ++m) {
-    // Global sample indices of this step: micro-step m, rank r, row i -> consumed + (m * W + r) * micro + i.
-    for (int i = 0; i < micro; ++i) {
-      const int64_t g = consumed_samples + (m * W + comm.rank()) * micro + i;
-      order->fill(g, model->vocab_size(), inputs.data() + static_cast<size_t>(i) * T,
-                  targets.data() + static_cast<size_t>(i) * T);
-    }
-    model::PassTimes times;
-    loss_sum += backend->forward_backward(inputs.data(), targets.data(), grad_scale, &times);
-    fwd_ms += times.forward_ms;
-    bwd_ms += times.backward_ms;
-  }
+  double fwd_ms = 0, bwd_ms = 0;
+  const double loss_sum = accumulate_gradients(static_cast<float>(scale / static_cast<double>(gas)), &fwd_ms, &bwd_ms);
   const auto reduce_start = Clock::now();
   backend->reduce_grads();
   // One pass and one synchronisation: the squared-gradient sum (in double, so no finite fp32
@@ -302,46 +320,74 @@ StepRecord Trainer::State::train_step() {
     ++skipped_steps;
   } else {
     // Gradients are summed over ranks and scaled by the loss scale the backward pass used.
-    const double norm = std::sqrt(grad_sq) / W / scale;
-    const double clip = config.gradient_clipping;
-    const double clip_factor = clip > 0 ? std::max(1.0, (norm + 1e-6) / clip) : 1.0;
-    AdamWStep a;
-    a.lr = r.lr;
-    a.beta1 = config.optimizer.beta1;
-    a.beta2 = config.optimizer.beta2;
-    a.eps = config.optimizer.eps;
-    a.weight_decay = config.optimizer.weight_decay;
-    a.adam_w_mode = config.optimizer.adam_w_mode;
-    a.bias_correction = config.optimizer.bias_correction;
-    a.step = ++optimizer_steps;
-    a.grad_multiplier = 1.0 / (static_cast<double>(W) * scale * clip_factor);
-    backend->step(a);
-    ++last_batch_iteration;
-    r.grad_norm = norm;
+    r.grad_norm = std::sqrt(grad_sq) / W / scale;
+    adamw_step(r.grad_norm, scale, r.lr);
   }
   const double opt_ms = ms_since(opt_start);
   r.loss = comm.allreduce_sum(loss_sum) / static_cast<double>(gas * W);
   ++step;
   consumed_samples += config.train_batch_size;
-  r.tokens = config.train_batch_size * T;
+  r.tokens = config.train_batch_size * seq_len;
   r.step_ms = ms_since(start);
   r.tokens_per_s = static_cast<double>(r.tokens) / (r.step_ms / 1000.0);
-
   if (root() && (r.step % config.steps_per_print == 0 || r.step == options.steps)) {
-    char line[512];
-    std::snprintf(line, sizeof(line),
-                  "step %6lld/%lld | loss %.4f | lr %.3e | grad norm %7.4f | scale %g%s | %8.1f ms | %9.0f tok/s",
-                  static_cast<long long>(r.step), static_cast<long long>(options.steps), r.loss, r.lr, r.grad_norm,
-                  r.loss_scale, r.skipped ? " (skipped: overflow)" : "", r.step_ms, r.tokens_per_s);
-    std::string text = line;
-    if (config.wall_clock_breakdown) {
-      std::snprintf(line, sizeof(line), " | fwd %.1f bwd %.1f reduce %.1f optim %.1f ms", fwd_ms, bwd_ms, reduce_ms,
-                    opt_ms);
-      text += line;
-    }
-    log(text);
+    print_step(r, fwd_ms, bwd_ms, reduce_ms, opt_ms);
   }
   return r;
+}
+
+double Trainer::State::accumulate_gradients(float grad_scale, double* fwd_ms, double* bwd_ms) {
+  const int T = seq_len;
+  const int micro = static_cast<int>(config.micro_batch_per_gpu);
+  const int W = comm.size();
+  backend->zero_grads();
+  double loss_sum = 0;
+  for (int64_t m = 0; m < config.gradient_accumulation_steps; ++m) {
+    // Global sample indices of this step: micro-step m, rank r, row i -> consumed + (m * W + r) * micro + i.
+    for (int i = 0; i < micro; ++i) {
+      const int64_t g = consumed_samples + (m * W + comm.rank()) * micro + i;
+      order->fill(g, model->vocab_size(), inputs.data() + static_cast<size_t>(i) * T,
+                  targets.data() + static_cast<size_t>(i) * T);
+    }
+    model::PassTimes times;
+    loss_sum += backend->forward_backward(inputs.data(), targets.data(), grad_scale, &times);
+    *fwd_ms += times.forward_ms;
+    *bwd_ms += times.backward_ms;
+  }
+  return loss_sum;
+}
+
+void Trainer::State::adamw_step(double norm, double scale, double lr) {
+  const double clip = config.gradient_clipping;
+  const double clip_factor = clip > 0 ? std::max(1.0, (norm + 1e-6) / clip) : 1.0;
+  AdamWStep a;
+  a.lr = lr;
+  a.beta1 = config.optimizer.beta1;
+  a.beta2 = config.optimizer.beta2;
+  a.eps = config.optimizer.eps;
+  a.weight_decay = config.optimizer.weight_decay;
+  a.adam_w_mode = config.optimizer.adam_w_mode;
+  a.bias_correction = config.optimizer.bias_correction;
+  a.step = ++optimizer_steps;
+  a.grad_multiplier = 1.0 / (static_cast<double>(comm.size()) * scale * clip_factor);
+  backend->step(a);
+  ++last_batch_iteration;
+}
+
+void Trainer::State::print_step(const StepRecord& r, double fwd_ms, double bwd_ms, double reduce_ms,
+                                double opt_ms) const {
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "step %6lld/%lld | loss %.4f | lr %.3e | grad norm %7.4f | scale %g%s | %8.1f ms | %9.0f tok/s",
+                static_cast<long long>(r.step), static_cast<long long>(options.steps), r.loss, r.lr, r.grad_norm,
+                r.loss_scale, r.skipped ? " (skipped: overflow)" : "", r.step_ms, r.tokens_per_s);
+  std::string text = line;
+  if (config.wall_clock_breakdown) {
+    std::snprintf(line, sizeof(line), " | fwd %.1f bwd %.1f reduce %.1f optim %.1f ms", fwd_ms, bwd_ms, reduce_ms,
+                  opt_ms);
+    text += line;
+  }
+  log(text);
 }
 
 void Trainer::State::write_metrics(const nlohmann::json& record) {
