@@ -15,19 +15,25 @@ struct TensorGroup {
   int last = 0;
 };
 
-class ParameterStore {
+// P is the type the model reads parameters in: float on CPU ranks; on GPUs the compute type (device
+// pointers, and a GPU store adds a way to wait for its stream: trainer/cuda/gpu_model.hpp). Gradients
+// are fp32 everywhere.
+template <typename P>
+class BasicParameterStore {
  public:
-  virtual ~ParameterStore() = default;
+  virtual ~BasicParameterStore() = default;
 
   // The full values of the group's tensors are readable through param() until release(group).
   virtual void acquire(int group) = 0;
   virtual void release(int group) = 0;
-  virtual const float* param(int tensor) const = 0;
+  virtual const P* param(int tensor) const = 0;
 
   // Gradient buffers of the group's tensors, for += accumulation, between open_grads and close_grads.
   virtual void open_grads(int group) = 0;
   virtual float* grad(int tensor) = 0;
   virtual void close_grads(int group) = 0;
 };
+
+using ParameterStore = BasicParameterStore<float>;
 
 }  // namespace shardkit::model

@@ -11,21 +11,16 @@
 #include <memory>
 
 #include "model/model.hpp"
+#include "model/param_store.hpp"
 #include "trainer/cuda/cuda_common.hpp"
 
 namespace shardkit::trainer::cuda {
 
-// The GPU counterpart of ParameterStore: device pointers, parameters in T, gradients in fp32.
+// The model's parameter store on a GPU: device pointers, parameters in T, gradients in fp32, and a wait
+// for the stream that fails on a communication error instead of hanging.
 template <typename T>
-class GpuParamStore {
+class GpuParamStore : public model::BasicParameterStore<T> {
  public:
-  virtual ~GpuParamStore() = default;
-  virtual void acquire(int group) = 0;
-  virtual void release(int group) = 0;
-  virtual const T* param(int tensor) const = 0;
-  virtual void open_grads(int group) = 0;
-  virtual float* grad(int tensor) = 0;
-  virtual void close_grads(int group) = 0;
   // Blocks until `stream` is done, failing rather than hanging when communication has failed.
   virtual void synchronize(cudaStream_t stream) = 0;
 };
