@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <span>
+#include <utility>
 #include <vector>
 
 namespace shardkit {
@@ -52,5 +54,38 @@ struct HugePageAllocator {
 // A vector for buffers that may be gigabytes: a rank's flat states, gradients, snapshots.
 template <typename T>
 using LargeVector = std::vector<T, HugePageAllocator<T>>;
+
+// A fixed-size buffer on huge pages whose elements start uninitialised, for tens of gigabytes that one
+// thread would take minutes to zero page by page: the owner fills it on all its threads (which also
+// spreads the first touch of the pages over them).
+template <typename T>
+class HugeBuffer {
+ public:
+  HugeBuffer() = default;
+  explicit HugeBuffer(size_t count)
+      : data_(count > 0 ? HugePageAllocator<T>().allocate(count) : nullptr), size_(count) {}
+  ~HugeBuffer() {
+    if (data_ != nullptr) HugePageAllocator<T>().deallocate(data_, size_);
+  }
+  HugeBuffer(HugeBuffer&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  HugeBuffer& operator=(HugeBuffer&& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(size_, other.size_);
+    return *this;
+  }
+  HugeBuffer(const HugeBuffer&) = delete;
+  HugeBuffer& operator=(const HugeBuffer&) = delete;
+
+  T* data() noexcept { return data_; }
+  const T* data() const noexcept { return data_; }
+  size_t size() const noexcept { return size_; }
+  std::span<T> span() noexcept { return {data_, size_}; }
+  std::span<const T> span() const noexcept { return {data_, size_}; }
+
+ private:
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
 
 }  // namespace shardkit

@@ -18,6 +18,7 @@
 
 #include "base/clock.hpp"
 #include "ckpt/tensor_table.hpp"
+#include "model/init_rule.hpp"
 #include "model/param_store.hpp"
 
 namespace shardkit::model {
@@ -41,12 +42,6 @@ class CpuModel {
                                   float grad_scale, PassTimes* times = nullptr) = 0;
   // Bytes of activation buffers held.
   virtual int64_t activation_bytes() const = 0;
-};
-
-// How a tensor starts (before any pretrained weights): by its role in the model, never by its name.
-struct InitRule {
-  enum Kind { kZeros, kOnes, kNormal } kind = kZeros;
-  float std = 0;  // kNormal: values N(0, std^2)
 };
 
 // What a tensor name found in a Hugging Face file is to a model.

@@ -20,6 +20,7 @@
 #include "comm/mpi.hpp"
 #include "model/model.hpp"
 #include "trainer/ds_config.hpp"
+#include "trainer/init.hpp"
 #include "trainer/zero_engine.hpp"
 
 namespace shardkit::trainer {
@@ -84,8 +85,10 @@ class Backend {
   virtual MemoryReport memory() const = 0;
   virtual int64_t activation_bytes() const = 0;
 
-  // Sets every parameter this rank keeps (moments zero).
+  // Sets every parameter this rank keeps (moments zero): from `init` (weights read from a file), or
+  // drawn where the states live (the same bits on every backend).
   virtual void initialize(const InitFn& init) = 0;
+  virtual void initialize(const RandomInit& init) = 0;
   // Reads this rank's master weights and moments through `read`, whatever layout they came from.
   virtual void load(const LoadFn& read) = 0;
 

@@ -84,6 +84,9 @@ class CpuBackend final : public Backend {
   int64_t activation_bytes() const override { return model_->activation_bytes(); }
 
   void initialize(const InitFn& init) override { engine_.initialize(init); }
+  void initialize(const RandomInit& init) override {
+    engine_.initialize([&](int t, int64_t offset, std::span<float> out) { init_values(init, t, offset, out); });
+  }
 
   void load(const LoadFn& read) override {
     engine_.fill_states([&](std::span<const ckpt::Fragment> plan, std::span<const std::span<float>> states) {

@@ -9,13 +9,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <numbers>
 #include <numeric>
 #include <utility>
 #include <vector>
 
 #include "base/error.hpp"
 #include "base/file_util.hpp"
+#include "trainer/philox.hpp"
 
 namespace shardkit::trainer {
 namespace {
@@ -34,15 +34,6 @@ constexpr char kNpyMagic[] = "\x93NUMPY";
 constexpr int64_t kNpyMagicBytes = sizeof(kNpyMagic) - 1;
 // NumPy writes a few hundred bytes at most; the bound keeps a crafted length from costing memory.
 constexpr int64_t kNpyMaxHeaderBytes = 64 * 1024;
-
-// Philox4x32 constants (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011).
-constexpr uint32_t kPhiloxMultiplier0 = 0xD2511F53;
-constexpr uint32_t kPhiloxMultiplier1 = 0xCD9E8D57;
-constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9;  // golden ratio
-constexpr uint32_t kPhiloxWeyl1 = 0xBB67AE85;  // sqrt(3) - 1
-constexpr int kPhiloxRounds = 10;
-
-constexpr double kTwoPowMinus53 = 1.0 / 9007199254740992.0;  // 2^-53
 
 // Where the tokens of a file lie, decided from its first bytes and its size.
 struct TokenExtent {
@@ -360,24 +351,8 @@ int64_t widen(const unsigned char* tokens, int64_t first, int64_t count, uint32_
   return count;
 }
 
-// One Philox round: two 32x32 -> 64-bit products, their halves mixed with the other words and the key.
-void philox_round(uint32_t c[4], const uint32_t k[2]) noexcept {
-  const uint64_t product0 = uint64_t{kPhiloxMultiplier0} * c[0];
-  const uint64_t product1 = uint64_t{kPhiloxMultiplier1} * c[2];
-  const uint32_t c1 = c[1], c3 = c[3];
-  c[0] = static_cast<uint32_t>(product1 >> 32) ^ c1 ^ k[0];
-  c[1] = static_cast<uint32_t>(product1);
-  c[2] = static_cast<uint32_t>(product0 >> 32) ^ c3 ^ k[1];
-  c[3] = static_cast<uint32_t>(product0);
-}
-
 uint64_t join(uint32_t high, uint32_t low) noexcept {
   return (uint64_t{high} << 32) | low;
-}
-
-// 53 random bits of (high, low) as a double in [0, 1).
-double unit_interval(uint32_t high, uint32_t low) noexcept {
-  return static_cast<double>(join(high, low) >> 11) * kTwoPowMinus53;
 }
 
 }  // namespace
@@ -466,39 +441,6 @@ void SampleOrder::fill(int64_t g, int vocab_size, int32_t* inputs, int32_t* targ
   // Inputs first: a bad id anywhere in the window is then reported at its lowest position.
   file_.read(start, seq_len_, vocab_size, inputs);
   file_.read(start + 1, seq_len_, vocab_size, targets);
-}
-
-// ---- Philox --------------------------------------------------------------------------------------
-
-void Philox::generate(uint64_t key, uint64_t counter_lo, uint64_t counter_hi, uint32_t out[4]) noexcept {
-  uint32_t k[2] = {static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)};
-  out[0] = static_cast<uint32_t>(counter_lo);
-  out[1] = static_cast<uint32_t>(counter_lo >> 32);
-  out[2] = static_cast<uint32_t>(counter_hi);
-  out[3] = static_cast<uint32_t>(counter_hi >> 32);
-  for (int round = 0; round < kPhiloxRounds; ++round) {
-    if (round > 0) {  // the first round uses the key itself; each later one bumps it by the Weyl constants
-      k[0] += kPhiloxWeyl0;
-      k[1] += kPhiloxWeyl1;
-    }
-    philox_round(out, k);
-  }
-}
-
-double Philox::uniform(uint64_t key, uint64_t counter_lo, uint64_t counter_hi) noexcept {
-  uint32_t out[4];
-  generate(key, counter_lo, counter_hi, out);
-  return unit_interval(out[1], out[0]);
-}
-
-float Philox::normal(uint64_t key, uint64_t counter_lo, uint64_t counter_hi) noexcept {
-  uint32_t out[4];
-  generate(key, counter_lo, counter_hi, out);
-  // u1 in (0, 1] keeps log(u1) finite; u2 in [0, 1) sets the angle. The sine partner is dropped so that
-  // the value stays a function of (key, counter) alone.
-  const double u1 = 1.0 - unit_interval(out[1], out[0]);
-  const double u2 = unit_interval(out[3], out[2]);
-  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
 }
 
 }  // namespace shardkit::trainer

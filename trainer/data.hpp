@@ -80,15 +80,4 @@ class SampleOrder {
   std::vector<int64_t> permutation_;
 };
 
-// Counter-based random numbers (Philox4x32-10): the same (key, counter) always gives the same
-// output, so values can be drawn for any element independently and in any order.
-struct Philox {
-  // Four 32-bit outputs for a 128-bit counter under a 64-bit key.
-  static void generate(uint64_t key, uint64_t counter_lo, uint64_t counter_hi, uint32_t out[4]) noexcept;
-  // A uniform double in [0, 1) from (key, counter_lo, counter_hi).
-  static double uniform(uint64_t key, uint64_t counter_lo, uint64_t counter_hi) noexcept;
-  // A standard normal float from (key, counter_lo, counter_hi) (Box-Muller on one Philox block).
-  static float normal(uint64_t key, uint64_t counter_lo, uint64_t counter_hi) noexcept;
-};
-
 }  // namespace shardkit::trainer

@@ -241,11 +241,7 @@ void Trainer::State::initialize_parameters(SlowPhases& slow, const std::string& 
     log("initialised from " + options.init_from.string());
     return;
   }
-  const model::Model& m = *model;
-  const uint64_t seed = options.seed;
-  slow.run("initialising " + what, [&] {
-    backend->initialize([&](int t, int64_t offset, std::span<float> out) { init_values(m, t, seed, offset, out); });
-  });
+  slow.run("initialising " + what, [&] { backend->initialize(RandomInit(*model, options.seed)); });
 }
 
 void Trainer::State::report_memory() {

@@ -151,67 +151,6 @@ std::vector<int64_t> samples(SampleOrder& order, int64_t first, int64_t count) {
   return out;
 }
 
-// ---- Philox --------------------------------------------------------------------------------------
-
-struct KnownAnswer {
-  uint32_t counter[4];
-  uint32_t key[2];
-  uint32_t expected[4];
-};
-
-// Random123's kat_vectors, philox4x32_10.
-TEST(Philox, MatchesRandom123KnownAnswers) {
-  const KnownAnswer cases[] = {
-      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
-      {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
-       {0xffffffff, 0xffffffff},
-       {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
-      {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
-       {0xa4093822, 0x299f31d0},
-       {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
-  };
-  for (const KnownAnswer& c : cases) {
-    const uint64_t key = (uint64_t{c.key[1]} << 32) | c.key[0];
-    const uint64_t counter_lo = (uint64_t{c.counter[1]} << 32) | c.counter[0];
-    const uint64_t counter_hi = (uint64_t{c.counter[3]} << 32) | c.counter[2];
-    uint32_t out[4];
-    Philox::generate(key, counter_lo, counter_hi, out);
-    for (int i = 0; i < 4; ++i) EXPECT_EQ(out[i], c.expected[i]) << "word " << i << " for key " << std::hex << key;
-  }
-}
-
-TEST(Philox, UniformLiesInUnitIntervalWithMeanOneHalf) {
-  constexpr int kDraws = 100000;
-  double sum = 0, sum_sq = 0;
-  for (int i = 0; i < kDraws; ++i) {
-    const double u = Philox::uniform(42, static_cast<uint64_t>(i), 7);
-    ASSERT_GE(u, 0.0) << "draw " << i;
-    ASSERT_LT(u, 1.0) << "draw " << i;
-    sum += u;
-    sum_sq += u * u;
-  }
-  const double mean = sum / kDraws;
-  EXPECT_NEAR(mean, 0.5, 0.01);                                 // standard error ~0.001
-  EXPECT_NEAR(sum_sq / kDraws - mean * mean, 1.0 / 12, 0.005);  // variance of U(0, 1)
-  EXPECT_EQ(Philox::uniform(42, 3, 7), Philox::uniform(42, 3, 7));
-  EXPECT_NE(Philox::uniform(42, 3, 7), Philox::uniform(43, 3, 7));
-}
-
-TEST(Philox, NormalHasZeroMeanAndUnitVariance) {
-  constexpr int kDraws = 100000;
-  double sum = 0, sum_sq = 0;
-  for (int i = 0; i < kDraws; ++i) {
-    const double z = Philox::normal(1234, static_cast<uint64_t>(i), 0);
-    ASSERT_TRUE(std::isfinite(z)) << "draw " << i;
-    sum += z;
-    sum_sq += z * z;
-  }
-  const double mean = sum / kDraws;
-  EXPECT_NEAR(mean, 0.0, 0.02);  // standard error ~0.003
-  EXPECT_NEAR(sum_sq / kDraws - mean * mean, 1.0, 0.03);
-  EXPECT_EQ(Philox::normal(1234, 5, 0), Philox::normal(1234, 5, 0));
-}
-
 // ---- TokenFile -----------------------------------------------------------------------------------
 
 TEST(TokenFile, RawAndLlmcFilesGiveTheSameTokens) {

@@ -40,8 +40,9 @@ int main(int argc, char** argv) {
   const auto model = shardkit::model::resolve_model(argv[1]);
   const auto& table = model->table();
   DenseParams params(table);
+  const RandomInit init(*model, seed);
   for (size_t t = 0; t < table.size(); ++t)
-    init_values(*model, static_cast<int>(t), seed, 0, params.values(static_cast<int>(t)));
+    init_values(init, static_cast<int>(t), 0, params.values(static_cast<int>(t)));
 
   // Every window of the file, in order, as one batch.
   const TokenFile tokens(argv[2]);

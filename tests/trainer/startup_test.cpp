@@ -20,7 +20,7 @@ namespace {
 std::vector<float> initial(const model::Model& m, int tensor, int64_t offset, size_t n, int threads) {
   model::cpu::set_compute_threads(threads);
   std::vector<float> out(n);
-  trainer::init_values(m, tensor, 99, offset, out);
+  trainer::init_values(trainer::RandomInit(m, 99), tensor, offset, out);
   return out;
 }
 

@@ -44,6 +44,7 @@ class CudaBackend final : public Backend {
   int64_t activation_bytes() const override { return model_->activation_bytes(); }
 
   void initialize(const InitFn& init) override { engine_.initialize(init); }
+  void initialize(const RandomInit& init) override { engine_.initialize(init); }
   void load(const LoadFn& read) override { engine_.load(read); }
   void zero_grads() override { engine_.zero_grads(); }
 

@@ -10,6 +10,7 @@
 #include "trainer/cuda/device_type.hpp"
 #include "trainer/cuda/gpu_engine.hpp"
 #include "trainer/cuda/kernels.hpp"
+#include "trainer/cuda/random_init.hpp"
 #include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer::cuda {
@@ -100,6 +101,38 @@ void GpuZeroEngine<T>::initialize(const InitFn& init) {
 }
 
 template <typename T>
+void GpuZeroEngine<T>::initialize(const RandomInit& init) {
+  const std::vector<ckpt::Fragment> fragments = plan_.optimizer_fragments();
+  const auto draw = [&](float* out, const ckpt::Fragment& f, int64_t from, int64_t n) {
+    draw_init_values(out, n, init.tensors.at(static_cast<size_t>(f.tensor)), init.seed, f.tensor_offset + from,
+                     stream_);
+  };
+  if (host_) {
+    // The master weights live in host memory (zero between fragments since allocation): drawn here in
+    // pieces and copied down, far faster than the host threads draw them.
+    const std::span<float> master = host_->master();
+    constexpr int64_t kPiece = int64_t{64} << 20;  // elements
+    DeviceBuffer<float> piece(static_cast<size_t>(std::min<int64_t>(kPiece, static_cast<int64_t>(master.size()))));
+    for (const ckpt::Fragment& f : fragments) {
+      for (int64_t from = 0; from < f.length; from += kPiece) {
+        const int64_t n = std::min(kPiece, f.length - from);
+        draw(piece.data(), f, from, n);
+        CUDA_CHECK(cudaMemcpyAsync(master.data() + f.flat_offset + from, piece.data(),
+                                   static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));  // the piece is drawn into again next
+      }
+    }
+  } else {
+    CUDA_CHECK(cudaMemsetAsync(master_.data(), 0, master_.bytes(), stream_));  // the padding between fragments
+    for (const ckpt::Fragment& f : fragments) draw(master_.data() + f.flat_offset, f, 0, f.length);
+    CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
+    CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
+  }
+  publish_params();
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+template <typename T>
 void GpuZeroEngine<T>::load(const LoadFn& read) {
   const std::vector<ckpt::Fragment> fragments = plan_.optimizer_fragments();
   if (host_) {  // offloaded: the states live in host memory, read there in one pass
@@ -112,10 +145,8 @@ void GpuZeroEngine<T>::load(const LoadFn& read) {
   // State by state into host memory, each copied to the device by a helper thread while the next is
   // read: the copy hides behind the disk.
   const size_t n = master_.size();
-  HugePageAllocator<float> allocator;  // uninitialised: the reads touch the pages, in parallel
-  const auto release = [&](float* p) { allocator.deallocate(p, n); };
-  std::unique_ptr<float[], decltype(release)> staging[2] = {{allocator.allocate(n), release},
-                                                            {allocator.allocate(n), release}};
+  HugeBuffer<float> staging[2] = {HugeBuffer<float>(n),
+                                  HugeBuffer<float>(n)};  // the reads touch the pages, in parallel
   DeviceBuffer<float>* devices[ckpt::kNumOptimizerStates] = {&master_, &exp_avg_, &exp_avg_sq_};
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
@@ -127,7 +158,7 @@ void GpuZeroEngine<T>::load(const LoadFn& read) {
   };
   try {
     for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
-      const std::span<float> host(staging[s % 2].get(), n);
+      const std::span<float> host = staging[s % 2].span();
       read(load_requests(fragments, {&host, 1}, s));
       join_copier();  // the previous state's copy, which also frees the other staging buffer
       copier = std::thread([&, s, host] {

@@ -41,6 +41,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   bool fixed_buffers() const noexcept { return plan_.stage() <= 1; }
 
   void initialize(const InitFn& init);
+  void initialize(const RandomInit& init);
   void load(const LoadFn& read);
   // Starts copying the rank's states into the (page-locked) host spans. Directly: on a side stream,
   // and the next step() waits for the copy on the device. Through the device staging buffer, once

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "model/cpu/ops.hpp"
 #include "trainer/cuda/device_type.hpp"
 #include "trainer/cuda/host_optimizer.hpp"
 
@@ -24,12 +25,17 @@ int64_t chunks_of(size_t count) {
 template <typename T>
 HostOptimizer<T>::HostOptimizer(size_t count, bool params_on_host)
     : params_on_host_(params_on_host),
-      master_(count, 0.0f),
-      exp_avg_(count, 0.0f),
-      exp_avg_sq_(count, 0.0f),
+      master_(count),
+      exp_avg_(count),
+      exp_avg_sq_(count),
       grad_staging_(count),
       param_staging_(params_on_host ? 0 : count),
-      chunk_ready_(static_cast<size_t>(chunks_of(count))) {}
+      chunk_ready_(static_cast<size_t>(chunks_of(count))) {
+  // Zeroed on all the compute threads: tens of gigabytes for a multi-billion-parameter model.
+  for (HugeBuffer<float>* state : {&master_, &exp_avg_, &exp_avg_sq_}) {
+    model::cpu::fill(state->data(), static_cast<int64_t>(count), 0.0f);
+  }
+}
 
 template <typename T>
 void HostOptimizer<T>::narrow(int64_t lo, int64_t len, T* out) {
@@ -77,7 +83,7 @@ void HostOptimizer<T>::step(const float* grads, T* params, const AdamWCoefficien
   for (int64_t k = 0; k < chunks; ++k) {
     const int64_t lo = k * kChunk, len = std::min(kChunk, n - lo);
     CUDA_CHECK(cudaEventSynchronize(chunk_ready_[static_cast<size_t>(k)].get()));
-    const auto part = [&](std::vector<float>& v) { return std::span<float>(v.data() + lo, static_cast<size_t>(len)); };
+    const auto part = [&](HugeBuffer<float>& v) { return std::span<float>(v.data() + lo, static_cast<size_t>(len)); };
     const std::span<const float> g(grad_staging_.data() + lo, static_cast<size_t>(len));
     if constexpr (std::is_same_v<T, float>) {
       cpu_adamw(part(master_), part(exp_avg_), part(exp_avg_sq_), g, c, no_decay.at(lo));

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "base/huge_pages.hpp"
 #include "ckpt/shard_format.hpp"
 #include "trainer/adamw.hpp"
 #include "trainer/cuda/cuda_common.hpp"
@@ -23,9 +24,9 @@ class HostOptimizer {
   // in host memory (offload_param), else in device memory.
   HostOptimizer(size_t count, bool params_on_host);
 
-  std::span<float> master() noexcept { return master_; }
-  std::span<float> exp_avg() noexcept { return exp_avg_; }
-  std::span<float> exp_avg_sq() noexcept { return exp_avg_sq_; }
+  std::span<float> master() noexcept { return master_.span(); }
+  std::span<float> exp_avg() noexcept { return exp_avg_.span(); }
+  std::span<float> exp_avg_sq() noexcept { return exp_avg_sq_.span(); }
   int64_t state_bytes() const noexcept { return ckpt::kOptimizerStateBytes * static_cast<int64_t>(master_.size()); }
 
   // params (count elements) = the master weights in T, once the work queued on `stream` so far is
@@ -45,7 +46,7 @@ class HostOptimizer {
   T* host_weights(T* params) noexcept { return params_on_host_ ? params : param_staging_.data(); }
 
   bool params_on_host_;
-  std::vector<float> master_, exp_avg_, exp_avg_sq_;
+  HugeBuffer<float> master_, exp_avg_, exp_avg_sq_;  // zero-filled on the compute threads
   PinnedBuffer<float> grad_staging_;
   PinnedBuffer<T> param_staging_;   // params in device memory: the weights in T on their way up
   std::vector<Event> chunk_ready_;  // one per chunk: its gradients have reached the host
