@@ -16,7 +16,7 @@
 namespace shardkit::trainer {
 namespace {
 
-constexpr int kBatch = 8;  // windows scored per forward pass
+constexpr int kBatch = 8;  // windows scored per forward pass (fewer where a GPU has no room for them)
 
 // The manifest's model config decides what evaluate allocates: a crafted one must be refused before
 // the allocation, not by the out-of-memory killer after it.
@@ -33,17 +33,37 @@ void require_memory_for(const model::Model& m, int seq_len, const std::string& w
   }
 }
 
+// The CPU's scorer: every parameter in fp32 (DenseParams) and the family's CPU model.
+class CpuScorer final : public WindowScorer {
+ public:
+  CpuScorer(const model::Model& m, ckpt::CheckpointReader& reader, int state, int batch, int seq_len)
+      : params_(m.table()), model_(m.make_cpu_model(batch, seq_len)), batch_(batch), seq_len_(seq_len) {
+    for (size_t t = 0; t < m.table().size(); ++t)
+      reader.read(static_cast<int>(t), state, 0, params_.values(static_cast<int>(t)));
+  }
+  int batch() const override { return batch_; }
+  double score(const int32_t* inputs, const int32_t* targets, int rows) override {
+    return model_->forward(params_, inputs, targets, rows, seq_len_);
+  }
+
+ private:
+  DenseParams params_;
+  std::unique_ptr<model::CpuModel> model_;
+  int batch_, seq_len_;
+};
+
 }  // namespace
 
-EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesystem::path& data, int64_t windows,
-                    int seq_len, int threads, const std::function<void(int64_t done, int64_t total)>& progress) {
-  model::cpu::set_compute_threads(threads > 0 ? threads
-                                              : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesystem::path& data,
+                    const EvalOptions& options, const std::function<void(int64_t done, int64_t total)>& progress) {
+  model::cpu::set_compute_threads(
+      options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   ckpt::CheckpointReader reader(checkpoint);
   const std::string where = reader.step_dir().string();
   const std::shared_ptr<const model::Model> m = model::model_from_manifest(reader.manifest().model, where);
   const ckpt::TensorTable& table = m->table();
   if (!(reader.tensors() == table)) fail(ErrorKind::kCorrupt, where + ": tensor table does not match its model config");
+  const int seq_len = options.seq_len;
   if (seq_len < 0 || seq_len > m->max_seq_len()) {
     fail(ErrorKind::kInvalidInput, "--seq-len " + std::to_string(seq_len) + " is outside [1, " +
                                        std::to_string(m->max_seq_len()) + "], the sequence lengths model " + m->name() +
@@ -52,11 +72,6 @@ EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesyst
   const int T = seq_len > 0 ? seq_len : m->max_seq_len();
   const int state = reader.find_state(ckpt::kMasterWeights);
   if (state < 0) fail(ErrorKind::kInvalidInput, where + ": no fp32 master weights to evaluate");
-  require_memory_for(*m, T, where);
-
-  DenseParams params(table);
-  for (size_t t = 0; t < table.size(); ++t)
-    reader.read(static_cast<int>(t), state, 0, params.values(static_cast<int>(t)));
 
   const TokenFile tokens(data);
   const int64_t full = (tokens.size() - 1) / T;
@@ -64,29 +79,39 @@ EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesyst
     fail(ErrorKind::kInvalidInput, data.string() + ": " + std::to_string(tokens.size()) +
                                        " tokens, fewer than one window of " + std::to_string(T + 1));
   }
+  int64_t windows = options.windows;
   if (windows < 0) fail(ErrorKind::kInvalidInput, "--windows must be positive");
   if (windows == 0) windows = std::min<int64_t>(full, 64);
   if (windows > full) {
     fail(ErrorKind::kInvalidInput, "--windows " + std::to_string(windows) + " exceeds the " + std::to_string(full) +
                                        " full windows of " + data.string());
   }
-  const std::unique_ptr<model::CpuModel> cpu = m->make_cpu_model(kBatch, T);
-  std::vector<int32_t> in(static_cast<size_t>(kBatch) * T), out(static_cast<size_t>(kBatch) * T);
+  const int batch = static_cast<int>(std::min<int64_t>(kBatch, windows));
+  std::unique_ptr<WindowScorer> scorer;
+  if (options.cuda) {
+    scorer = make_cuda_scorer(*m, reader, state, batch, T, options.dtype);
+  } else {
+    require_memory_for(*m, T, where);
+    scorer = std::make_unique<CpuScorer>(*m, reader, state, batch, T);
+  }
+  const int B = scorer->batch();
+  std::vector<int32_t> in(static_cast<size_t>(B) * T), out(static_cast<size_t>(B) * T);
   double total = 0;
-  for (int64_t k0 = 0; k0 < windows; k0 += kBatch) {
-    const int rows = static_cast<int>(std::min<int64_t>(kBatch, windows - k0));
+  for (int64_t k0 = 0; k0 < windows; k0 += B) {
+    const int rows = static_cast<int>(std::min<int64_t>(B, windows - k0));
     for (int r = 0; r < rows; ++r) {
       const int64_t start = (k0 + r) * T;
       tokens.read(start, T, m->vocab_size(), in.data() + static_cast<size_t>(r) * T);
       tokens.read(start + 1, T, m->vocab_size(), out.data() + static_cast<size_t>(r) * T);
     }
-    total += cpu->forward(params, in.data(), out.data(), rows, T) * rows * T;
+    total += scorer->score(in.data(), out.data(), rows) * rows * T;
     if (progress) progress((k0 + rows) * T, windows * T);
   }
   EvalResult r;
   r.windows = windows;
   r.tokens = windows * T;
   r.loss = total / static_cast<double>(r.tokens);
+  r.batch = B;
   return r;
 }
 

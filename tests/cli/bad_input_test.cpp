@@ -111,18 +111,28 @@ TEST(BadInput, EachIsRefusedWithOneLineNamingTheProblem) {
 }
 
 // `--device cuda` where no GPU can be used -- none visible (CUDA_VISIBLE_DEVICES empty hides them all,
-// so this runs on GPU machines too), or a build without CUDA -- is refused before any work, in one line.
+// so this runs on GPU machines too), or a build without CUDA -- is refused before any work, in one line,
+// by train and by eval; a GPU precision asked of the CPU's eval too.
 TEST(BadInput, CudaWithoutAGpuIsRefusedWithOneLine) {
   testing::TempDir dir;
-  const Result r = run("train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --device cuda --data " +
-                           write_text_tokens(dir).string() + " --steps 1",
-                       "", "CUDA_VISIBLE_DEVICES=");
+  const std::string data = write_text_tokens(dir).string();
+  const std::string train = "train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --data " + data;
+  ASSERT_EQ(run(train + " --steps 1 --save-dir " + (dir / "run").string()).code, 0);
+  const std::string eval = "eval " + (dir / "run").string() + " --data " + data + " --windows 2";
+  for (const std::string& args : {train + " --device cuda --steps 1", eval + " --device cuda"}) {
+    SCOPED_TRACE(args);
+    const Result r = run(args, "", "CUDA_VISIBLE_DEVICES=");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("--device cuda: "), std::string::npos) << r.err;
+    const bool none_visible = r.err.find("no CUDA device is visible") != std::string::npos;
+    const bool not_built = r.err.find("built without CUDA") != std::string::npos;
+    EXPECT_TRUE(none_visible || not_built) << r.err;
+  }
+  const Result r = run(eval + " --dtype bf16");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
-  EXPECT_NE(r.err.find("--device cuda: "), std::string::npos) << r.err;
-  const bool none_visible = r.err.find("no CUDA device is visible") != std::string::npos;
-  const bool not_built = r.err.find("built without CUDA") != std::string::npos;
-  EXPECT_TRUE(none_visible || not_built) << r.err;
+  EXPECT_NE(r.err.find("--dtype bf16 is a GPU precision"), std::string::npos) << r.err;
 }
 
 // A FIFO where a command expects a file used to block it forever in open(2); each is refused at once.

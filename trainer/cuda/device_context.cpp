@@ -36,26 +36,41 @@ void refuse_shared_gpus(comm::MpiCollective& comm, int device) {
 
 }  // namespace
 
-DeviceContext::DeviceContext(comm::MpiCollective& comm) {
+int visible_devices() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     fail(ErrorKind::kInvalidInput,
          "--device cuda: no CUDA device is visible on this node (check the driver and CUDA_VISIBLE_DEVICES, or "
-         "train with --device cpu)");
+         "use --device cpu)");
   }
-  device_ = comm.node_place().rank % count;
+  return count;
+}
+
+DeviceContext::DeviceContext() {
+  visible_devices();  // fails with advice when there is none
+  open(0);
+}
+
+DeviceContext::DeviceContext(comm::MpiCollective& comm) {
+  const int device = comm.node_place().rank % visible_devices();
+  CUDA_CHECK(cudaSetDevice(device));
+  refuse_shared_gpus(comm, device);
+  open(device);
+  ncclUniqueId id;
+  if (comm.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+  comm.broadcast_bytes(&id, sizeof(id));
+  NCCL_CHECK(ncclCommInitRank(nccl_.out(), comm.size(), id, comm.rank()));
+}
+
+void DeviceContext::open(int device) {
+  device_ = device;
   CUDA_CHECK(cudaSetDevice(device_));
-  refuse_shared_gpus(comm, device_);
   CUDA_CHECK(cudaGetDeviceProperties(&props_, device_));
   stream_ = std::make_unique<Stream>();
   CUBLAS_CHECK(cublasCreate(&cublas_));
   CUBLAS_CHECK(cublasSetStream(cublas_, stream_->get()));
   // True fp32 for fp32 training (no TF32), tensor cores for bf16/fp16 inputs.
   CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
-  ncclUniqueId id;
-  if (comm.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-  comm.broadcast_bytes(&id, sizeof(id));
-  NCCL_CHECK(ncclCommInitRank(nccl_.out(), comm.size(), id, comm.rank()));
 }
 
 DeviceContext::~DeviceContext() {

@@ -1,6 +1,7 @@
 // One rank's GPU: the device its node-local MPI rank picks, a compute stream on it, a cuBLAS handle
 // bound to that stream and an NCCL communicator over the MPI world (rank 0 creates the id, MPI carries
-// it). The trainer's backend, the multi-rank CUDA tests and the communication benchmark start here.
+// it), or for one process (evaluation) no communicator. The trainer's backend, evaluation, the
+// multi-rank CUDA tests and the communication benchmark start here.
 #pragma once
 
 #include <memory>
@@ -14,6 +15,8 @@ class DeviceContext {
  public:
   // Error(kInvalidInput) when no CUDA device is visible.
   explicit DeviceContext(comm::MpiCollective& comm);
+  // One process without collectives (evaluation): the first visible device, no NCCL communicator.
+  DeviceContext();
   ~DeviceContext();
   DeviceContext(const DeviceContext&) = delete;
   DeviceContext& operator=(const DeviceContext&) = delete;
@@ -25,6 +28,8 @@ class DeviceContext {
   ncclComm_t nccl() const noexcept { return nccl_.get(); }
 
  private:
+  void open(int device);  // the device, its stream and cuBLAS handle
+
   int device_ = 0;
   cudaDeviceProp props_{};
   std::unique_ptr<Stream> stream_;  // created once the device is chosen: a stream belongs to one device

@@ -76,6 +76,9 @@ class GpuModel {
   virtual void queue(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets, float grad_scale,
                      model::PassTimes* times) = 0;
   virtual double finish(GpuParamStore<T>& params, model::PassTimes* times) = 0;
+  // The forward pass alone (evaluation): the mean loss of a micro-batch, no gradient touched (the
+  // store may have none).
+  virtual double forward(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets) = 0;
 };
 
 // Error(kInvalidInput) naming the model when its family has no CUDA kernels or its shape is one they

@@ -139,9 +139,18 @@ void GpuGpt2<T>::queue(GpuParamStore<T>& p, const int32_t* inputs, const int32_t
                        model::PassTimes* times) {
   const auto start = Clock::now();
   forward_blocks(p, inputs);
+  head(p, targets, grad_scale, true);
+  if (times) times->forward_ms = ms_since(start);
+  backward_start_ = Clock::now();
+  backward_blocks(p, inputs);
+  // The loss is needed on the host for the step's record; finish() waits for it.
+  read_back(loss_host_.data(), loss_sum_.data(), 1, stream_);
+}
+
+template <typename T>
+void GpuGpt2<T>::head(GpuParamStore<T>& p, const int32_t* targets, float grad_scale, bool backward) {
   const int N = B_ * S_, C = config_.n_embd, V = config_.vocab_size;
-  // Output projection (tied to wte) fused with the cross-entropy and its gradient, in blocks of rows.
-  p.open_grads(0);
+  if (backward) p.open_grads(0);
   p.acquire(0);
   // The padding rows of the copy stay zero, so are the padding logits, and so is what they add to dx.
   CUDA_CHECK(cudaMemcpyAsync(wte_padded_.data(), p.param(kWte), sizeof(T) * V * C, cudaMemcpyDeviceToDevice, stream_));
@@ -152,18 +161,23 @@ void GpuGpt2<T>::queue(GpuParamStore<T>& p, const int32_t* inputs, const int32_t
     const int rows = std::min(head_rows_, N - r0);
     const T* x = lnf_.data() + static_cast<size_t>(r0) * C;
     gemm<T, T>(cublas_, false, true, rows, Vp, C, 1.0f, x, C, wte, C, 0.0f, logits_.data(), Vp);
-    softmax_cross_entropy(logits_.data(), Vp, losses_.data() + r0, targets + r0, rows, V, dscale, true, stream_);
+    softmax_cross_entropy(logits_.data(), Vp, losses_.data() + r0, targets + r0, rows, V, dscale, backward, stream_);
+    if (!backward) continue;
     gemm<T, T>(cublas_, false, false, rows, C, Vp, 1.0f, logits_.data(), Vp, wte, C, 0.0f,
                dbuf_c_.data() + static_cast<size_t>(r0) * C, C);
     head_weight_grad(cublas_, p.grad(kWte), logits_.data(), logits_ld_, x, V, C, rows);
   }
   p.release(0);
   sum_floats(loss_sum_.data(), losses_.data(), N, stream_);
-  if (times) times->forward_ms = ms_since(start);
-  backward_start_ = Clock::now();
-  backward_blocks(p, inputs);
-  // The loss is needed on the host for the step's record; finish() waits for it.
+}
+
+template <typename T>
+double GpuGpt2<T>::forward(GpuParamStore<T>& p, const int32_t* inputs, const int32_t* targets) {
+  forward_blocks(p, inputs);
+  head(p, targets, 0.0f, false);
   read_back(loss_host_.data(), loss_sum_.data(), 1, stream_);
+  p.synchronize(stream_);
+  return loss_host_.data()[0] / (static_cast<double>(B_) * S_);
 }
 
 template <typename T>

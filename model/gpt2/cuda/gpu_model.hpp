@@ -40,9 +40,13 @@ class GpuGpt2 final : public GpuModel<T> {
   void queue(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets, float grad_scale,
              PassTimes* times);
   double finish(GpuParamStore<T>& params, PassTimes* times);
+  double forward(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets) override;
 
  private:
   void forward_blocks(GpuParamStore<T>& p, const int32_t* inputs);
+  // The output projection (tied to wte) fused with the loss (into loss_sum_), in blocks of rows; with
+  // `backward` also its gradients (dx into dbuf_c_, wte's into the store).
+  void head(GpuParamStore<T>& p, const int32_t* targets, float grad_scale, bool backward);
   void backward_blocks(GpuParamStore<T>& p, const int32_t* inputs);
 
   GptConfig config_;

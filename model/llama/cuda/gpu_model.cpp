@@ -151,13 +151,13 @@ void GpuLlama<T>::forward_layers(GpuParamStore<T>& p, const int32_t* inputs) {
 }
 
 template <typename T>
-void GpuLlama<T>::head(GpuParamStore<T>& p, const int32_t* targets, float grad_scale) {
+void GpuLlama<T>::head(GpuParamStore<T>& p, const int32_t* targets, float grad_scale, bool backward) {
   const LlamaConfig& c = config_;
   const int N = B_ * S_, H = c.hidden_size, V = c.vocab_size, Vp = logits_ld_;
   const int w = head_tensor(c);
   const int group = c.tie_word_embeddings ? 0 : final_group_;
   if (c.tie_word_embeddings) p.acquire(0);
-  p.open_grads(group);
+  if (backward) p.open_grads(group);
   // The output projection fused with the cross-entropy and its gradient, in blocks of rows. The
   // padding rows of the copy stay zero, so are the padding logits, and so is what they add to dx.
   CUDA_CHECK(cudaMemcpyAsync(head_padded_.data(), p.param(w), sizeof(T) * V * H, cudaMemcpyDeviceToDevice, stream_));
@@ -167,7 +167,8 @@ void GpuLlama<T>::head(GpuParamStore<T>& p, const int32_t* targets, float grad_s
     const int rows = std::min(head_rows_, N - r0);
     const T* x = xnf_.data() + static_cast<size_t>(r0) * H;
     gemm<T, T>(cublas_, false, true, rows, Vp, H, 1.0f, x, H, weight, H, 0.0f, logits_.data(), Vp);
-    softmax_cross_entropy(logits_.data(), Vp, losses_.data() + r0, targets + r0, rows, V, dscale, true, stream_);
+    softmax_cross_entropy(logits_.data(), Vp, losses_.data() + r0, targets + r0, rows, V, dscale, backward, stream_);
+    if (!backward) continue;
     gemm<T, T>(cublas_, false, false, rows, H, Vp, 1.0f, logits_.data(), Vp, weight, H, 0.0f,
                dxn_.data() + static_cast<size_t>(r0) * H, H);
     head_weight_grad(cublas_, p.grad(w), logits_.data(), logits_ld_, x, V, H, rows);
@@ -176,6 +177,16 @@ void GpuLlama<T>::head(GpuParamStore<T>& p, const int32_t* targets, float grad_s
   // tied head the embedding's gradients stay open for the whole backward pass.
   if (c.tie_word_embeddings) p.release(group);
   sum_floats(loss_sum_.data(), losses_.data(), N, stream_);
+}
+
+template <typename T>
+double GpuLlama<T>::forward(GpuParamStore<T>& p, const int32_t* inputs, const int32_t* targets) {
+  forward_layers(p, inputs);
+  head(p, targets, 0.0f, false);
+  if (!config_.tie_word_embeddings) p.release(final_group_);  // no backward pass to keep it for
+  read_back(loss_host_.data(), loss_sum_.data(), 1, stream_);
+  p.synchronize(stream_);
+  return loss_host_.data()[0] / (static_cast<double>(B_) * S_);
 }
 
 template <typename T>
@@ -190,7 +201,7 @@ void GpuLlama<T>::queue(GpuParamStore<T>& p, const int32_t* inputs, const int32_
                         PassTimes* times) {
   const auto start = Clock::now();
   forward_layers(p, inputs);
-  head(p, targets, grad_scale);
+  head(p, targets, grad_scale, true);
   if (times) times->forward_ms = ms_since(start);
   backward_start_ = Clock::now();
   backward_layers(p, inputs);

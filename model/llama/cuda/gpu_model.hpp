@@ -35,11 +35,13 @@ class GpuLlama final : public GpuModel<T> {
   void queue(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets, float grad_scale,
              PassTimes* times) override;
   double finish(GpuParamStore<T>& params, PassTimes* times) override;
+  double forward(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets) override;
 
  private:
   void forward_layers(GpuParamStore<T>& p, const int32_t* inputs);
-  // The head's loss (into loss_sum_) and its gradient (into dxn_) over the final norm's output.
-  void head(GpuParamStore<T>& p, const int32_t* targets, float grad_scale);
+  // The head's loss (into loss_sum_) and, with `backward`, its gradient (into dxn_) over the final
+  // norm's output.
+  void head(GpuParamStore<T>& p, const int32_t* targets, float grad_scale, bool backward);
   void backward_layers(GpuParamStore<T>& p, const int32_t* inputs);
 
   LlamaConfig config_;
