@@ -246,17 +246,8 @@ void Trainer::State::initialize_parameters(SlowPhases& slow, const std::string& 
 
 void Trainer::State::report_memory() {
   // Every rank reports what it holds, so that ZeRO's 1/N savings are visible.
-  const MemoryReport m = backend->memory();
-  const auto bytes = [](int64_t b) { return format_bytes(static_cast<double>(b)); };
-  const auto held = [&](int64_t device, int64_t host, int64_t nvme) {  // offloaded states are named by where they are
-    return nvme > 0 ? bytes(nvme) + " (on NVMe)" : host > 0 ? bytes(host) + " (in host memory)" : bytes(device);
-  };
-  const std::string mine = "rank " + std::to_string(comm.rank()) + ": parameters " +
-                           held(m.parameters, m.host_parameters, m.nvme_parameters) + ", gradients " +
-                           bytes(m.gradients) + ", optimizer states " +
-                           held(m.optimizer_states, m.host_optimizer_states, m.nvme_optimizer_states) +
-                           ", activations " + bytes(backend->activation_bytes()) +
-                           (m.snapshot_staging > 0 ? ", snapshot staging " + bytes(m.snapshot_staging) : "");
+  const std::string mine =
+      "rank " + std::to_string(comm.rank()) + ": " + describe_memory(backend->memory(), backend->activation_bytes());
   const std::vector<std::string> all = comm.gather(mine);
   const ckpt::DType comm_type = comm_dtype(config);
   const std::string wire = comm.size() > 1 && comm_type != ckpt::DType::kF32

@@ -13,6 +13,7 @@
 #include "trainer/cuda/device_type.hpp"
 #include "trainer/cuda/gpu_engine.hpp"
 #include "trainer/cuda/kernels.hpp"
+#include "trainer/cuda/memory_plan.hpp"
 #include "trainer/live_snapshot.hpp"
 #include "trainer/weight_decay.hpp"
 
@@ -26,6 +27,7 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const BackendOptions& o)
       : options_(o),
         context_(*o.comm),
+        plan_(check_memory_plan<T>(*o.model, o.config->zero, o.micro_batch, o.seq_len, *o.comm, context_, o.log)),
         model_(make_gpu_model<T>(*o.model, o.micro_batch, o.seq_len, context_.cublas(), context_.stream())),
         engine_(o.model->table(), o.model->groups(), decay_flags(*o.model), o.config->zero, comm_dtype(*o.config),
                 *o.comm, context_.nccl(), context_.stream()),
@@ -162,6 +164,7 @@ class CudaBackend final : public Backend {
 
   BackendOptions options_;
   DeviceContext context_;
+  MemoryPlan plan_;  // checked before anything below is allocated
   std::unique_ptr<GpuModel<T>> model_;
   GpuZeroEngine<T> engine_;
   DeviceBuffer<int32_t> inputs_, targets_;

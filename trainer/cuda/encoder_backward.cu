@@ -63,17 +63,41 @@ __global__ void wpe_grad_kernel(float* dwpe, const T* dout, int B, int S, int C)
 
 }  // namespace
 
+namespace {
+
+// The low bits of a token id the radix sort looks at: enough for the vocabulary.
+int key_bits_for(int vocab_size) {
+  int bits = 1;
+  while (bits < 31 && (int64_t{1} << bits) < vocab_size) ++bits;
+  return bits;
+}
+
+// The radix sort's scratch for `tokens` keys (a size query: no device work).
+size_t sort_scratch_bytes(int tokens, int key_bits) {
+  size_t scratch = 0;
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, scratch, static_cast<const int32_t*>(nullptr),
+                                             static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                             static_cast<int32_t*>(nullptr), tokens, 0, key_bits));
+  return std::max<size_t>(scratch, 1);
+}
+
+}  // namespace
+
 EncoderBackward::EncoderBackward(int tokens, int vocab_size)
-    : tokens_(tokens), positions_(tokens), sorted_tokens_(tokens), sorted_positions_(tokens) {
-  key_bits_ = 1;
-  while (key_bits_ < 31 && (int64_t{1} << key_bits_) < vocab_size) ++key_bits_;
+    : tokens_(tokens),
+      key_bits_(key_bits_for(vocab_size)),
+      positions_(tokens),
+      sorted_tokens_(tokens),
+      sorted_positions_(tokens),
+      sort_scratch_(sort_scratch_bytes(tokens, key_bits_)) {
   std::vector<int32_t> iota(static_cast<size_t>(tokens));
   std::iota(iota.begin(), iota.end(), 0);
   CUDA_CHECK(cudaMemcpy(positions_.data(), iota.data(), positions_.bytes(), cudaMemcpyHostToDevice));
-  size_t scratch = 0;
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, scratch, positions_.data(), sorted_tokens_.data(),
-                                             positions_.data(), sorted_positions_.data(), tokens, 0, key_bits_));
-  sort_scratch_.resize(std::max<size_t>(scratch, 1));
+}
+
+int64_t EncoderBackward::bytes_for(int tokens, int vocab_size) {
+  return static_cast<int64_t>(3 * sizeof(int32_t) * static_cast<size_t>(tokens) +
+                              sort_scratch_bytes(tokens, key_bits_for(vocab_size)));
 }
 
 int64_t EncoderBackward::bytes() const noexcept {

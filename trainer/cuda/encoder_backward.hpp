@@ -23,6 +23,8 @@ class EncoderBackward {
   void run(float* dwte, float* dwpe, const T* dout, const int32_t* inputs, int B, int S, int C, cudaStream_t st);
 
   int64_t bytes() const noexcept;
+  // What bytes() is for an instance of this shape, before making one.
+  static int64_t bytes_for(int tokens, int vocab_size);
 
  private:
   int tokens_;

@@ -14,6 +14,59 @@
 #include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer::cuda {
+namespace {
+
+// Elements of the engine's fixed buffers for one rank: what the constructor allocates and
+// engine_footprint() counts, from one place.
+// Stages 0 and 1 on one rank reduce nothing: the full gradient buffer is the partition.
+bool grads_full_is_partition_of(const ZeroPlan& plan) {
+  return plan.stage() == 0 || (plan.stage() == 1 && plan.world_size() == 1);
+}
+
+struct FixedBuffers {
+  size_t params_full = 0;  // T, stages 0-2
+  size_t grads_full = 0;   // fp32, stages 0-1
+  size_t grad_part = 0;    // fp32, the reduced partition where grads_full is not it
+  size_t param_part = 0;   // T, stage 3
+  bool param_part_on_host = false;
+  size_t states = 0;  // fp32 per optimizer state (3 of them)
+  bool states_on_host = false;
+};
+
+FixedBuffers fixed_buffers_of(const ZeroPlan& plan, const ZeroConfig& config) {
+  FixedBuffers b;
+  const int stage = plan.stage();
+  const auto full = static_cast<size_t>(plan.replicated_size());
+  const auto owned = static_cast<size_t>(plan.owned_size());
+  if (stage <= 2) b.params_full = full;
+  if (stage <= 1) b.grads_full = full;
+  if (!grads_full_is_partition_of(plan)) b.grad_part = owned;
+  if (stage == 3) b.param_part = owned;
+  // offload_param: page-locked whatever its pin_memory says. Copies from and to pageable memory
+  // make the host wait (for the stream, for the copy), which would stall every gather and defeat
+  // the prefetch. DeepSpeed takes pin_memory as a speed hint; pinned memory is only faster.
+  b.param_part_on_host = stage == 3 && config.offload_param.device == "cpu";
+  b.states = static_cast<size_t>(plan.optimizer_size());
+  b.states_on_host = config.offload_optimizer.device == "cpu";
+  return b;
+}
+
+}  // namespace
+
+template <typename T>
+EngineFootprint engine_footprint(const ZeroPlan& plan, const ZeroConfig& config) {
+  const FixedBuffers b = fixed_buffers_of(plan, config);
+  const auto bytes = [](size_t n, size_t element) { return static_cast<int64_t>(n * element); };
+  EngineFootprint f;
+  f.held.parameters = bytes(b.params_full, sizeof(T)) + (b.param_part_on_host ? 0 : bytes(b.param_part, sizeof(T)));
+  f.held.host_parameters = b.param_part_on_host ? bytes(b.param_part, sizeof(T)) : 0;
+  f.held.gradients = bytes(b.grads_full + b.grad_part, sizeof(float));
+  const int64_t states = ckpt::kNumOptimizerStates * bytes(b.states, sizeof(float));
+  (b.states_on_host ? f.held.host_optimizer_states : f.held.optimizer_states) = states;
+  f.pinned_host = f.held.host_parameters;
+  if (b.states_on_host) f.pinned_host += HostOptimizer<T>::pinned_bytes(b.states, b.param_part_on_host);
+  return f;
+}
 
 template <typename T>
 GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups,
@@ -27,28 +80,20 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<mode
       nccl_(nccl),
       stream_(stream),
       plan_(table, mpi.size(), mpi.rank(), config.stage),
-      // offload_param: page-locked whatever its pin_memory says. Copies from and to pageable memory
-      // make the host wait (for the stream, for the copy), which would stall every gather and defeat
-      // the prefetch. DeepSpeed takes pin_memory as a speed hint; pinned memory is only faster.
-      param_part_(plan_.stage() == 3 ? static_cast<size_t>(plan_.owned_size()) : 0,
-                  config.offload_param.device == "cpu") {
-  const size_t flat = static_cast<size_t>(plan_.owned_size());
-  const size_t full = static_cast<size_t>(plan_.replicated_size());
+      param_part_(fixed_buffers_of(plan_, config).param_part, fixed_buffers_of(plan_, config).param_part_on_host) {
+  const FixedBuffers fixed = fixed_buffers_of(plan_, config);
   const int stage = plan_.stage();
-  if (stage <= 2) params_full_.resize(full);
-  if (stage <= 1) grads_full_.resize(full);
-  const size_t view = static_cast<size_t>(plan_.optimizer_size());
-  if (config.offload_optimizer.device == "cpu") {
-    host_ = std::make_unique<HostOptimizer<T>>(view, param_part_.on_host());
+  params_full_.resize(fixed.params_full);
+  grads_full_.resize(fixed.grads_full);
+  if (fixed.states_on_host) {
+    host_ = std::make_unique<HostOptimizer<T>>(fixed.states, param_part_.on_host());
   } else {
-    master_.resize(view);
-    exp_avg_.resize(view);
-    exp_avg_sq_.resize(view);
+    master_.resize(fixed.states);
+    exp_avg_.resize(fixed.states);
+    exp_avg_sq_.resize(fixed.states);
   }
-  if (!grads_full_is_partition()) {
-    grad_part_.resize(flat);
-    CUDA_CHECK(cudaMemsetAsync(grad_part_.data(), 0, grad_part_.bytes(), stream_));
-  }
+  grad_part_.resize(fixed.grad_part);
+  if (fixed.grad_part > 0) CUDA_CHECK(cudaMemsetAsync(grad_part_.data(), 0, grad_part_.bytes(), stream_));
   if (stage == 3) gathered_.resize(table.size());
   if (stage >= 2) grad_buffers_.resize(table.size());
   if (stage == 2) {
@@ -507,7 +552,7 @@ void GpuZeroEngine<T>::reduce_stage3(int first, int last) {
 
 template <typename T>
 bool GpuZeroEngine<T>::grads_full_is_partition() const noexcept {
-  return plan_.stage() == 0 || (plan_.stage() == 1 && plan_.world_size() == 1);
+  return grads_full_is_partition_of(plan_);
 }
 
 template <typename T>
@@ -631,5 +676,8 @@ void GpuZeroEngine<T>::update_and_gather(const typename ParamPartition<T>::Produ
 template class GpuZeroEngine<float>;
 template class GpuZeroEngine<__nv_bfloat16>;
 template class GpuZeroEngine<__half>;
+template EngineFootprint engine_footprint<float>(const ZeroPlan&, const ZeroConfig&);
+template EngineFootprint engine_footprint<__nv_bfloat16>(const ZeroPlan&, const ZeroConfig&);
+template EngineFootprint engine_footprint<__half>(const ZeroPlan&, const ZeroConfig&);
 
 }  // namespace shardkit::trainer::cuda

@@ -25,6 +25,17 @@
 
 namespace shardkit::trainer::cuda {
 
+// What a rank's engine allocates when it is made, known before: the fixed buffers memory() reports,
+// and the page-locked host memory of stage 3's offloaded partition and the offloaded optimizer's
+// transfers. (Stages 2 and 3 also take working buffers as they run: reduction buckets, gathered
+// groups; and a snapshot staging copy, when reserved, is on top.)
+struct EngineFootprint {
+  MemoryReport held;
+  int64_t pinned_host = 0;
+};
+template <typename T>
+EngineFootprint engine_footprint(const ZeroPlan& plan, const ZeroConfig& config);
+
 template <typename T>
 class GpuZeroEngine final : public GpuParamStore<T> {
  public:

@@ -66,6 +66,18 @@ std::unique_ptr<GpuModel<T>> make_gpu_model(const model::Model& m, int batch, in
   return std::make_unique<model::llama::GpuLlama<T>>(*model::llama::config_of(m), batch, seq_len, cublas, stream);
 }
 
+template <typename T>
+int64_t planned_activation_bytes(const model::Model& m, int batch, int seq_len) {
+  require_gpu_kernels(m);
+  if (const model::gpt2::GptConfig* c = model::gpt2::config_of(m)) {
+    return model::gpt2::GpuGpt2<T>::planned_activation_bytes(*c, batch, seq_len);
+  }
+  return model::llama::GpuLlama<T>::planned_activation_bytes(*model::llama::config_of(m), batch, seq_len);
+}
+
+template int64_t planned_activation_bytes<float>(const model::Model&, int, int);
+template int64_t planned_activation_bytes<__nv_bfloat16>(const model::Model&, int, int);
+template int64_t planned_activation_bytes<__half>(const model::Model&, int, int);
 template std::unique_ptr<GpuModel<float>> make_gpu_model<float>(const model::Model&, int, int, cublasHandle_t,
                                                                 cudaStream_t);
 template std::unique_ptr<GpuModel<__nv_bfloat16>> make_gpu_model<__nv_bfloat16>(const model::Model&, int, int,

@@ -57,6 +57,11 @@ void allocate_activation(DeviceBuffer<U>& buffer, size_t count, int64_t& total) 
   buffer.resize(count);
   total += static_cast<int64_t>(buffer.bytes());
 }
+// The bytes allocate_activation would count for `count` elements of the buffer `member` of a model.
+template <typename Model, typename U>
+int64_t buffer_bytes(DeviceBuffer<U> Model::*, size_t count) {
+  return static_cast<int64_t>(count * sizeof(U));
+}
 
 // A family's forward and backward passes on one GPU, in T with fp32 accumulation, for micro-batches of
 // the batch and sequence length it was made for.
@@ -89,5 +94,8 @@ void require_gpu_kernels(const model::Model& model);
 template <typename T>
 std::unique_ptr<GpuModel<T>> make_gpu_model(const model::Model& model, int batch, int seq_len, cublasHandle_t cublas,
                                             cudaStream_t stream);
+// What that model's activation_bytes() will be, without a device (require_gpu_kernels first).
+template <typename T>
+int64_t planned_activation_bytes(const model::Model& model, int batch, int seq_len);
 
 }  // namespace shardkit::trainer::cuda

@@ -28,6 +28,10 @@ class HostOptimizer {
   std::span<float> exp_avg() noexcept { return exp_avg_.span(); }
   std::span<float> exp_avg_sq() noexcept { return exp_avg_sq_.span(); }
   int64_t state_bytes() const noexcept { return ckpt::kOptimizerStateBytes * static_cast<int64_t>(master_.size()); }
+  // The page-locked transfer buffers an optimizer of `count` elements allocates.
+  static int64_t pinned_bytes(size_t count, bool params_on_host) noexcept {
+    return static_cast<int64_t>(count * (sizeof(float) + (params_on_host ? 0 : sizeof(T))));
+  }
 
   // params (count elements) = the master weights in T, once the work queued on `stream` so far is
   // done (it may read them); complete on return.

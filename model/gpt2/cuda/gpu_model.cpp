@@ -49,45 +49,59 @@ GpuGpt2<T>::GpuGpt2(const GptConfig& config, int batch, int seq_len, cublasHandl
       stream_(stream),
       matmul_(stream),
       encoder_backward_(batch * seq_len, config.vocab_size) {
-  const int L = config.n_layer;
-  const size_t N = static_cast<size_t>(batch) * seq_len, C = static_cast<size_t>(config.n_embd);
-  const size_t Ls = static_cast<size_t>(L);
   logits_ld_ = padded_vocab(config.vocab_size);
-  head_rows_ = head_block_rows(logits_ld_, sizeof(T), static_cast<int>(N));
-  auto alloc = [&](auto& buffer, size_t count) { allocate_activation(buffer, count, activation_bytes_); };
-  alloc(encoded_, N * C);
-  alloc(ln1_, Ls * N * C);
-  alloc(qkv_, Ls * N * 3 * C);
-  alloc(atty_, Ls * N * C);
-  alloc(res2_, Ls * N * C);
-  alloc(ln2_, Ls * N * C);
-  alloc(fch_, Ls * N * 4 * C);
-  alloc(fch_gelu_, Ls * N * 4 * C);
-  alloc(res3_, Ls * N * C);
-  alloc(lnf_, N * C);
-  alloc(logits_, static_cast<size_t>(head_rows_) * logits_ld_);
-  alloc(wte_padded_, static_cast<size_t>(logits_ld_) * C);
+  head_rows_ = head_block_rows(logits_ld_, sizeof(T), batch * seq_len);
+  activation_buffers(config, batch, seq_len,
+                     [&](auto member, size_t count) { allocate_activation(this->*member, count, activation_bytes_); });
   CUDA_CHECK(cudaMemsetAsync(wte_padded_.data(), 0, wte_padded_.bytes(), stream_));
-  alloc(ln1_mean_, Ls * N);
-  alloc(ln1_rstd_, Ls * N);
-  alloc(ln2_mean_, Ls * N);
-  alloc(ln2_rstd_, Ls * N);
-  alloc(lnf_mean_, N);
-  alloc(lnf_rstd_, N);
-  alloc(lse_, Ls * N * static_cast<size_t>(config.n_head));
-  alloc(losses_, N);
-  alloc(dres_, N * C);
-  alloc(dbuf_c_, N * C);
-  alloc(dbuf_c2_, N * C);
-  alloc(dbuf_3c_, N * 3 * C);
-  alloc(dbuf_4c2_, N * 4 * C);
-  alloc(delta_, N * static_cast<size_t>(config.n_head));
-  // The reductions' partial sums (LayerNorm and bias gradients, one kernel at a time on the stream).
-  alloc(scratch_, static_cast<size_t>(std::max(norm_scratch_floats(Norm::kLayer, config.n_embd),
-                                               bias_scratch_floats(4 * config.n_embd))));
   activation_bytes_ += encoder_backward_.bytes();
   loss_sum_.resize(kSumScratch);
   loss_host_.resize(1);
+}
+
+template <typename T>
+template <typename F>
+void GpuGpt2<T>::activation_buffers(const GptConfig& config, int batch, int seq_len, F&& buffer) {
+  const size_t N = static_cast<size_t>(batch) * seq_len, C = static_cast<size_t>(config.n_embd);
+  const size_t L = static_cast<size_t>(config.n_layer), NH = static_cast<size_t>(config.n_head);
+  const int logits_ld = padded_vocab(config.vocab_size);
+  buffer(&GpuGpt2::encoded_, N * C);
+  buffer(&GpuGpt2::ln1_, L * N * C);
+  buffer(&GpuGpt2::qkv_, L * N * 3 * C);
+  buffer(&GpuGpt2::atty_, L * N * C);
+  buffer(&GpuGpt2::res2_, L * N * C);
+  buffer(&GpuGpt2::ln2_, L * N * C);
+  buffer(&GpuGpt2::fch_, L * N * 4 * C);
+  buffer(&GpuGpt2::fch_gelu_, L * N * 4 * C);
+  buffer(&GpuGpt2::res3_, L * N * C);
+  buffer(&GpuGpt2::lnf_, N * C);
+  buffer(&GpuGpt2::logits_, static_cast<size_t>(head_block_rows(logits_ld, sizeof(T), static_cast<int>(N))) *
+                                static_cast<size_t>(logits_ld));
+  buffer(&GpuGpt2::wte_padded_, static_cast<size_t>(logits_ld) * C);
+  buffer(&GpuGpt2::ln1_mean_, L * N);
+  buffer(&GpuGpt2::ln1_rstd_, L * N);
+  buffer(&GpuGpt2::ln2_mean_, L * N);
+  buffer(&GpuGpt2::ln2_rstd_, L * N);
+  buffer(&GpuGpt2::lnf_mean_, N);
+  buffer(&GpuGpt2::lnf_rstd_, N);
+  buffer(&GpuGpt2::lse_, L * N * NH);
+  buffer(&GpuGpt2::losses_, N);
+  buffer(&GpuGpt2::dres_, N * C);
+  buffer(&GpuGpt2::dbuf_c_, N * C);
+  buffer(&GpuGpt2::dbuf_c2_, N * C);
+  buffer(&GpuGpt2::dbuf_3c_, N * 3 * C);
+  buffer(&GpuGpt2::dbuf_4c2_, N * 4 * C);
+  buffer(&GpuGpt2::delta_, N * NH);
+  // The reductions' partial sums (LayerNorm and bias gradients, one kernel at a time on the stream).
+  buffer(&GpuGpt2::scratch_, static_cast<size_t>(std::max(norm_scratch_floats(Norm::kLayer, config.n_embd),
+                                                          bias_scratch_floats(4 * config.n_embd))));
+}
+
+template <typename T>
+int64_t GpuGpt2<T>::planned_activation_bytes(const GptConfig& config, int batch, int seq_len) {
+  int64_t total = 0;
+  activation_buffers(config, batch, seq_len, [&](auto member, size_t count) { total += buffer_bytes(member, count); });
+  return total + EncoderBackward::bytes_for(batch * seq_len, config.vocab_size);
 }
 
 template <typename T>

@@ -29,6 +29,8 @@ class GpuGpt2 final : public GpuModel<T> {
   // Parameter groups: 0 = embeddings, 1..L = blocks, L+1 = final LayerNorm (as the CPU model).
   const std::vector<TensorGroup>& groups() const noexcept { return groups_; }
   int64_t activation_bytes() const noexcept { return activation_bytes_; }
+  // What activation_bytes() will be for this shape, before any allocation.
+  static int64_t planned_activation_bytes(const GptConfig& config, int batch, int seq_len);
 
   // A micro-batch of device token ids (batch x seq_len): adds the gradient of grad_scale * loss into
   // the store's gradient buffers and returns the mean loss (the one host synchronisation of the pass).
@@ -43,6 +45,10 @@ class GpuGpt2 final : public GpuModel<T> {
   double forward(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets) override;
 
  private:
+  // Every activation buffer with its element count, `buffer(&GpuGpt2::member, count)`: what the
+  // constructor allocates and planned_activation_bytes() adds up, listed once.
+  template <typename F>
+  static void activation_buffers(const GptConfig& config, int batch, int seq_len, F&& buffer);
   void forward_blocks(GpuParamStore<T>& p, const int32_t* inputs);
   // The output projection (tied to wte) fused with the loss (into loss_sum_), in blocks of rows; with
   // `backward` also its gradients (dx into dbuf_c_, wte's into the store).

@@ -48,53 +48,72 @@ GpuLlama<T>::GpuLlama(const LlamaConfig& config, int batch, int seq_len, cublasH
                                        " does not fit the model (max_position_embeddings " +
                                        std::to_string(config.max_position_embeddings) + ")");
   }
+  logits_ld_ = padded_vocab(config.vocab_size);
+  head_rows_ = head_block_rows(logits_ld_, sizeof(T), batch * seq_len);
+  activation_buffers(config, batch, seq_len,
+                     [&](auto member, size_t count) { allocate_activation(this->*member, count, activation_bytes_); });
+  const RopeTables rope = rope_tables(config, seq_len);
+  if (rope.cos.size() != cos_.size() || rope.sin.size() != sin_.size()) {
+    fail(ErrorKind::kInternal, "the rotation tables' size is not the one allocated for them");
+  }
+  CUDA_CHECK(cudaMemcpy(cos_.data(), rope.cos.data(), cos_.bytes(), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(sin_.data(), rope.sin.data(), sin_.bytes(), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemsetAsync(head_padded_.data(), 0, head_padded_.bytes(), stream_));
+  activation_bytes_ += embedding_backward_.bytes();
+  loss_sum_.resize(kSumScratch);
+  loss_host_.resize(1);
+}
+
+template <typename T>
+template <typename F>
+void GpuLlama<T>::activation_buffers(const LlamaConfig& config, int batch, int seq_len, F&& buffer) {
   const size_t N = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
   const size_t L = static_cast<size_t>(config.n_layer), H = static_cast<size_t>(config.hidden_size);
   const size_t I = static_cast<size_t>(config.intermediate_size), NH = static_cast<size_t>(config.n_head);
   const size_t QW = NH * static_cast<size_t>(config.head_dim);
   const size_t KW = static_cast<size_t>(config.n_kv_head) * static_cast<size_t>(config.head_dim);
-  logits_ld_ = padded_vocab(config.vocab_size);
-  head_rows_ = head_block_rows(logits_ld_, sizeof(T), static_cast<int>(N));
-  auto alloc = [&](auto& buffer, size_t count) { allocate_activation(buffer, count, activation_bytes_); };
-  const RopeTables rope = rope_tables(config, seq_len);
-  alloc(cos_, rope.cos.size());
-  alloc(sin_, rope.sin.size());
-  CUDA_CHECK(cudaMemcpy(cos_.data(), rope.cos.data(), cos_.bytes(), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaMemcpy(sin_.data(), rope.sin.data(), sin_.bytes(), cudaMemcpyHostToDevice));
-  alloc(encoded_, N * H);
-  alloc(xn1_, L * N * H);
-  alloc(q_, L * N * QW);
-  alloc(k_, L * N * KW);
-  alloc(v_, L * N * KW);
-  alloc(atty_, L * N * QW);
-  alloc(res2_, L * N * H);
-  alloc(xn2_, L * N * H);
-  alloc(gate_, L * N * I);
-  alloc(up_, L * N * I);
-  alloc(act_, L * N * I);
-  alloc(res3_, L * N * H);
-  alloc(xnf_, N * H);
-  alloc(logits_, static_cast<size_t>(head_rows_) * logits_ld_);
-  alloc(head_padded_, static_cast<size_t>(logits_ld_) * H);
-  CUDA_CHECK(cudaMemsetAsync(head_padded_.data(), 0, head_padded_.bytes(), stream_));
-  alloc(rstd1_, L * N);
-  alloc(rstd2_, L * N);
-  alloc(rstdf_, N);
-  alloc(lse_, L * N * NH);
-  alloc(losses_, N);
-  alloc(dres_, N * H);
-  alloc(dxn_, N * H);
-  alloc(datty_, N * QW);
-  alloc(dq_, N * QW);
-  alloc(dk_, N * KW);
-  alloc(dv_, N * KW);
-  alloc(dgate_, N * I);
-  alloc(dup_, N * I);
-  alloc(delta_, N * NH);
-  alloc(scratch_, static_cast<size_t>(norm_scratch_floats(Norm::kRms, config.hidden_size)));
-  activation_bytes_ += embedding_backward_.bytes();
-  loss_sum_.resize(kSumScratch);
-  loss_host_.resize(1);
+  const int logits_ld = padded_vocab(config.vocab_size);
+  const size_t rope = static_cast<size_t>(seq_len) * static_cast<size_t>(config.head_dim / 2);  // (S, D/2)
+  buffer(&GpuLlama::cos_, rope);
+  buffer(&GpuLlama::sin_, rope);
+  buffer(&GpuLlama::encoded_, N * H);
+  buffer(&GpuLlama::xn1_, L * N * H);
+  buffer(&GpuLlama::q_, L * N * QW);
+  buffer(&GpuLlama::k_, L * N * KW);
+  buffer(&GpuLlama::v_, L * N * KW);
+  buffer(&GpuLlama::atty_, L * N * QW);
+  buffer(&GpuLlama::res2_, L * N * H);
+  buffer(&GpuLlama::xn2_, L * N * H);
+  buffer(&GpuLlama::gate_, L * N * I);
+  buffer(&GpuLlama::up_, L * N * I);
+  buffer(&GpuLlama::act_, L * N * I);
+  buffer(&GpuLlama::res3_, L * N * H);
+  buffer(&GpuLlama::xnf_, N * H);
+  buffer(&GpuLlama::logits_, static_cast<size_t>(head_block_rows(logits_ld, sizeof(T), static_cast<int>(N))) *
+                                 static_cast<size_t>(logits_ld));
+  buffer(&GpuLlama::head_padded_, static_cast<size_t>(logits_ld) * H);
+  buffer(&GpuLlama::rstd1_, L * N);
+  buffer(&GpuLlama::rstd2_, L * N);
+  buffer(&GpuLlama::rstdf_, N);
+  buffer(&GpuLlama::lse_, L * N * NH);
+  buffer(&GpuLlama::losses_, N);
+  buffer(&GpuLlama::dres_, N * H);
+  buffer(&GpuLlama::dxn_, N * H);
+  buffer(&GpuLlama::datty_, N * QW);
+  buffer(&GpuLlama::dq_, N * QW);
+  buffer(&GpuLlama::dk_, N * KW);
+  buffer(&GpuLlama::dv_, N * KW);
+  buffer(&GpuLlama::dgate_, N * I);
+  buffer(&GpuLlama::dup_, N * I);
+  buffer(&GpuLlama::delta_, N * NH);
+  buffer(&GpuLlama::scratch_, static_cast<size_t>(norm_scratch_floats(Norm::kRms, config.hidden_size)));
+}
+
+template <typename T>
+int64_t GpuLlama<T>::planned_activation_bytes(const LlamaConfig& config, int batch, int seq_len) {
+  int64_t total = 0;
+  activation_buffers(config, batch, seq_len, [&](auto member, size_t count) { total += buffer_bytes(member, count); });
+  return total + EncoderBackward::bytes_for(batch * seq_len, config.vocab_size);
 }
 
 template <typename T>

@@ -29,6 +29,8 @@ class GpuLlama final : public GpuModel<T> {
   GpuLlama(const LlamaConfig& config, int batch, int seq_len, cublasHandle_t cublas, cudaStream_t stream);
 
   int64_t activation_bytes() const noexcept override { return activation_bytes_; }
+  // What activation_bytes() will be for this shape, before any allocation.
+  static int64_t planned_activation_bytes(const LlamaConfig& config, int batch, int seq_len);
 
   double forward_backward(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets, float grad_scale,
                           PassTimes* times) override;
@@ -38,6 +40,10 @@ class GpuLlama final : public GpuModel<T> {
   double forward(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets) override;
 
  private:
+  // Every activation buffer with its element count, `buffer(&GpuLlama::member, count)`: what the
+  // constructor allocates and planned_activation_bytes() adds up, listed once.
+  template <typename F>
+  static void activation_buffers(const LlamaConfig& config, int batch, int seq_len, F&& buffer);
   void forward_layers(GpuParamStore<T>& p, const int32_t* inputs);
   // The head's loss (into loss_sum_) and, with `backward`, its gradient (into dxn_) over the final
   // norm's output.

@@ -1,0 +1,41 @@
+// The memory a rank will hold, computed from the model, the ZeRO settings and the micro-batch before
+// anything is allocated: said at start-up, and a run that cannot fit is refused there, with the
+// numbers and the settings that would fit, instead of at its first failing allocation minutes later.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "model/model.hpp"
+#include "trainer/cuda/device_context.hpp"
+#include "trainer/cuda/gpu_engine.hpp"
+#include "trainer/ds_config.hpp"
+
+namespace shardkit::trainer::cuda {
+
+struct MemoryPlan {
+  EngineFootprint engine;   // the ZeRO engine's fixed buffers, as memory() will report them
+  int64_t activations = 0;  // the GPU model's, as activation_bytes() will report them
+
+  // Device memory of the above (stages 2 and 3 take working buffers on top as they run).
+  int64_t device() const noexcept {
+    return engine.held.parameters + engine.held.gradients + engine.held.optimizer_states + activations;
+  }
+  // Host memory: page-locked transfer buffers and offloaded states.
+  int64_t host() const noexcept { return engine.pinned_host + engine.held.host_optimizer_states; }
+};
+
+template <typename T>
+MemoryPlan plan_memory(const model::Model& model, const ZeroConfig& zero, int micro_batch, int seq_len, int world,
+                       int rank);
+
+// This rank's plan, said through `log`; Error(kIo) when it exceeds the device's free memory or the
+// node's available host memory (all ranks of the node together), naming what would fit. Collective
+// (every rank of the job calls it).
+template <typename T>
+MemoryPlan check_memory_plan(const model::Model& model, const ZeroConfig& zero, int micro_batch, int seq_len,
+                             comm::MpiCollective& comm, const DeviceContext& context,
+                             const std::function<void(const std::string&)>& log);
+
+}  // namespace shardkit::trainer::cuda
