@@ -16,13 +16,13 @@
 namespace shardkit::trainer::cuda {
 namespace {
 
-// Elements of the engine's fixed buffers for one rank: what the constructor allocates and
-// engine_footprint() counts, from one place.
 // Stages 0 and 1 on one rank reduce nothing: the full gradient buffer is the partition.
 bool grads_full_is_partition_of(const ZeroPlan& plan) {
   return plan.stage() == 0 || (plan.stage() == 1 && plan.world_size() == 1);
 }
 
+// Elements of the engine's fixed buffers for one rank: what the constructor allocates and
+// engine_footprint() counts, from one place.
 struct FixedBuffers {
   size_t params_full = 0;  // T, stages 0-2
   size_t grads_full = 0;   // fp32, stages 0-1
