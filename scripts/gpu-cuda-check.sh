@@ -7,13 +7,19 @@
 # 1 GPU (XL=0 skips it), and, with 2 GPUs, checkpoint speed against the disk (CKPT=0 skips it). TESTS=0
 # and SPEED=0 skip the tests and the kernel and training-speed benchmarks; BUCKET=n sets the training
 # benchmark's reduce_bucket_size. PROFILE=1 adds Nsight Compute's view (occupancy, pipe use, stall
-# reasons) of the attention and LayerNorm kernels at the step's shapes.
+# reasons) of the attention and LayerNorm kernels at the step's shapes. NVME=1 adds ZeRO-Infinity
+# against host-memory offload and the disk (bench/gpu_nvme_bench.sh; NVME_BIG=1 with its 4 B model).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out"
 log() { printf '\n== %s\n' "$*"; }
+# NVMe offload needs liburing; a machine without its development package may carry a copy
+# (headers, static library, pkg-config file) in build-deps/liburing.
+if ! pkg-config --exists liburing && [ -d build-deps/liburing ]; then
+  export PKG_CONFIG_PATH=$PWD/build-deps/liburing/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+fi
 gpus=$(nvidia-smi --list-gpus | wc -l)
 log "build ($gpus GPU(s))"
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
@@ -79,6 +85,11 @@ JSON
   }
   if [ "$gpus" -ge 2 ]; then echo "-- stage 3, 2 GPUs"; xl 2 3 false; fi
   echo "-- stage 2 + CPU optimizer offload, 1 GPU"; xl 1 2 true
+fi
+
+if [ "${NVME:-0}" != 0 ]; then
+  log "ZeRO-Infinity: optimizer states on NVMe against host memory and the disk (bench/gpu_nvme_bench.sh)"
+  SK=build-gpu/shardkit BIG=${NVME_BIG:-0} timeout 900 bench/gpu_nvme_bench.sh "${NVME_DIR:-/tmp/gpu-nvme}" 2>&1
 fi
 
 if [ "$gpus" -ge 2 ] && [ "${CKPT:-1}" != 0 ]; then

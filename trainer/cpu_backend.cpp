@@ -1,7 +1,6 @@
 // The CPU backend: the family's fp32 CPU model over the ZeRO engine of zero_engine.hpp, on MPI ranks.
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <thread>
 #include <vector>
 
@@ -11,7 +10,6 @@
 #include "trainer/backend.hpp"
 #include "trainer/live_snapshot.hpp"
 #include "trainer/nvme/swap_config.hpp"
-#include "trainer/nvme/swap_file.hpp"
 #include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer {
@@ -19,47 +17,13 @@ namespace {
 
 // NVMe offload (ZeRO-Infinity) of the optimizer states and of stage 3's parameters, or none.
 // Offloading to the CPU changes nothing on CPU ranks.
-ZeroEngine::SwapFactory nvme_swaps(const BackendOptions& o) {
+nvme::SwapFactory nvme_swaps(const BackendOptions& o) {
   const ZeroConfig& z = o.config->zero;
-  const bool optimizer = z.offload_optimizer.device == "nvme";
-  const bool params = z.offload_param.device == "nvme";
-  if (params && z.stage != 3) {
+  if (z.offload_param.device == "nvme" && z.stage != 3) {
     fail(ErrorKind::kInvalidInput, "zero_optimization.offload_param device nvme needs ZeRO stage 3 (stage " +
                                        std::to_string(z.stage) + " keeps every parameter on every rank)");
   }
-  if (!optimizer && !params) return {};
-  std::vector<std::string> notes;
-  std::optional<nvme::SwapOptions> optimizer_options, param_options;
-  if (optimizer) optimizer_options = nvme::swap_options(*o.config, "offload_optimizer", notes);
-  if (params) param_options = nvme::swap_options(*o.config, "offload_param", notes);
-  nvme::note_aio(o.config->aio, notes);
-  for (const std::string& line : notes) o.log(line);
-  comm::MpiCollective& comm = *o.comm;
-  const auto log = o.log;
-  return [optimizer_options, param_options, &comm, log](int64_t elements) {
-    // What each swap holds: the optimizer's master weights and moments; the parameters.
-    struct Kind {
-      const std::optional<nvme::SwapOptions>& options;
-      int states;
-      const char* contents;
-      const char* name;
-    };
-    const Kind kinds[] = {{optimizer_options, 3, "optimizer states", "optimizer"},
-                          {param_options, 1, "parameters", "params"}};
-    std::vector<nvme::SwapNeed> needs;
-    for (const Kind& k : kinds) {
-      if (k.options) needs.push_back(nvme::StateSwapper::need(*k.options, elements, k.states, k.contents));
-    }
-    nvme::check_node_free_space(comm, needs);
-    std::unique_ptr<nvme::StateSwapper> swaps[2];
-    for (size_t i = 0; i < 2; ++i) {
-      const Kind& k = kinds[i];
-      if (!k.options) continue;
-      swaps[i] = std::make_unique<nvme::StateSwapper>(*k.options, nvme::rank_swap_name(comm, k.name), elements,
-                                                      k.states, k.contents, log);
-    }
-    return ZeroEngine::Swaps{std::move(swaps[0]), std::move(swaps[1])};
-  };
+  return nvme::swap_factory(*o.config, false, *o.comm, o.log);
 }
 
 class CpuBackend final : public Backend {

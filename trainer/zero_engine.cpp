@@ -12,7 +12,7 @@ namespace shardkit::trainer {
 
 ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups,
                        const std::vector<bool>& decays, const ZeroConfig& config, ckpt::DType wire,
-                       comm::MpiCollective& comm, const SwapFactory& swap)
+                       comm::MpiCollective& comm, const nvme::SwapFactory& swap)
     : table_(table),
       groups_(std::move(groups)),
       config_(config),
@@ -47,7 +47,7 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::Tensor
            "partition)");
     }
   } else if (swap) {
-    Swaps swaps = swap(static_cast<int64_t>(flat));
+    nvme::Swaps swaps = swap(static_cast<int64_t>(flat));
     swap_ = std::move(swaps.optimizer);
     param_swap_ = std::move(swaps.params);
   }
@@ -106,16 +106,8 @@ void ZeroEngine::fill_states(const StateFill& fill) {
 
 void ZeroEngine::fill_swapped_states(const StateFill& fill) {
   const std::vector<ckpt::Fragment> plan = plan_.optimizer_fragments();
-  std::vector<ckpt::Fragment> in_chunk;
   visit_swapped(nvme::StateSwapper::Access::kWrite, [&](int64_t lo, std::span<const std::span<float>> states) {
-    // The fragments' parts inside the chunk, relative to its start.
-    const int64_t hi = lo + static_cast<int64_t>(states[0].size());
-    in_chunk.clear();
-    for (const ckpt::Fragment& f : plan) {
-      const int64_t a = std::max(lo, f.flat_offset), b = std::min(hi, f.flat_offset + f.length);
-      if (a < b) in_chunk.push_back({f.tensor, f.tensor_offset + (a - f.flat_offset), b - a, a - lo});
-    }
-    fill(in_chunk, states);
+    fill(fragments_within(plan, lo, lo + static_cast<int64_t>(states[0].size())), states);
   });
 }
 

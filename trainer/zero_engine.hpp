@@ -36,20 +36,13 @@
 #include "trainer/adamw.hpp"
 #include "trainer/ds_config.hpp"
 #include "trainer/memory_report.hpp"
-#include "trainer/nvme/state_swapper.hpp"
+#include "trainer/nvme/swap_config.hpp"
 #include "trainer/zero_plan.hpp"
 
 namespace shardkit::trainer {
 
 class ZeroEngine final : public model::ParameterStore {
  public:
-  // NVMe offload: the swap of the rank's optimizer states (3 states) and of its stage 3 parameter
-  // partition (1 state), either null.
-  struct Swaps {
-    std::unique_ptr<nvme::StateSwapper> optimizer, params;
-  };
-  // Opens the swaps for `elements` elements of each state.
-  using SwapFactory = std::function<Swaps(int64_t elements)>;
   // What fills the rank's states chunk by chunk (the whole buffers in one call without NVMe offload):
   // `plan` holds the fragments of the chunk, flat offsets relative to its start; `states` the chunk of
   // master weights, exp_avg and exp_avg_sq, every element of which the call must set (padding to 0).
@@ -59,7 +52,7 @@ class ZeroEngine final : public model::ParameterStore {
   // `decays`: per tensor, whether weight decay applies (weight_decay.hpp). `wire`:
   // communication_data_type (grad_wire.hpp). `swap`: NVMe offload (stages 1-3; parameters stage 3).
   ZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const std::vector<bool>& decays,
-             const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& comm, const SwapFactory& swap = {});
+             const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& comm, const nvme::SwapFactory& swap = {});
 
   const ckpt::Layout& layout() const noexcept { return plan_.layout(); }
   int stage() const noexcept { return plan_.stage(); }

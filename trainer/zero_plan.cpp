@@ -82,4 +82,13 @@ std::vector<PieceCopy> ZeroPlan::pieces(const SlotRun& run) const {
   return out;
 }
 
+std::vector<ckpt::Fragment> fragments_within(std::span<const ckpt::Fragment> fragments, int64_t lo, int64_t hi) {
+  std::vector<ckpt::Fragment> out;
+  for (const ckpt::Fragment& f : fragments) {
+    const int64_t a = std::max(lo, f.flat_offset), b = std::min(hi, f.flat_offset + f.length);
+    if (a < b) out.push_back({f.tensor, f.tensor_offset + (a - f.flat_offset), b - a, a - lo});
+  }
+  return out;
+}
+
 }  // namespace shardkit::trainer

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "ckpt/layout.hpp"
@@ -94,5 +95,9 @@ class ZeroPlan {
   std::vector<int64_t> numel_;
   int rank_;
 };
+
+// The parts of `fragments` (flat offsets in one buffer) inside its elements [lo, hi), with flat
+// offsets relative to lo: what one chunk of a buffer filled chunk by chunk receives.
+std::vector<ckpt::Fragment> fragments_within(std::span<const ckpt::Fragment> fragments, int64_t lo, int64_t hi);
 
 }  // namespace shardkit::trainer

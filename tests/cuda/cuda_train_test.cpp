@@ -1,6 +1,6 @@
 // The CUDA backend against the CPU reference: the fp32 GPU path follows the CPU losses to 1e-4, bf16
-// tracks the fp32 curve within 2 %, every ZeRO stage agrees at this world size, offload_param changes
-// nothing but where stage 3 keeps the parameters, and checkpoints move between GPU and CPU runs and
+// tracks the fp32 curve within 2 %, every ZeRO stage agrees at this world size, offload_param and NVMe
+// offload change nothing but where the states are kept, and checkpoints move between GPU and CPU runs and
 // between world sizes. Skipped (with a message) without enough GPUs, except the config refusals.
 #include <gtest/gtest.h>
 
@@ -247,25 +247,79 @@ TEST(CudaTrain, ParameterOffloadCheckpointsResumeWithoutIt) {
   }
 }
 
-// offload_param is for stage 3 only (the lower stages keep every parameter on each GPU), and the
-// CUDA backend offloads to the CPU, not to NVMe: both refused before any GPU is used.
-TEST(CudaTrain, ParameterOffloadIsRefusedBelowStage3AndToNvme) {
+// ZeRO-Infinity on GPUs: with the optimizer states in an NVMe swap file (a temporary folder here;
+// 64 KiB chunks, so the swap pipeline runs in many pieces) the host optimizer does the arithmetic it
+// does on states in host memory, so the losses are those bit for bit, at every stage and in fp32 and
+// bf16; the start-up report names the swap. A save reads the swap file itself (no snapshot copy), and
+// its checkpoint resumes with the states in host memory and in the swap again, continuing the
+// uninterrupted run bit for bit.
+TEST(CudaTrain, NvmeOptimizerOffloadTrainsBitForBitLikeHostMemory) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  REQUIRE_GPUS(world.size());  // a GPU of its own for every rank
+#if !SHARDKIT_HAVE_LIBURING
+  GTEST_SKIP() << "built without liburing: no NVMe offload";
+#endif
+  Workspace ws(world);
+  if (world.rank() == 0) std::filesystem::create_directory(ws / "nvme");
+  world.barrier();
+  const nlohmann::json to_nvme = {
+      {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", (ws / "nvme").string()}, {"pin_memory", true}}}};
+  const nlohmann::json aio = {{"aio", {{"block_size", 65536}, {"queue_depth", 4}}}};
+  for (const std::string precision : {"fp32", "bf16"}) {
+    for (int stage = 1; stage <= 3; ++stage) {
+      const std::string name = precision + "-" + std::to_string(stage);
+      const auto in_memory =
+          train(world, options(ws.config(stage, precision, name + "-host", true), ws / "tokens.bin", 6, "cuda"));
+      TrainOptions swapped =
+          options(ws.config(stage, precision, name + "-nvme", false, to_nvme, aio), ws / "tokens.bin", 6, "cuda");
+      swapped.quiet = false;
+      ::testing::internal::CaptureStdout();
+      const auto on_nvme = train(world, swapped);
+      const std::string console = ::testing::internal::GetCapturedStdout();
+      expect_close(on_nvme, in_memory, 0, 0.0, name + " swapped to NVMe");
+      if (world.rank() == 0) {
+        EXPECT_NE(console.find("(on NVMe)"), std::string::npos) << name << ":\n" << console;
+        EXPECT_NE(console.find("optimizer states swapped to " + (ws / "nvme").string()), std::string::npos)
+            << name << ":\n"
+            << console;
+      }
+    }
+  }
+  TrainOptions full = options(ws.config(2, "bf16", "save-nvme", false, to_nvme, aio), ws / "tokens.bin", 8, "cuda");
+  full.save_dir = ws / "from-nvme";
+  full.save_interval = 3;
+  const auto uninterrupted = train(world, full);
+  TrainOptions to_host = options(ws.config(3, "bf16", "resume-host", true), ws / "tokens.bin", 8, "cuda");
+  to_host.resume = (full.save_dir / "step-00000003").string();
+  expect_close(train(world, to_host), uninterrupted, 3, 0.0, "NVMe checkpoint resumed in host memory at stage 3");
+  TrainOptions again = options(ws.config(2, "bf16", "resume-nvme", false, to_nvme, aio), ws / "tokens.bin", 8, "cuda");
+  again.resume = (full.save_dir / "step-00000006").string();
+  expect_close(train(world, again), uninterrupted, 6, 0.0, "NVMe checkpoint resumed into the swap");
+}
+
+// offload_param is for stage 3 only (the lower stages keep every parameter on each GPU) and goes to
+// host memory, not NVMe (which takes the optimizer states); the optimizer needs a partition (stage
+// 1-3) to offload: all refused before any GPU is used.
+TEST(CudaTrain, OffloadSettingsTheBackendCannotHonourAreRefused) {
   comm::MpiCollective world(MPI_COMM_WORLD);
   Workspace ws(world);
-  const auto error_of = [&](int stage, const std::string& device) -> std::string {
-    nlohmann::json zero = {{"offload_param", {{"device", device}}}};
-    if (device == "nvme") zero["offload_param"]["nvme_path"] = ws.path().string();
+  const auto error_of = [&](int stage, const std::string& key, const std::string& device) -> std::string {
+    nlohmann::json zero = {{key, {{"device", device}}}};
+    if (device == "nvme") zero[key]["nvme_path"] = ws.path().string();
     try {
-      train(world, options(ws.config(stage, "fp32", "refused" + std::to_string(stage) + device, false, zero),
+      train(world, options(ws.config(stage, "fp32", "refused" + std::to_string(stage) + key + device, false, zero),
                            ws / "tokens.bin", 2, "cuda"));
     } catch (const Error& e) {
       return e.what();
     }
     return "(no error)";
   };
-  EXPECT_EQ(error_of(2, "cpu"),
+  EXPECT_EQ(error_of(2, "offload_param", "cpu"),
             "zero_optimization.offload_param needs ZeRO stage 3 (stage 2 keeps every parameter on each GPU)");
-  EXPECT_NE(error_of(3, "nvme").find("NVMe is not supported"), std::string::npos);
+  EXPECT_NE(error_of(3, "offload_param", "nvme").find("offload_param device nvme: on GPUs"), std::string::npos);
+  EXPECT_EQ(error_of(0, "offload_optimizer", "nvme"),
+            "zero_optimization.offload_optimizer device nvme needs ZeRO stage 1, 2 or 3 (stage 0 keeps no optimizer "
+            "partition)");
 }
 
 TEST(CudaTrain, CheckpointsMoveBetweenGpuAndCpu) {

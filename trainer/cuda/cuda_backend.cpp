@@ -15,6 +15,7 @@
 #include "trainer/cuda/kernels.hpp"
 #include "trainer/cuda/memory_plan.hpp"
 #include "trainer/live_snapshot.hpp"
+#include "trainer/nvme/swap_config.hpp"
 #include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer {
@@ -30,7 +31,7 @@ class CudaBackend final : public Backend {
         plan_(check_memory_plan<T>(*o.model, o.config->zero, o.micro_batch, o.seq_len, *o.comm, context_, o.log)),
         model_(make_gpu_model<T>(*o.model, o.micro_batch, o.seq_len, context_.cublas(), context_.stream())),
         engine_(o.model->table(), o.model->groups(), decay_flags(*o.model), o.config->zero, comm_dtype(*o.config),
-                *o.comm, context_.nccl(), context_.stream()),
+                *o.comm, context_.nccl(), context_.stream(), nvme::swap_factory(*o.config, true, *o.comm, o.log)),
         inputs_(static_cast<size_t>(o.micro_batch) * o.seq_len),
         targets_(static_cast<size_t>(o.micro_batch) * o.seq_len),
         replay_(engine_.fixed_buffers() && !o.config->wall_clock_breakdown) {}
@@ -39,8 +40,13 @@ class CudaBackend final : public Backend {
   std::string describe() const override {
     int nccl = 0;
     ncclGetVersion(&nccl);
-    return "CUDA device " + std::to_string(context_.device()) + " (" + context_.props().name + "), " +
-           DeviceType<T>::kName + " compute with fp32 master weights, cuBLAS, NCCL " + std::to_string(nccl);
+    std::string out = "CUDA device " + std::to_string(context_.device()) + " (" + context_.props().name + "), " +
+                      DeviceType<T>::kName + " compute with fp32 master weights, cuBLAS, NCCL " + std::to_string(nccl);
+    if (const nvme::StateSwapper* swap = engine_.swapper()) {
+      out +=
+          "; optimizer states swapped to " + swap->path().string() + (swap->direct() ? " (O_DIRECT)" : " (buffered)");
+    }
+    return out;
   }
   MemoryReport memory() const override { return engine_.memory(); }
   int64_t activation_bytes() const override { return model_->activation_bytes(); }
@@ -82,6 +88,13 @@ class CudaBackend final : public Backend {
     if (decided_) return;
     decided_ = true;
     const int64_t flat = engine_.layout().flat_size();
+    if (engine_.swapper() != nullptr) {
+      // Too large to be held twice in host memory: like the CPU backend's swapped states.
+      log("checkpoint snapshots: none: a save reads the optimizer states from the swap file, and the optimizer "
+          "step after it waits until they are written");
+      copies_ = false;
+      return;
+    }
     if (engine_.offloaded()) {
       if (options_.snapshot_staging == SnapshotStaging::kDevice) {
         fail(ErrorKind::kInvalidInput,
@@ -121,7 +134,7 @@ class CudaBackend final : public Backend {
     if (state == 0 && fault_armed("slow-snapshot")) {  // delays the save's read, which the step waits for
       fault_delay();
     }
-    sink(engine_.offloaded_state(state));
+    engine_.read_offloaded(state, sink);
   }
   void end_snapshot() override {
     if (!copies_) snapshot_gate_.open();
@@ -184,14 +197,14 @@ class CudaBackend final : public Backend {
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   cuda::require_gpu_kernels(*options.model);
   const ZeroConfig& z = options.config->zero;
-  if (z.offload_optimizer.device == "nvme" || z.offload_param.device == "nvme") {
+  if (z.offload_param.device == "nvme") {
     fail(ErrorKind::kInvalidInput,
-         "zero_optimization: the CUDA backend offloads to the CPU only "
-         "(offload_optimizer / offload_param device \"cpu\"; NVMe is not supported)");
+         "zero_optimization.offload_param device nvme: on GPUs stage 3's parameters live in GPU or host memory "
+         "(device \"cpu\"); NVMe takes the optimizer states (offload_optimizer device \"nvme\")");
   }
-  if (z.offload_optimizer.device == "cpu" && z.stage == 0) {
-    fail(ErrorKind::kInvalidInput,
-         "zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3 (stage 0 keeps no optimizer partition)");
+  if (z.offload_optimizer.device != "none" && z.stage == 0) {
+    fail(ErrorKind::kInvalidInput, "zero_optimization.offload_optimizer device " + z.offload_optimizer.device +
+                                       " needs ZeRO stage 1, 2 or 3 (stage 0 keeps no optimizer partition)");
   }
   if (z.offload_param.device == "cpu" && z.stage != 3) {
     fail(ErrorKind::kInvalidInput, "zero_optimization.offload_param needs ZeRO stage 3 (stage " +

@@ -29,8 +29,9 @@ struct FixedBuffers {
   size_t grad_part = 0;    // fp32, the reduced partition where grads_full is not it
   size_t param_part = 0;   // T, stage 3
   bool param_part_on_host = false;
-  size_t states = 0;  // fp32 per optimizer state (3 of them)
-  bool states_on_host = false;
+  size_t states = 0;            // fp32 per optimizer state (3 of them)
+  bool states_on_host = false;  // the host optimizer's, in host memory or swapped to NVMe
+  bool states_on_nvme = false;
 };
 
 FixedBuffers fixed_buffers_of(const ZeroPlan& plan, const ZeroConfig& config) {
@@ -47,7 +48,8 @@ FixedBuffers fixed_buffers_of(const ZeroPlan& plan, const ZeroConfig& config) {
   // the prefetch. DeepSpeed takes pin_memory as a speed hint; pinned memory is only faster.
   b.param_part_on_host = stage == 3 && config.offload_param.device == "cpu";
   b.states = static_cast<size_t>(plan.optimizer_size());
-  b.states_on_host = config.offload_optimizer.device == "cpu";
+  b.states_on_nvme = config.offload_optimizer.device == "nvme";
+  b.states_on_host = b.states_on_nvme || config.offload_optimizer.device == "cpu";
   return b;
 }
 
@@ -62,7 +64,9 @@ EngineFootprint engine_footprint(const ZeroPlan& plan, const ZeroConfig& config)
   f.held.host_parameters = b.param_part_on_host ? bytes(b.param_part, sizeof(T)) : 0;
   f.held.gradients = bytes(b.grads_full + b.grad_part, sizeof(float));
   const int64_t states = ckpt::kNumOptimizerStates * bytes(b.states, sizeof(float));
-  (b.states_on_host ? f.held.host_optimizer_states : f.held.optimizer_states) = states;
+  (b.states_on_nvme   ? f.held.nvme_optimizer_states
+   : b.states_on_host ? f.held.host_optimizer_states
+                      : f.held.optimizer_states) = states;
   f.pinned_host = f.held.host_parameters;
   if (b.states_on_host) f.pinned_host += HostOptimizer<T>::pinned_bytes(b.states, b.param_part_on_host);
   return f;
@@ -71,7 +75,8 @@ EngineFootprint engine_footprint(const ZeroPlan& plan, const ZeroConfig& config)
 template <typename T>
 GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups,
                                 const std::vector<bool>& decays, const ZeroConfig& config, ckpt::DType wire,
-                                comm::MpiCollective& mpi, ncclComm_t nccl, cudaStream_t stream)
+                                comm::MpiCollective& mpi, ncclComm_t nccl, cudaStream_t stream,
+                                const nvme::SwapFactory& swaps)
     : table_(table),
       groups_(std::move(groups)),
       config_(config),
@@ -86,7 +91,12 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<mode
   params_full_.resize(fixed.params_full);
   grads_full_.resize(fixed.grads_full);
   if (fixed.states_on_host) {
-    host_ = std::make_unique<HostOptimizer<T>>(fixed.states, param_part_.on_host());
+    std::unique_ptr<nvme::StateSwapper> swap;
+    if (fixed.states_on_nvme) {
+      if (!swaps) fail(ErrorKind::kInternal, "offload_optimizer device nvme without a swap");
+      swap = swaps(static_cast<int64_t>(fixed.states)).optimizer;
+    }
+    host_ = std::make_unique<HostOptimizer<T>>(fixed.states, param_part_.on_host(), std::move(swap));
   } else {
     master_.resize(fixed.states);
     exp_avg_.resize(fixed.states);
@@ -119,29 +129,35 @@ MemoryReport GpuZeroEngine<T>::memory() const noexcept {
   r.gradients = static_cast<int64_t>(grads_full_.bytes() + grad_part_.bytes());
   r.optimizer_states = static_cast<int64_t>(master_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes());
   r.snapshot_staging = static_cast<int64_t>(staging_.bytes());
-  if (host_) r.host_optimizer_states = host_->state_bytes();
+  if (host_) r.host_optimizer_states = host_->host_state_bytes();
+  if (const nvme::StateSwapper* swap = swapper()) r.nvme_optimizer_states = swap->file_bytes();
   return r;
 }
 
 template <typename T>
 void GpuZeroEngine<T>::initialize(const InitFn& init) {
-  std::unique_ptr<float[]> staging;
-  std::span<float> host;
+  const std::vector<ckpt::Fragment> fragments = plan_.optimizer_fragments();
   if (host_) {
-    host = host_->master();  // moments start at zero where they live
-  } else {
-    // Zeroed on the compute threads, not one: billions of elements (the padding between fragments
-    // must be zero; the rest is overwritten).
-    staging.reset(new float[master_.size()]);
-    model::cpu::fill(staging.get(), static_cast<int64_t>(master_.size()), 0.0f);
-    host = std::span<float>(staging.get(), master_.size());
-    CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
-    CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
+    host_->fill([&](int64_t lo, std::span<const std::span<float>> states) {  // moments stay zero
+      for (const ckpt::Fragment& f : fragments_within(fragments, lo, lo + static_cast<int64_t>(states[0].size()))) {
+        init(f.tensor, f.tensor_offset,
+             states[0].subspan(static_cast<size_t>(f.flat_offset), static_cast<size_t>(f.length)));
+      }
+    });
+    publish_params();
+    return;
   }
-  for (const ckpt::Fragment& f : plan_.optimizer_fragments()) {
+  // Zeroed on the compute threads, not one: billions of elements (the padding between fragments must
+  // be zero; the rest is overwritten).
+  HugeBuffer<float> staging(master_.size());
+  model::cpu::fill(staging.data(), static_cast<int64_t>(master_.size()), 0.0f);
+  const std::span<float> host = staging.span();
+  CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
+  CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
+  for (const ckpt::Fragment& f : fragments) {
     init(f.tensor, f.tensor_offset, host.subspan(static_cast<size_t>(f.flat_offset), static_cast<size_t>(f.length)));
   }
-  if (!host_) CUDA_CHECK(cudaMemcpy(master_.data(), host.data(), master_.bytes(), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(master_.data(), host.data(), master_.bytes(), cudaMemcpyHostToDevice));
   publish_params();
 }
 
@@ -153,20 +169,21 @@ void GpuZeroEngine<T>::initialize(const RandomInit& init) {
                      stream_);
   };
   if (host_) {
-    // The master weights live in host memory (zero between fragments since allocation): drawn here in
-    // pieces and copied down, far faster than the host threads draw them.
-    const std::span<float> master = host_->master();
+    // The master weights live in host memory or on NVMe: drawn here in pieces and copied down, far
+    // faster than the host threads draw them.
     constexpr int64_t kPiece = int64_t{64} << 20;  // elements
-    DeviceBuffer<float> piece(static_cast<size_t>(std::min<int64_t>(kPiece, static_cast<int64_t>(master.size()))));
-    for (const ckpt::Fragment& f : fragments) {
-      for (int64_t from = 0; from < f.length; from += kPiece) {
-        const int64_t n = std::min(kPiece, f.length - from);
-        draw(piece.data(), f, from, n);
-        CUDA_CHECK(cudaMemcpyAsync(master.data() + f.flat_offset + from, piece.data(),
-                                   static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-        CUDA_CHECK(cudaStreamSynchronize(stream_));  // the piece is drawn into again next
+    DeviceBuffer<float> piece(static_cast<size_t>(std::min<int64_t>(kPiece, static_cast<int64_t>(host_->size()))));
+    host_->fill([&](int64_t lo, std::span<const std::span<float>> states) {  // moments stay zero
+      for (const ckpt::Fragment& f : fragments_within(fragments, lo, lo + static_cast<int64_t>(states[0].size()))) {
+        for (int64_t from = 0; from < f.length; from += kPiece) {
+          const int64_t n = std::min(kPiece, f.length - from);
+          draw(piece.data(), f, from, n);
+          CUDA_CHECK(cudaMemcpyAsync(states[0].data() + f.flat_offset + from, piece.data(),
+                                     static_cast<size_t>(n) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+          CUDA_CHECK(cudaStreamSynchronize(stream_));  // the piece is drawn into again next
+        }
       }
-    }
+    });
   } else {
     CUDA_CHECK(cudaMemsetAsync(master_.data(), 0, master_.bytes(), stream_));  // the padding between fragments
     for (const ckpt::Fragment& f : fragments) draw(master_.data() + f.flat_offset, f, 0, f.length);
@@ -180,10 +197,10 @@ void GpuZeroEngine<T>::initialize(const RandomInit& init) {
 template <typename T>
 void GpuZeroEngine<T>::load(const LoadFn& read) {
   const std::vector<ckpt::Fragment> fragments = plan_.optimizer_fragments();
-  if (host_) {  // offloaded: the states live in host memory, read there in one pass
-    const std::span<float> targets[ckpt::kNumOptimizerStates] = {host_->master(), host_->exp_avg(),
-                                                                 host_->exp_avg_sq()};
-    read(load_requests(fragments, targets));
+  if (host_) {  // offloaded: read where the states live, in one pass (chunk by chunk when swapped)
+    host_->fill([&](int64_t lo, std::span<const std::span<float>> states) {
+      read(load_requests(fragments_within(fragments, lo, lo + static_cast<int64_t>(states[0].size())), states));
+    });
     publish_params();
     return;
   }
@@ -230,10 +247,10 @@ void GpuZeroEngine<T>::begin_snapshot(std::span<float> master, std::span<float> 
     if (fault_armed("slow-snapshot")) {
       fault_delay();
     }
-    const std::span<float> sources[ckpt::kNumOptimizerStates] = {host_->master(), host_->exp_avg(),
-                                                                 host_->exp_avg_sq()};
-    for (int s = 0; s < ckpt::kNumOptimizerStates; ++s)
-      std::copy_n(sources[s].begin() + plan_.owned_offset(), plan_.owned_size(), targets[s].begin());
+    for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
+      float* out = targets[s].data();
+      read_offloaded(s, [&](std::span<const float> piece) { out = std::ranges::copy(piece, out).out; });
+    }
     return;
   }
   const DeviceBuffer<float>* sources[ckpt::kNumOptimizerStates] = {&master_, &exp_avg_, &exp_avg_sq_};
@@ -284,9 +301,8 @@ double GpuZeroEngine<T>::snapshot_wait_ms() {
 }
 
 template <typename T>
-std::span<const float> GpuZeroEngine<T>::offloaded_state(int state) const {
-  const std::span<float> all[ckpt::kNumOptimizerStates] = {host_->master(), host_->exp_avg(), host_->exp_avg_sq()};
-  return all[state].subspan(static_cast<size_t>(plan_.owned_offset()), static_cast<size_t>(plan_.owned_size()));
+void GpuZeroEngine<T>::read_offloaded(int state, const std::function<void(std::span<const float>)>& sink) {
+  host_->read(state, plan_.owned_offset(), plan_.owned_size(), sink);
 }
 
 template <typename T>

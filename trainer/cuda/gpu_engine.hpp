@@ -1,6 +1,7 @@
 // ZeRO on GPUs: the rank's share of parameters (in T), fp32 gradients, fp32 master weights and AdamW
 // moments in device memory -- or, with offload_optimizer {device: cpu}, the master weights and moments
-// in host memory and the update on the CPU (host_optimizer.hpp) -- partitioned by ckpt's layout
+// in host memory (device nvme: in a swap file) and the update on the CPU (host_optimizer.hpp) --
+// partitioned by ckpt's layout
 // function exactly as the CPU engine does (zero_engine.hpp describes the stages). At stage 3,
 // offload_param {device: cpu} keeps the rank's partition of the parameters in host memory
 // (param_partition.hpp): each gather copies the rank's slice up first. NCCL collectives of
@@ -21,6 +22,7 @@
 #include "trainer/cuda/grad_wire.hpp"
 #include "trainer/cuda/host_optimizer.hpp"
 #include "trainer/cuda/param_partition.hpp"
+#include "trainer/nvme/swap_config.hpp"
 #include "trainer/zero_plan.hpp"
 
 namespace shardkit::trainer::cuda {
@@ -40,10 +42,11 @@ template <typename T>
 class GpuZeroEngine final : public GpuParamStore<T> {
  public:
   // `decays`: per tensor, whether weight decay applies (weight_decay.hpp). `wire`:
-  // communication_data_type, the type gradients are reduced in (grad_wire.hpp).
+  // communication_data_type, the type gradients are reduced in (grad_wire.hpp). `swaps`: opens the
+  // swap of the optimizer states where offload_optimizer's device is nvme.
   GpuZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const std::vector<bool>& decays,
                 const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& mpi, ncclComm_t nccl,
-                cudaStream_t stream);
+                cudaStream_t stream, const nvme::SwapFactory& swaps = {});
 
   const ckpt::Layout& layout() const noexcept { return plan_.layout(); }
   MemoryReport memory() const noexcept;
@@ -66,13 +69,15 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   // drain). Read once per snapshot.
   double snapshot_wait_ms();
   // The device staging buffer: the three states of the rank's slice. None with the optimizer
-  // offloaded (the states are in host memory, where the snapshot copies them from directly).
+  // offloaded (the states are in host memory or on NVMe, where the snapshot reads them directly).
   int64_t staging_bytes() const noexcept;
   void reserve_staging();
   bool offloaded() const noexcept { return host_ != nullptr; }
-  // Offloaded: the rank's slice of state `state` (0 master, 1 exp_avg, 2 exp_avg_sq) in host memory,
-  // which step() changes.
-  std::span<const float> offloaded_state(int state) const;
+  // Offloaded to NVMe: the swap file (else null).
+  const nvme::StateSwapper* swapper() const noexcept { return host_ ? host_->swapper() : nullptr; }
+  // Offloaded: the rank's slice of state `state` (0 master, 1 exp_avg, 2 exp_avg_sq), where it lives
+  // (which step() changes), handed to `sink` in order, in one piece or several.
+  void read_offloaded(int state, const std::function<void(std::span<const float>)>& sink);
 
   void acquire(int group) override;
   void release(int group) override;

@@ -2,9 +2,11 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <type_traits>
 
+#include "base/error.hpp"
 #include "model/cpu/ops.hpp"
 #include "trainer/cuda/device_type.hpp"
 #include "trainer/cuda/host_optimizer.hpp"
@@ -12,92 +14,181 @@
 namespace shardkit::trainer::cuda {
 namespace {
 
-// Elements per pipeline chunk (64 MiB of fp32 gradients): large transfers, yet the first upload starts
-// after a small fraction of the update.
-constexpr int64_t kChunk = int64_t{16} << 20;
+constexpr int kAllStates[] = {0, 1, 2};
+constexpr int kMaster[] = {0};
 
-int64_t chunks_of(size_t count) {
-  return (static_cast<int64_t>(count) + kChunk - 1) / kChunk;
+// No larger than the states, for small models.
+int64_t ring_chunk_of(size_t count, int64_t ring_chunk) {
+  return std::max<int64_t>(1, std::min<int64_t>(ring_chunk, static_cast<int64_t>(count)));
+}
+
+int slots_of(size_t count, int64_t ring_chunk, int most) {
+  const int64_t chunk = ring_chunk_of(count, ring_chunk);
+  const int64_t chunks = (static_cast<int64_t>(count) + chunk - 1) / chunk;
+  return static_cast<int>(std::clamp<int64_t>(chunks, 1, most));
+}
+
+// The updated weights of `master` in T, into out (all threads).
+template <typename T>
+void narrow_into(std::span<const float> master, T* out) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(out, master.data(), master.size_bytes());
+  } else {
+    narrow_weights(master, DeviceType<T>::kNarrow, reinterpret_cast<uint16_t*>(out));
+  }
 }
 
 }  // namespace
 
 template <typename T>
-HostOptimizer<T>::HostOptimizer(size_t count, bool params_on_host)
-    : params_on_host_(params_on_host),
-      master_(count),
-      exp_avg_(count),
-      exp_avg_sq_(count),
-      grad_staging_(count),
-      param_staging_(params_on_host ? 0 : count),
-      chunk_ready_(static_cast<size_t>(chunks_of(count))) {
-  // Zeroed on all the compute threads: tens of gigabytes for a multi-billion-parameter model.
-  for (HugeBuffer<float>* state : {&master_, &exp_avg_, &exp_avg_sq_}) {
-    model::cpu::fill(state->data(), static_cast<int64_t>(count), 0.0f);
+int64_t HostOptimizer<T>::pinned_bytes(size_t count, bool params_on_host, int64_t ring_chunk) noexcept {
+  return slots_of(count, ring_chunk, kSlots) * ring_chunk_of(count, ring_chunk) *
+         static_cast<int64_t>(sizeof(float) + (params_on_host ? 0 : sizeof(T)));
+}
+
+template <typename T>
+HostOptimizer<T>::HostOptimizer(size_t count, bool params_on_host, std::unique_ptr<nvme::StateSwapper> swap,
+                                int64_t ring_chunk)
+    : count_(count),
+      params_on_host_(params_on_host),
+      swap_(std::move(swap)),
+      master_(swap_ ? 0 : count),
+      exp_avg_(swap_ ? 0 : count),
+      exp_avg_sq_(swap_ ? 0 : count),
+      ring_chunk_(ring_chunk_of(count, ring_chunk)),
+      slots_(slots_of(count, ring_chunk, kSlots)),
+      grad_ring_(static_cast<size_t>(slots_ * ring_chunk_)),
+      weight_ring_(params_on_host ? 0 : static_cast<size_t>(slots_ * ring_chunk_)),
+      down_(static_cast<size_t>(slots_)),
+      up_(static_cast<size_t>(slots_)) {
+  if (swap_ && swap_->elements() != static_cast<int64_t>(count)) {
+    fail(ErrorKind::kInternal, swap_->path().string() + ": a swap of " + std::to_string(swap_->elements()) +
+                                   " elements for an optimizer of " + std::to_string(count));
   }
 }
 
 template <typename T>
-void HostOptimizer<T>::narrow(int64_t lo, int64_t len, T* out) {
-  const std::span<const float> in(master_.data() + lo, static_cast<size_t>(len));
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(out + lo, in.data(), in.size_bytes());
-  } else {
-    narrow_weights(in, DeviceType<T>::kNarrow, reinterpret_cast<uint16_t*>(out + lo));
+void HostOptimizer<T>::visit(Access access, std::span<const int> states, int64_t host_chunk,
+                             const std::function<void(const Chunk&)>& visit_chunk) {
+  if (swap_) {
+    swap_->visit(access, states, visit_chunk);
+    return;
   }
+  HugeBuffer<float>* buffers[] = {&master_, &exp_avg_, &exp_avg_sq_};
+  const int64_t n = static_cast<int64_t>(count_);
+  for (int64_t lo = 0; lo < n; lo += host_chunk) {
+    const size_t len = static_cast<size_t>(std::min(host_chunk, n - lo));
+    Chunk chunk{lo, {}};
+    for (const int s : states) chunk.states[static_cast<size_t>(s)] = {buffers[s]->data() + lo, len};
+    visit_chunk(chunk);
+  }
+}
+
+template <typename T>
+void HostOptimizer<T>::fill(const StatesFill& fill) {
+  // In host memory, one call for everything: the zeroing (on all threads) is also the first touch of
+  // the pages, which then spreads over the threads.
+  visit(Access::kWrite, kAllStates, std::max<int64_t>(1, static_cast<int64_t>(count_)), [&](const Chunk& chunk) {
+    for (const std::span<float> s : chunk.states) model::cpu::fill(s.data(), static_cast<int64_t>(s.size()), 0.0f);
+    fill(chunk.offset, chunk.states);
+  });
+}
+
+template <typename T>
+void HostOptimizer<T>::read(int state, int64_t offset, int64_t count,
+                            const std::function<void(std::span<const float>)>& sink) {
+  const int states[] = {state};
+  visit(Access::kRead, states, std::max<int64_t>(1, static_cast<int64_t>(count_)), [&](const Chunk& chunk) {
+    const std::span<const float> s = chunk.states[static_cast<size_t>(state)];
+    const int64_t lo = std::max(offset, chunk.offset);
+    const int64_t hi = std::min(offset + count, chunk.offset + static_cast<int64_t>(s.size()));
+    if (lo < hi) sink(s.subspan(static_cast<size_t>(lo - chunk.offset), static_cast<size_t>(hi - lo)));
+  });
+}
+
+template <typename T>
+void HostOptimizer<T>::pass(Access access, std::span<const int> states, const float* grads, T* params,
+                            cudaStream_t stream, const PieceWork& work) {
+  const int64_t n = static_cast<int64_t>(count_);
+  const int64_t chunks = (n + ring_chunk_ - 1) / ring_chunk_;
+  const auto slot = [&](int64_t k) { return static_cast<size_t>(k % slots_); };
+  const auto ring_offset = [&](int64_t k) {
+    return static_cast<size_t>(k % slots_) * static_cast<size_t>(ring_chunk_);
+  };
+  const auto length = [&](int64_t k) { return static_cast<size_t>(std::min(ring_chunk_, n - k * ring_chunk_)); };
+  const auto come_down = [&](int64_t k) {
+    CUDA_CHECK(cudaMemcpyAsync(grad_ring_.data() + ring_offset(k), grads + k * ring_chunk_, length(k) * sizeof(float),
+                               cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaEventRecord(down_[slot(k)].get(), stream));
+  };
+  if (grads != nullptr) {
+    for (int64_t k = 0; k < std::min<int64_t>(slots_, chunks); ++k) come_down(k);
+  }
+  // Ring chunk k is entered when the CPU reaches it and left when the CPU is through it.
+  const auto enter = [&](int64_t k) {
+    if (grads != nullptr) CUDA_CHECK(cudaEventSynchronize(down_[slot(k)].get()));
+    // The slot's weights of chunk k - slots (or of the last pass) have gone up.
+    if (!params_on_host_) CUDA_CHECK(cudaEventSynchronize(up_[slot(k)].get()));
+  };
+  const auto leave = [&](int64_t k) {
+    if (!params_on_host_) {
+      CUDA_CHECK(cudaMemcpyAsync(params + k * ring_chunk_, weight_ring_.data() + ring_offset(k), length(k) * sizeof(T),
+                                 cudaMemcpyHostToDevice, stream));
+      CUDA_CHECK(cudaEventRecord(up_[slot(k)].get(), stream));
+    }
+    if (grads != nullptr && k + slots_ < chunks) come_down(k + slots_);
+  };
+  int64_t current = -1;
+  std::array<std::span<float>, nvme::kMaxStates> piece{};
+  visit(access, states, ring_chunk_, [&](const Chunk& chunk) {
+    const int64_t end = chunk.offset + static_cast<int64_t>(chunk.states[static_cast<size_t>(states[0])].size());
+    // A swap chunk may straddle ring chunks: its pieces in each.
+    for (int64_t lo = chunk.offset; lo < end;) {
+      const int64_t k = lo / ring_chunk_;
+      const int64_t hi = std::min(end, (k + 1) * ring_chunk_);
+      if (k != current) {
+        if (current >= 0) leave(current);
+        enter(k);
+        current = k;
+      }
+      for (const int s : states) {
+        piece[static_cast<size_t>(s)] = chunk.states[static_cast<size_t>(s)].subspan(
+            static_cast<size_t>(lo - chunk.offset), static_cast<size_t>(hi - lo));
+      }
+      const size_t in_slot = ring_offset(k) + static_cast<size_t>(lo - k * ring_chunk_);
+      work(lo, piece, grads != nullptr ? grad_ring_.data() + in_slot : nullptr,
+           params_on_host_ ? params + lo : weight_ring_.data() + in_slot);
+      lo = hi;
+    }
+  });
+  if (current >= 0) leave(current);
 }
 
 template <typename T>
 void HostOptimizer<T>::upload(T* params, cudaStream_t stream) {
-  const int64_t n = static_cast<int64_t>(master_.size());
-  if (params_on_host_) {
-    // Outside the training step (initialize, load), where a host wait costs nothing.
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    narrow(0, n, params);
-    return;
-  }
-  CUDA_CHECK(cudaEventSynchronize(uploaded_.get()));  // the staging buffer may still feed an earlier upload
-  narrow(0, n, param_staging_.data());
-  CUDA_CHECK(cudaMemcpyAsync(params, param_staging_.data(), static_cast<size_t>(n) * sizeof(T), cudaMemcpyHostToDevice,
-                             stream));
-  CUDA_CHECK(cudaEventRecord(uploaded_.get(), stream));
-  CUDA_CHECK(cudaEventSynchronize(uploaded_.get()));
+  // Outside the training step (initialize, load), where a host wait costs nothing.
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  pass(Access::kRead, kMaster, nullptr, params, stream,
+       [](int64_t, std::span<const std::span<float>> states, const float*, T* weights) {
+         narrow_into(states[0], weights);
+       });
+  CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 template <typename T>
 void HostOptimizer<T>::step(const float* grads, T* params, const AdamWCoefficients& c, NoDecayRanges no_decay,
                             cudaStream_t stream) {
-  const int64_t n = static_cast<int64_t>(master_.size());
-  const int64_t chunks = chunks_of(master_.size());
-  T* const weights = host_weights(params);
-  // The previous step's uploads read the staging buffer: they must be done before it is rewritten.
-  // (In host memory the weights are written after the first chunk's wait below: by then `stream` has
-  // passed this call, so what was queued before it to read them is done.)
-  CUDA_CHECK(cudaEventSynchronize(uploaded_.get()));
-  for (int64_t k = 0; k < chunks; ++k) {
-    const int64_t lo = k * kChunk, len = std::min(kChunk, n - lo);
-    CUDA_CHECK(cudaMemcpyAsync(grad_staging_.data() + lo, grads + lo, static_cast<size_t>(len) * sizeof(float),
-                               cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaEventRecord(chunk_ready_[static_cast<size_t>(k)].get(), stream));
-  }
-  for (int64_t k = 0; k < chunks; ++k) {
-    const int64_t lo = k * kChunk, len = std::min(kChunk, n - lo);
-    CUDA_CHECK(cudaEventSynchronize(chunk_ready_[static_cast<size_t>(k)].get()));
-    const auto part = [&](HugeBuffer<float>& v) { return std::span<float>(v.data() + lo, static_cast<size_t>(len)); };
-    const std::span<const float> g(grad_staging_.data() + lo, static_cast<size_t>(len));
-    if constexpr (std::is_same_v<T, float>) {
-      cpu_adamw(part(master_), part(exp_avg_), part(exp_avg_sq_), g, c, no_decay.at(lo));
-      narrow(lo, len, weights);
-    } else {
-      cpu_adamw(part(master_), part(exp_avg_), part(exp_avg_sq_), g, c, no_decay.at(lo), DeviceType<T>::kNarrow,
-                reinterpret_cast<uint16_t*>(weights + lo));
-    }
-    if (params_on_host_) continue;
-    // Goes up while the CPU updates the next chunk.
-    CUDA_CHECK(cudaMemcpyAsync(params + lo, param_staging_.data() + lo, static_cast<size_t>(len) * sizeof(T),
-                               cudaMemcpyHostToDevice, stream));
-  }
-  CUDA_CHECK(cudaEventRecord(uploaded_.get(), stream));
+  pass(Access::kUpdate, kAllStates, grads, params, stream,
+       [&](int64_t offset, std::span<const std::span<float>> states, const float* g, T* weights) {
+         const std::span<const float> grad(g, states[0].size());
+         if constexpr (std::is_same_v<T, float>) {
+           cpu_adamw(states[0], states[1], states[2], grad, c, no_decay.at(offset));
+           narrow_into(states[0], weights);
+         } else {
+           cpu_adamw(states[0], states[1], states[2], grad, c, no_decay.at(offset), DeviceType<T>::kNarrow,
+                     reinterpret_cast<uint16_t*>(weights));
+         }
+       });
 }
 
 template class HostOptimizer<float>;

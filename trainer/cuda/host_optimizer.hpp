@@ -1,12 +1,17 @@
-// ZeRO-Offload's optimizer side: the rank's fp32 master weights and AdamW moments in host memory, the
-// update on the CPU (trainer/adamw.hpp: all threads, vectorised), pipelined with the transfers:
-// gradients come down chunk by chunk, and each chunk's updated weights (already rounded to T) go up
-// while the CPU works on the next chunk. Only the transfer staging buffers are page-locked. With
-// offload_param the weights in T live in (page-locked) host memory themselves: the CPU writes them
-// there directly, and nothing goes up.
+// ZeRO-Offload's optimizer side: the rank's fp32 master weights and AdamW moments in host memory -- or,
+// with offload_optimizer {device: nvme} (ZeRO-Infinity), in a swap file visited chunk by chunk
+// (trainer/nvme/state_swapper.hpp) -- and the update on the CPU (trainer/adamw.hpp: all threads,
+// vectorised), pipelined with the transfers. Gradients come down through a ring of page-locked chunk
+// buffers, and each chunk's updated weights (already rounded to T) go up through another while the CPU
+// works on the next chunk: the rings are all the page-locked memory it takes, a few hundred megabytes
+// whatever the model's size (page-locking tens of gigabytes takes as many seconds at start-up, and
+// that memory is then lost to everything else). With offload_param the weights in T live in
+// (page-locked) host memory themselves: the CPU writes them there directly, and nothing goes up.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -14,24 +19,45 @@
 #include "ckpt/shard_format.hpp"
 #include "trainer/adamw.hpp"
 #include "trainer/cuda/cuda_common.hpp"
+#include "trainer/nvme/state_swapper.hpp"
 
 namespace shardkit::trainer::cuda {
 
 template <typename T>
 class HostOptimizer {
  public:
-  // `count` elements of state. `params_on_host`: the weights in T that upload() and step() write are
-  // in host memory (offload_param), else in device memory.
-  HostOptimizer(size_t count, bool params_on_host);
+  // Sets elements [offset, offset + size) of the master weights, exp_avg and exp_avg_sq (states[0..2]),
+  // handed over zeroed.
+  using StatesFill = std::function<void(int64_t offset, std::span<const std::span<float>> states)>;
 
-  std::span<float> master() noexcept { return master_.span(); }
-  std::span<float> exp_avg() noexcept { return exp_avg_.span(); }
-  std::span<float> exp_avg_sq() noexcept { return exp_avg_sq_.span(); }
-  int64_t state_bytes() const noexcept { return ckpt::kOptimizerStateBytes * static_cast<int64_t>(master_.size()); }
-  // The page-locked transfer buffers an optimizer of `count` elements allocates.
-  static int64_t pinned_bytes(size_t count, bool params_on_host) noexcept {
-    return static_cast<int64_t>(count * (sizeof(float) + (params_on_host ? 0 : sizeof(T))));
+  // Elements per slot of the transfer rings (64 MiB of fp32 gradients): large transfers, yet the first
+  // upload starts after a small fraction of the update. Four slots: the copies of the next chunks run
+  // while the CPU updates one.
+  static constexpr int64_t kRingChunk = int64_t{16} << 20;
+  static constexpr int kSlots = 4;
+
+  // `count` elements of each state, in host memory, or in `swap` (three states of `count` elements)
+  // where given. `params_on_host`: the weights in T that upload() and step() write are in host memory
+  // (offload_param), else in device memory. `ring_chunk`: elements per ring slot (tests take small ones).
+  HostOptimizer(size_t count, bool params_on_host, std::unique_ptr<nvme::StateSwapper> swap,
+                int64_t ring_chunk = kRingChunk);
+
+  size_t size() const noexcept { return count_; }
+  const nvme::StateSwapper* swapper() const noexcept { return swap_.get(); }
+  // The states' bytes in host memory (none when swapped).
+  int64_t host_state_bytes() const noexcept {
+    return swap_ ? 0 : ckpt::kOptimizerStateBytes * static_cast<int64_t>(count_);
   }
+  // The page-locked transfer buffers an optimizer of `count` elements allocates.
+  static int64_t pinned_bytes(size_t count, bool params_on_host, int64_t ring_chunk = kRingChunk) noexcept;
+
+  // Sets every element of the states: `fill` is called for consecutive chunks of them in order (all
+  // at once in host memory).
+  void fill(const StatesFill& fill);
+  // Elements [offset, offset + count) of state `state` (0 master, 1 exp_avg, 2 exp_avg_sq) handed to
+  // `sink` in order, in one piece or several. Not concurrently with step() (the backend's snapshot
+  // gate keeps them apart).
+  void read(int state, int64_t offset, int64_t count, const std::function<void(std::span<const float>)>& sink);
 
   // params (count elements) = the master weights in T, once the work queued on `stream` so far is
   // done (it may read them); complete on return.
@@ -44,17 +70,32 @@ class HostOptimizer {
   void step(const float* grads, T* params, const AdamWCoefficients& c, NoDecayRanges no_decay, cudaStream_t stream);
 
  private:
-  // The master weights of [lo, lo + len) in T, into out[lo, lo + len) (host memory; all threads).
-  void narrow(int64_t lo, int64_t len, T* out);
-  // Where the CPU writes the weights in T: `params` themselves in host memory, else the staging buffer.
-  T* host_weights(T* params) noexcept { return params_on_host_ ? params : param_staging_.data(); }
+  using Access = nvme::StateSwapper::Access;
+  using Chunk = nvme::StateSwapper::Chunk;
+  // The work of a pass on one piece: elements [offset, offset + states[i].size()) of the selected
+  // states, their gradients (step: in a ring slot; upload: null) and where their weights in T go.
+  using PieceWork =
+      std::function<void(int64_t offset, std::span<const std::span<float>> states, const float* grads, T* weights)>;
 
+  // Visits `states` chunk by chunk with `access`: the swap's chunks, or in host memory chunks of
+  // `host_chunk` elements.
+  void visit(Access access, std::span<const int> states, int64_t host_chunk,
+             const std::function<void(const Chunk&)>& visit_chunk);
+  // One pass over the states that writes the weights in T: every ring chunk's gradients (when `grads`
+  // is given) come down ahead of the CPU, `work` runs on each piece (one swap chunk within one ring
+  // chunk), and each ring chunk's weights go up once the CPU is through it.
+  void pass(Access access, std::span<const int> states, const float* grads, T* params, cudaStream_t stream,
+            const PieceWork& work);
+
+  size_t count_;
   bool params_on_host_;
-  HugeBuffer<float> master_, exp_avg_, exp_avg_sq_;  // zero-filled on the compute threads
-  PinnedBuffer<float> grad_staging_;
-  PinnedBuffer<T> param_staging_;   // params in device memory: the weights in T on their way up
-  std::vector<Event> chunk_ready_;  // one per chunk: its gradients have reached the host
-  Event uploaded_;
+  std::unique_ptr<nvme::StateSwapper> swap_;
+  HugeBuffer<float> master_, exp_avg_, exp_avg_sq_;  // in host memory (empty when swapped)
+  int64_t ring_chunk_;                               // elements per ring slot
+  int slots_;
+  PinnedBuffer<float> grad_ring_;  // slots_ chunks of gradients on their way down
+  PinnedBuffer<T> weight_ring_;    // params in device memory: slots_ chunks of weights on their way up
+  std::vector<Event> down_, up_;   // per slot: its gradients have arrived; its weights have left
 };
 
 }  // namespace shardkit::trainer::cuda

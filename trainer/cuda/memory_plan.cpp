@@ -37,7 +37,7 @@ std::vector<Alternative> alternatives(const ZeroConfig& zero, int micro_batch) {
     z.stage = stage;
     out.push_back({"zero_optimization.stage " + std::to_string(stage), z, micro_batch});
   }
-  if (zero.offload_optimizer.device != "cpu") {
+  if (zero.offload_optimizer.device == "none") {
     ZeroConfig z = zero;
     z.stage = std::max(zero.stage, 1);
     z.offload_optimizer.device = "cpu";
@@ -46,9 +46,23 @@ std::vector<Alternative> alternatives(const ZeroConfig& zero, int micro_batch) {
   if (zero.offload_param.device != "cpu") {
     ZeroConfig z = zero;
     z.stage = 3;
-    z.offload_optimizer.device = "cpu";
+    if (z.offload_optimizer.device == "none") z.offload_optimizer.device = "cpu";
     z.offload_param.device = "cpu";
-    out.push_back({"stage 3 with offload_optimizer and offload_param cpu", z, micro_batch});
+    out.push_back(
+        {"stage 3 with offload_optimizer " + z.offload_optimizer.device + " and offload_param cpu", z, micro_batch});
+  }
+  // Where host memory is what is short: the states in swap files on a local NVMe drive.
+  if (zero.offload_optimizer.device != "nvme") {
+    ZeroConfig z = zero;
+    z.stage = std::max(zero.stage, 1);
+    z.offload_optimizer.device = "nvme";
+    out.push_back({"offload_optimizer nvme (with its nvme_path)" + std::string(zero.stage == 0 ? " at stage 1" : ""), z,
+                   micro_batch});
+    if (z.offload_param.device != "cpu") {
+      z.stage = 3;
+      z.offload_param.device = "cpu";
+      out.push_back({"stage 3 with offload_optimizer nvme and offload_param cpu", z, micro_batch});
+    }
   }
   return out;
 }

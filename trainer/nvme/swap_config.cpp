@@ -1,12 +1,16 @@
 #include "trainer/nvme/swap_config.hpp"
 
+#include <optional>
+
+#include "trainer/nvme/swap_file.hpp"
+
 namespace shardkit::trainer::nvme {
 
 namespace {
 const std::string kPrefix = "note: NVMe offload: ";
 }  // namespace
 
-SwapOptions swap_options(const DsConfig& config, const std::string& key, std::vector<std::string>& notes) {
+SwapOptions swap_options(const DsConfig& config, const std::string& key, bool gpu, std::vector<std::string>& notes) {
   const OffloadConfig& o = key == "offload_param" ? config.zero.offload_param : config.zero.offload_optimizer;
   SwapOptions out;
   out.dir = o.nvme_path;
@@ -17,12 +21,17 @@ SwapOptions swap_options(const DsConfig& config, const std::string& key, std::ve
     notes.push_back(kPrefix + key + ".buffer_count " + std::to_string(o.buffer_count) +
                     " raised to 3 (one chunk read ahead, one updated, one written back)");
   }
-  if (o.pin_memory) notes.push_back(kPrefix + key + ".pin_memory has no effect on CPU ranks (no copies to a device)");
+  if (o.pin_memory) {
+    notes.push_back(kPrefix + key + ".pin_memory has no effect" +
+                    (gpu ? std::string(": the swap's buffers meet only the disk; gradients and weights cross to the "
+                                       "GPU through the host optimizer's own page-locked buffers")
+                         : std::string(" on CPU ranks (no copies to a device)")));
+  }
   if (o.fast_init) notes.push_back(kPrefix + key + ".fast_init has no effect: the swap file is allocated at start-up");
   return out;
 }
 
-void note_aio(const AioConfig& aio, std::vector<std::string>& notes) {
+void note_aio(const AioConfig& aio, bool gpu, std::vector<std::string>& notes) {
   if (aio.intra_op_parallelism != 1) {
     notes.push_back(kPrefix + "aio.intra_op_parallelism " + std::to_string(aio.intra_op_parallelism) +
                     " has no effect: io_uring runs the requests without a thread pool");
@@ -31,7 +40,46 @@ void note_aio(const AioConfig& aio, std::vector<std::string>& notes) {
     notes.push_back(kPrefix + "aio.single_submit has no effect: requests are submitted in batches");
   if (!aio.overlap_events)
     notes.push_back(kPrefix + "aio.overlap_events false has no effect: I/O always overlaps the update");
-  if (aio.use_gds) notes.push_back(kPrefix + "aio.use_gds has no effect: there is no GPU on CPU ranks");
+  if (aio.use_gds) {
+    notes.push_back(kPrefix + "aio.use_gds has no effect: " +
+                    std::string(gpu ? "the states are updated by the CPU, so they pass through host memory anyway"
+                                    : "there is no GPU on CPU ranks"));
+  }
+}
+
+SwapFactory swap_factory(const DsConfig& config, bool gpu, comm::MpiCollective& comm,
+                         const std::function<void(const std::string&)>& log) {
+  const ZeroConfig& z = config.zero;
+  std::optional<SwapOptions> optimizer, params;
+  std::vector<std::string> notes;
+  if (z.offload_optimizer.device == "nvme") optimizer = swap_options(config, "offload_optimizer", gpu, notes);
+  if (z.offload_param.device == "nvme") params = swap_options(config, "offload_param", gpu, notes);
+  if (!optimizer && !params) return {};
+  note_aio(config.aio, gpu, notes);
+  for (const std::string& line : notes) log(line);
+  return [optimizer, params, &comm, log](int64_t elements) {
+    struct Kind {
+      const std::optional<SwapOptions>& options;
+      int states;
+      const char* contents;
+      const char* name;
+    };
+    const Kind kinds[] = {{optimizer, 3, "optimizer states", "optimizer"}, {params, 1, "parameters", "params"}};
+    std::vector<SwapNeed> needs;
+    for (const Kind& k : kinds) {
+      if (k.options) needs.push_back(StateSwapper::need(*k.options, elements, k.states, k.contents));
+    }
+    check_node_free_space(comm, needs);
+    std::unique_ptr<StateSwapper> swaps[2];
+    for (size_t i = 0; i < 2; ++i) {
+      const Kind& k = kinds[i];
+      if (k.options) {
+        swaps[i] = std::make_unique<StateSwapper>(*k.options, rank_swap_name(comm, k.name), elements, k.states,
+                                                  k.contents, log);
+      }
+    }
+    return Swaps{std::move(swaps[0]), std::move(swaps[1])};
+  };
 }
 
 }  // namespace shardkit::trainer::nvme

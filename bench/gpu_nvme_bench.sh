@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# ZeRO-Infinity on one GPU, in one call:
+#  1. the disk: O_DIRECT writes and reads (dd, 64 MiB blocks) of a file of the swap's size in DIR, and
+#     fio's sequential 1 MiB reads and writes at queue depth 8 where fio is installed;
+#  2. gpt2-xl (1.56 B parameters; 18.7 GB of fp32 master weights and AdamW moments) at ZeRO stage 1,
+#     bf16, micro-batch MB (8) x 1024, with the optimizer states on the GPU, in host memory
+#     (offload_optimizer cpu) and in a swap file in DIR (offload_optimizer nvme, aio block_size
+#     BLOCK, default 8 MiB, queue_depth 8): tokens/s, the step time (median after the first), the
+#     process's peak resident host memory, and for NVMe the swap traffic of a step (every state read
+#     and written once) against the disk's bandwidth;
+#  3. BIG=1: a GPT-2-shaped model of N_LAYER (20) blocks of width 4096 (4.24 B parameters, 51 GB of
+#     states: what the 64 GB disk of the one-GPU machine holds) with its states on NVMe.
+# Usage: bench/gpu_nvme_bench.sh [DIR] (SK=path/to/shardkit)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+sk=${SK:-build-gpu/shardkit}
+dir=${1:-/tmp/gpu-nvme}
+mb=${MB:-8}
+block=${BLOCK:-8388608}
+rm -rf "$dir"
+mkdir -p "$dir/swap"
+python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 50257, 4_000_000).astype('<u2').tofile('$dir/tokens.bin')"
+states() {  # states <n_layer> <n_embd>: bytes of fp32 master weights and moments of a GPT-2 shape
+  python3 -c "L, C, V, P = $1, $2, 50257, 1024; print(12 * (V * C + P * C + L * (12 * C * C + 13 * C) + 2 * C))"
+}
+xl_bytes=$(states 48 1600)
+
+echo "== the disk under $dir ($(df -h --output=source,fstype,size,avail "$dir" | tail -1))"
+count=$((xl_bytes / (64 << 20)))
+start=$(date +%s.%N)
+dd if=/dev/zero of="$dir/dd.bin" bs=64M count="$count" oflag=direct conv=fsync status=none
+dd_write=$(python3 -c "print($count * 64 * 2**20 / ($(date +%s.%N) - $start) / 1e9)")
+start=$(date +%s.%N)
+dd if="$dir/dd.bin" of=/dev/null bs=64M iflag=direct status=none
+dd_read=$(python3 -c "print($count * 64 * 2**20 / ($(date +%s.%N) - $start) / 1e9)")
+rm -f "$dir/dd.bin"
+printf 'dd O_DIRECT: write %.2f GB/s, read %.2f GB/s (%.1f GB)\n' "$dd_write" "$dd_read" "$(python3 -c "print($count * 64 * 2**20 / 1e9)")"
+if command -v fio > /dev/null; then
+  for rw in write read; do
+    fio --name="$rw" --filename="$dir/fio.bin" --rw="$rw" --bs=1M --iodepth=8 --ioengine=io_uring --direct=1 \
+      --size=8G --output-format=terse --terse-version=3 2> /dev/null |
+      awk -F';' -v rw="$rw" '{ printf "fio %s (1 MiB, depth 8, io_uring): %.2f GB/s\n", rw, (rw == "read" ? $7 : $48) * 1024 / 1e9 }'
+  done
+  rm -f "$dir/fio.bin"
+else
+  echo "fio: not installed"
+fi
+
+config() {  # config <file> <offload block or empty>
+  cat > "$1" <<JSON
+{"train_micro_batch_size_per_gpu": $mb, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+ "bf16": {"enabled": true}, "zero_optimization": {"stage": 1 $2},
+ "aio": {"block_size": $block, "queue_depth": 8},
+ "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}}}
+JSON
+}
+# run <name> <model> <steps> <offload block>: trains, then prints one row.
+run() {
+  config "$dir/$1.json" "$4"
+  python3 - "$sk" "$dir" "$1" "$2" "$3" <<'PY'
+import json, resource, statistics, subprocess, sys
+sk, d, name, model, steps = sys.argv[1:6]
+with open(f"{d}/{name}.txt", "w") as out:
+    rc = subprocess.run([sk, "train", "--config", f"{d}/{name}.json", "--model", model, "--data", f"{d}/tokens.bin",
+                         "--steps", steps, "--device", "cuda", "--metrics", f"{d}/{name}.jsonl"],
+                        stdout=out, stderr=subprocess.STDOUT, timeout=900).returncode
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+rows = [json.loads(l) for l in open(f"{d}/{name}.jsonl") if '"step_ms"' in l] if rc == 0 else []
+if not rows:
+    print(f"{name}: failed (exit {rc}); its log: {d}/{name}.txt")
+    print(open(f"{d}/{name}.txt").read()[-3000:])
+    sys.exit(0)
+later = rows[1:] or rows
+step = statistics.median(r["step_ms"] for r in later) / 1e3
+tps = statistics.median(r["tokens_per_s"] for r in later)
+json.dump({"name": name, "step_s": step, "tokens_per_s": tps, "peak_rss": peak}, open(f"{d}/{name}.row", "w"))
+print(f"{name:18} {tps:10.0f} tok/s  step {step:7.3f} s  peak host RSS {peak / 1e9:6.1f} GB")
+PY
+  grep -E "memory plan|swapped to|note:" "$dir/$1.txt" | head -4 | sed 's/^/    /'
+}
+swap='"offload_optimizer": {"device": "nvme", "nvme_path": "'$dir/swap'"}'
+echo "== gpt2-xl, stage 1, bf16, micro-batch $mb x 1024, one GPU"
+run gpu gpt2-xl 12 ""
+run cpu-offload gpt2-xl 6 ', "offload_optimizer": {"device": "cpu", "pin_memory": true}'
+run nvme-offload gpt2-xl 4 ", $swap"
+swap_traffic() {  # swap_traffic <row> <state bytes>
+  python3 - "$dir/$1.row" "$2" "$dd_read" "$dd_write" <<'PY'
+import json, sys
+row, size, r, w = json.load(open(sys.argv[1])), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+floor = size / (r * 1e9) + size / (w * 1e9)
+print(f"    swap traffic per step: {2 * size / 1e9:.1f} GB in {row['step_s']:.2f} s = {2 * size / row['step_s'] / 1e9:.2f} GB/s; "
+      f"the disk reads and writes it in {floor:.2f} s (dd): step / disk floor = {row['step_s'] / floor:.2f}")
+PY
+}
+[ -f "$dir/nvme-offload.row" ] && swap_traffic nvme-offload "$xl_bytes"
+
+if [ "${BIG:-0}" != 0 ]; then
+  layers=${N_LAYER:-20}
+  big_bytes=$(states "$layers" 4096)
+  echo "{\"n_layer\": $layers, \"n_head\": 32, \"n_embd\": 4096, \"vocab_size\": 50257, \"n_positions\": 1024}" > "$dir/big-model.json"
+  echo "== GPT-2 shape, $layers x 4096 ($(python3 -c "print(f'{$big_bytes / 12 / 1e9:.2f}')") B parameters, $(python3 -c "print(f'{$big_bytes / 1e9:.1f}')") GB of states), stage 1, NVMe"
+  mb=${BIG_MB:-4}
+  run big-nvme "$dir/big-model.json" 3 ", $swap"
+  [ -f "$dir/big-nvme.row" ] && swap_traffic big-nvme "$big_bytes"
+fi
+rm -rf "$dir"

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""A multi-billion-parameter model on one GPU, in one call: for each ZeRO setting asked for, the time
+from launch to the line of the first step (its end), the step time and
+tokens/s (median after the first step), the model FLOP utilisation against the GPU's dense bf16 peak,
+the peak GPU memory (nvidia-smi, polled) and the process's peak resident host memory; and what the
+run printed before its first step, with the time of each line.
+
+The model is GPT-2's architecture at the given shape (default 32 x 4096: 6.65 B parameters), bf16,
+sequence 1024. Settings: s1 (stage 1), s2-cpu (stage 2, offload_optimizer cpu), s3-cpu (stage 3,
+offload_optimizer and offload_param cpu), s1-nvme (stage 1, offload_optimizer nvme in --swap-dir).
+
+Usage: bench/gpu_scale_bench.py --shardkit build-gpu/shardkit [--cases s1,s2-cpu] [--layers 32]
+       [--width 4096] [--micro-batch 2] [--steps 4] [--dir /tmp/gpu-scale]
+"""
+import argparse
+import json
+import os
+import re
+import random
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+# H200 SXM dense bf16 (no sparsity), NVIDIA's data sheet.
+PEAK_BF16 = 989.4e12
+SEQ = 1024
+VOCAB = 50257
+
+
+def params_of(layers, width):
+    return VOCAB * width + SEQ * width + layers * (12 * width * width + 13 * width) + 2 * width
+
+
+def flops_per_token(layers, width):
+    # 6 per parameter and token (forward and backward of every product), plus attention's two
+    # products (QK^T and AV), forward and backward: 12 * layers * width * sequence.
+    return 6 * params_of(layers, width) + 12 * layers * width * SEQ
+
+
+def config(case, micro_batch, swap_dir):
+    stage = {"s1": 1, "s2-cpu": 2, "s3-cpu": 3, "s1-nvme": 1}[case]
+    zero = {"stage": stage}
+    if case in ("s2-cpu", "s3-cpu"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if case == "s3-cpu":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if case == "s1-nvme":
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": swap_dir}
+    return {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+            "steps_per_print": 1, "bf16": {"enabled": True}, "zero_optimization": zero, "aio": {"block_size": 8 << 20, "queue_depth": 8},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}}}
+
+
+class GpuPeak(threading.Thread):
+    """The largest memory.used nvidia-smi reports while the run lives (polled every 0.5 s)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak = 0
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, timeout=10).stdout
+                self.peak = max([self.peak] + [int(x) for x in out.split()])
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass
+            self.done.wait(0.5)
+
+
+def run_case(args, case, model):
+    path = os.path.join(args.dir, case)
+    with open(path + ".json", "w") as f:
+        json.dump(config(case, args.micro_batch, os.path.join(args.dir, "swap")), f)
+    cmd = [args.shardkit, "train", "--config", path + ".json", "--model", model, "--data",
+           os.path.join(args.dir, "tokens.bin"), "--steps", str(args.steps), "--device", "cuda",
+           "--metrics", path + ".jsonl"]
+    gpu = GpuPeak()
+    gpu.start()
+    start = time.monotonic()
+    first_step = None
+    phases = []
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    with open(path + ".txt", "w") as log:
+        for line in p.stdout:
+            t = time.monotonic() - start
+            log.write(f"{t:8.2f} {line}")
+            if first_step is None and re.search(r"step +1/", line):
+                first_step = t
+            elif first_step is None:
+                phases.append(f"{t:6.1f} s  {line.strip()[:120]}")
+    # This child's own peak resident memory (RUSAGE_CHILDREN would be the largest of every run so far).
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    gpu.done.set()
+    gpu.join()
+    rss = usage.ru_maxrss * 1024
+    rows = [json.loads(l) for l in open(path + ".jsonl") if '"step_ms"' in l] if p.returncode == 0 else []
+    if not rows:
+        print(f"{case}: failed (exit {p.returncode}); the end of its output:")
+        print("".join(open(path + ".txt").readlines()[-15:]))
+        return None
+    later = rows[1:] or rows
+    step = statistics.median(r["step_ms"] for r in later) / 1e3
+    tps = statistics.median(r["tokens_per_s"] for r in later)
+    mfu = tps * flops_per_token(args.layers, args.width) / PEAK_BF16
+    return {"case": case, "launch_to_step1_s": first_step, "step_s": step, "tokens_per_s": tps, "mfu": mfu,
+            "gpu_peak_gb": gpu.peak * 2**20 / 1e9, "host_peak_rss_gb": rss / 1e9, "phases": phases}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shardkit", default="build-gpu/shardkit")
+    ap.add_argument("--cases", default="s1,s2-cpu,s3-cpu")
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--width", type=int, default=4096)
+    ap.add_argument("--micro-batch", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--dir", default="/tmp/gpu-scale")
+    args = ap.parse_args()
+    os.makedirs(os.path.join(args.dir, "swap"), exist_ok=True)
+    rng = random.Random(0)
+    with open(os.path.join(args.dir, "tokens.bin"), "wb") as f:
+        f.write(struct.pack("<2000000H", *(rng.randrange(VOCAB) for _ in range(2_000_000))))
+    model = os.path.join(args.dir, "model.json")
+    with open(model, "w") as f:
+        json.dump({"n_layer": args.layers, "n_head": args.width // 128, "n_embd": args.width, "vocab_size": VOCAB,
+                   "n_positions": SEQ}, f)
+    n = params_of(args.layers, args.width)
+    print(f"GPT-2 shape {args.layers} x {args.width}: {n / 1e9:.2f} B parameters, bf16, micro-batch "
+          f"{args.micro_batch} x {SEQ}, {args.steps} steps")
+    print(f"{'case':8} {'to step 1':>10} {'step':>8} {'tok/s':>8} {'MFU':>6} {'GPU peak':>9} {'host peak':>10}")
+    results = []
+    for case in args.cases.split(","):
+        r = run_case(args, case, model)
+        if r is None:
+            continue
+        results.append(r)
+        first = "n/a" if r["launch_to_step1_s"] is None else f"{r['launch_to_step1_s']:.1f} s"
+        print(f"{case:8} {first:>10} {r['step_s']:7.3f}s {r['tokens_per_s']:8.0f} {100 * r['mfu']:5.1f}% "
+              f"{r['gpu_peak_gb']:7.1f}GB {r['host_peak_rss_gb']:8.1f}GB", flush=True)
+        for line in r["phases"]:
+            print(f"    {line}")
+    json.dump(results, open(os.path.join(args.dir, "results.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
