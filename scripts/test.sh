@@ -16,9 +16,7 @@ jobs=$(nproc)
 # safety: the help texts, the samples' configs, the browser's rendering (the report's C++ is in the
 # unit tests), the kill at each of the save protocol's 7 points (the other fault tests stay), and the
 # multi-rank tests' 1-rank runs, whose code the 2-rank runs execute too, with partitions that cut
-# through tensors. No test runs twice: with the CUDA backend linked, every process of the release
-# build spends ~0.5 s loading cuBLAS, which the command-line and unit tests would pay thousands of
-# times.
+# through tensors. No test runs twice.
 sanitized_labels='^(unit|cli|mpi-small)$'
 release_only='^(Help\.|cli\.report_renders|Cli\.EverySample|Faults\.AKillAtEachPoint)|/np1$'
 
