@@ -7,6 +7,7 @@
 #include "base/error.hpp"
 #include "base/fault.hpp"
 #include "model/cpu/gemm.hpp"
+#include "model/cpu/ops.hpp"
 #include "trainer/backend.hpp"
 #include "trainer/live_snapshot.hpp"
 #include "trainer/nvme/swap_config.hpp"
@@ -99,7 +100,10 @@ class CpuBackend final : public Backend {
     }
     for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
       float* out = snapshot_[s].data();
-      engine_.read_state(s, [&](std::span<const float> piece) { out = std::ranges::copy(piece, out).out; });
+      engine_.read_state(s, [&](std::span<const float> piece) {
+        model::cpu::copy(out, piece.data(), static_cast<int64_t>(piece.size()));
+        out += piece.size();
+      });
     }
   }
   void wait_snapshot() override {}
