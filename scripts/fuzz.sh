@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-30}
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -DSHARDKIT_FUZZ=ON -DSHARDKIT_CUDA=OFF -DSHARDKIT_BUILD_TESTS=OFF \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" > /dev/null
 cmake --build build-fuzz -j"$(nproc)" > /dev/null
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
