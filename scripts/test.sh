@@ -40,9 +40,10 @@ echo "== sanitizer build (ASan + UBSan): unit, command-line and 2-rank tests"
 # about as much longer to compile (24.6 CPU-minutes against about 16) as that saves.
 # Executables linked without PIE: an instrumented -O0 test binary carries about a million relative
 # relocations, which the loader applies page by page at every start: 0.25-0.34 s against 0.17-0.21 s
-# for `shardkit --help`, in a pass that starts hundreds of processes.
+# for `shardkit --help`, in a pass that starts hundreds of processes. For the same reason the unit
+# tests run as 4 processes (GoogleTest shards), not one per test.
 BUILD_DIR=build-asan ./scripts/build.sh -DSHARDKIT_SANITIZE=ON -DSHARDKIT_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_EXE_LINKER_FLAGS=-no-pie
+  -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_EXE_LINKER_FLAGS=-no-pie -DSHARDKIT_UNIT_TEST_SHARDS=4
 (cd build-asan && ctest -j"$jobs" --output-on-failure --timeout 900 -L "$sanitized_labels" -E "$release_only")
 
 echo "== fuzzing the parsers of untrusted input (libFuzzer + ASan + UBSan, 10 s per target)"
