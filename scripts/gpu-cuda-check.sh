@@ -15,8 +15,8 @@ export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 out=${OUT:-/tmp/gpu-check}
 mkdir -p "$out"
 log() { printf '\n== %s\n' "$*"; }
-# NVMe offload needs liburing; a machine without its development package may carry a copy
-# (headers, static library, pkg-config file) in build-deps/liburing.
+# NVMe offload needs liburing; a machine without its development package may carry a copy in
+# build-deps/liburing (scripts/carry-liburing.sh makes it where liburing-dev is installed).
 if ! pkg-config --exists liburing && [ -d build-deps/liburing ]; then
   export PKG_CONFIG_PATH=$PWD/build-deps/liburing/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 fi
