@@ -38,11 +38,8 @@ class CpuBackend final : public Backend {
   const ckpt::Layout& layout() const override { return engine_.layout(); }
   std::string describe() const override {
     std::string out = std::string("CPU, fp32, matrix products: ") + model::cpu::gemm_backend();
-    const auto swapped_to = [](const nvme::StateSwapper& swap) {
-      return swap.path().string() + (swap.direct() ? " (O_DIRECT)" : " (buffered)");
-    };
-    if (const nvme::StateSwapper* swap = engine_.swapper()) out += "; optimizer states swapped to " + swapped_to(*swap);
-    if (const nvme::StateSwapper* swap = engine_.param_swapper()) out += "; parameters swapped to " + swapped_to(*swap);
+    if (const nvme::StateSwapper* swap = engine_.swapper()) out += "; optimizer states swapped to " + swap->where();
+    if (const nvme::StateSwapper* swap = engine_.param_swapper()) out += "; parameters swapped to " + swap->where();
     return out;
   }
   MemoryReport memory() const override { return engine_.memory(); }
@@ -78,9 +75,7 @@ class CpuBackend final : public Backend {
     if (decided_) return;
     decided_ = true;
     if (swapped()) {
-      options_.log(
-          "checkpoint snapshots: none: a save reads the optimizer states from the swap file, and the "
-          "optimizer step after it waits until they are written");
+      note_swapped_snapshots(options_);
       copies_ = false;
       return;
     }

@@ -63,6 +63,16 @@ constexpr bool host_copy_fits(int64_t bytes_per_rank, int ranks_on_node, int64_t
   return bytes_per_rank * ranks_on_node + headroom <= available;
 }
 
+// States swapped to NVMe are too large to be held twice: a save reads them from the swap file
+// (Backend::stream_snapshot), behind the snapshot gate. Says so once.
+inline void note_swapped_snapshots(const BackendOptions& options) {
+  if (options.log) {
+    options.log(
+        "checkpoint snapshots: none: a save reads the optimizer states from the swap file, and the optimizer step "
+        "after it waits until they are written");
+  }
+}
+
 // Whether each rank's snapshot of `bytes_per_rank` of host-resident states is a copy in host memory
 // (true) or the live states (false), as options.snapshot_staging says (kAuto: a copy where the node's
 // available memory holds one for each of its ranks). The same on every rank (collective); the choice

@@ -64,6 +64,20 @@ TrainOptions options(const std::filesystem::path& config, const std::filesystem:
 
 using testing::train;
 
+// A run with its console output (printed by rank 0), for the start-up report's lines.
+struct Shown {
+  std::vector<StepRecord> records;
+  std::string console;
+};
+Shown train_shown(comm::MpiCollective& world, TrainOptions options) {
+  options.quiet = false;
+  ::testing::internal::CaptureStdout();
+  Shown out;
+  out.records = train(world, options);
+  out.console = ::testing::internal::GetCapturedStdout();
+  return out;
+}
+
 void expect_close(const std::vector<StepRecord>& got, const std::vector<StepRecord>& want, size_t offset, double rtol,
                   const std::string& what) {
   ASSERT_EQ(got.size() + offset, want.size()) << what;
@@ -205,15 +219,13 @@ TEST(CudaTrain, ParameterOffloadMatchesStage3BitForBit) {
       const std::string name = precision + (cpu_optimizer ? "-cpu-optimizer" : "-gpu-optimizer");
       const auto on_device =
           train(world, options(ws.config(3, precision, name, cpu_optimizer), ws / "tokens.bin", 6, "cuda"));
-      TrainOptions offloaded = options(ws.config(3, precision, name + "-offload-param", cpu_optimizer, to_host),
-                                       ws / "tokens.bin", 6, "cuda");
-      offloaded.quiet = false;
-      ::testing::internal::CaptureStdout();
-      const auto on_host = train(world, offloaded);
-      const std::string console = ::testing::internal::GetCapturedStdout();
-      expect_close(on_host, on_device, 0, 0.0, name + " with offload_param");
+      const Shown on_host =
+          train_shown(world, options(ws.config(3, precision, name + "-offload-param", cpu_optimizer, to_host),
+                                     ws / "tokens.bin", 6, "cuda"));
+      expect_close(on_host.records, on_device, 0, 0.0, name + " with offload_param");
       if (world.rank() == 0) {
-        EXPECT_NE(console.find("(in host memory), gradients"), std::string::npos) << name << ":\n" << console;
+        EXPECT_NE(on_host.console.find("(in host memory), gradients"), std::string::npos) << name << ":\n"
+                                                                                          << on_host.console;
       }
     }
   }
@@ -270,18 +282,14 @@ TEST(CudaTrain, NvmeOptimizerOffloadTrainsBitForBitLikeHostMemory) {
       const std::string name = precision + "-" + std::to_string(stage);
       const auto in_memory =
           train(world, options(ws.config(stage, precision, name + "-host", true), ws / "tokens.bin", 6, "cuda"));
-      TrainOptions swapped =
-          options(ws.config(stage, precision, name + "-nvme", false, to_nvme, aio), ws / "tokens.bin", 6, "cuda");
-      swapped.quiet = false;
-      ::testing::internal::CaptureStdout();
-      const auto on_nvme = train(world, swapped);
-      const std::string console = ::testing::internal::GetCapturedStdout();
-      expect_close(on_nvme, in_memory, 0, 0.0, name + " swapped to NVMe");
+      const Shown on_nvme = train_shown(world, options(ws.config(stage, precision, name + "-nvme", false, to_nvme, aio),
+                                                       ws / "tokens.bin", 6, "cuda"));
+      expect_close(on_nvme.records, in_memory, 0, 0.0, name + " swapped to NVMe");
       if (world.rank() == 0) {
-        EXPECT_NE(console.find("(on NVMe)"), std::string::npos) << name << ":\n" << console;
-        EXPECT_NE(console.find("optimizer states swapped to " + (ws / "nvme").string()), std::string::npos)
+        EXPECT_NE(on_nvme.console.find("(on NVMe)"), std::string::npos) << name << ":\n" << on_nvme.console;
+        EXPECT_NE(on_nvme.console.find("optimizer states swapped to " + (ws / "nvme").string()), std::string::npos)
             << name << ":\n"
-            << console;
+            << on_nvme.console;
       }
     }
   }

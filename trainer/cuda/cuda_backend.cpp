@@ -42,10 +42,7 @@ class CudaBackend final : public Backend {
     ncclGetVersion(&nccl);
     std::string out = "CUDA device " + std::to_string(context_.device()) + " (" + context_.props().name + "), " +
                       DeviceType<T>::kName + " compute with fp32 master weights, cuBLAS, NCCL " + std::to_string(nccl);
-    if (const nvme::StateSwapper* swap = engine_.swapper()) {
-      out +=
-          "; optimizer states swapped to " + swap->path().string() + (swap->direct() ? " (O_DIRECT)" : " (buffered)");
-    }
+    if (const nvme::StateSwapper* swap = engine_.swapper()) out += "; optimizer states swapped to " + swap->where();
     return out;
   }
   MemoryReport memory() const override { return engine_.memory(); }
@@ -89,9 +86,7 @@ class CudaBackend final : public Backend {
     decided_ = true;
     const int64_t flat = engine_.layout().flat_size();
     if (engine_.swapper() != nullptr) {
-      // Too large to be held twice in host memory: like the CPU backend's swapped states.
-      log("checkpoint snapshots: none: a save reads the optimizer states from the swap file, and the optimizer "
-          "step after it waits until they are written");
+      note_swapped_snapshots(options_);
       copies_ = false;
       return;
     }

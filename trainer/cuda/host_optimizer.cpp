@@ -22,10 +22,12 @@ int64_t ring_chunk_of(size_t count, int64_t ring_chunk) {
   return std::max<int64_t>(1, std::min<int64_t>(ring_chunk, static_cast<int64_t>(count)));
 }
 
-int slots_of(size_t count, int64_t ring_chunk, int most) {
+// As many slots as the ring has chunks, at most kSlots.
+template <typename T>
+int slots_of(size_t count, int64_t ring_chunk) {
   const int64_t chunk = ring_chunk_of(count, ring_chunk);
   const int64_t chunks = (static_cast<int64_t>(count) + chunk - 1) / chunk;
-  return static_cast<int>(std::clamp<int64_t>(chunks, 1, most));
+  return static_cast<int>(std::clamp<int64_t>(chunks, 1, HostOptimizer<T>::kSlots));
 }
 
 // The updated weights of `master` in T, into out (all threads).
@@ -42,7 +44,7 @@ void narrow_into(std::span<const float> master, T* out) {
 
 template <typename T>
 int64_t HostOptimizer<T>::pinned_bytes(size_t count, bool params_on_host, int64_t ring_chunk) noexcept {
-  return slots_of(count, ring_chunk, kSlots) * ring_chunk_of(count, ring_chunk) *
+  return slots_of<T>(count, ring_chunk) * ring_chunk_of(count, ring_chunk) *
          static_cast<int64_t>(sizeof(float) + (params_on_host ? 0 : sizeof(T)));
 }
 
@@ -56,7 +58,7 @@ HostOptimizer<T>::HostOptimizer(size_t count, bool params_on_host, std::unique_p
       exp_avg_(swap_ ? 0 : count),
       exp_avg_sq_(swap_ ? 0 : count),
       ring_chunk_(ring_chunk_of(count, ring_chunk)),
-      slots_(slots_of(count, ring_chunk, kSlots)),
+      slots_(slots_of<T>(count, ring_chunk)),
       grad_ring_(static_cast<size_t>(slots_ * ring_chunk_)),
       weight_ring_(params_on_host ? 0 : static_cast<size_t>(slots_ * ring_chunk_)),
       down_(static_cast<size_t>(slots_)),
@@ -112,9 +114,7 @@ void HostOptimizer<T>::pass(Access access, std::span<const int> states, const fl
   const int64_t n = static_cast<int64_t>(count_);
   const int64_t chunks = (n + ring_chunk_ - 1) / ring_chunk_;
   const auto slot = [&](int64_t k) { return static_cast<size_t>(k % slots_); };
-  const auto ring_offset = [&](int64_t k) {
-    return static_cast<size_t>(k % slots_) * static_cast<size_t>(ring_chunk_);
-  };
+  const auto ring_offset = [&](int64_t k) { return slot(k) * static_cast<size_t>(ring_chunk_); };
   const auto length = [&](int64_t k) { return static_cast<size_t>(std::min(ring_chunk_, n - k * ring_chunk_)); };
   const auto come_down = [&](int64_t k) {
     CUDA_CHECK(cudaMemcpyAsync(grad_ring_.data() + ring_offset(k), grads + k * ring_chunk_, length(k) * sizeof(float),

@@ -89,6 +89,8 @@ class StateSwapper {
   int64_t file_bytes() const noexcept { return file_.bytes(); }
   const std::filesystem::path& path() const noexcept { return file_.path(); }
   bool direct() const noexcept { return file_.direct(); }
+  // "<path> (O_DIRECT)" or "<path> (buffered)", for the start-up report.
+  std::string where() const { return path().string() + (direct() ? " (O_DIRECT)" : " (buffered)"); }
   // The indices of all its states, {0, ..., states - 1}.
   std::span<const int> all_states() const noexcept;
 
