@@ -97,7 +97,8 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
                    "GPU memory (milliseconds; drained to host memory while training goes on); host: host memory "
                    "(from a GPU, the next optimizer step waits for that copy); none (states in host memory: CPU "
                    "ranks or offload_optimizer): no copy, the next optimizer step waits until the save is written; "
-                   "auto (default): the first of these with room")
+                   "auto (default): the first of these with room. States swapped to NVMe are always saved "
+                   "without a copy")
       ->check(CLI::IsMember({"auto", "device", "host", "none"}));
   train
       ->add_option_function<std::string>(
