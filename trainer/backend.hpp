@@ -84,6 +84,14 @@ class Backend {
   // Bytes this rank holds; `activations` the model's buffers for one micro-batch.
   virtual MemoryReport memory() const = 0;
   virtual int64_t activation_bytes() const = 0;
+  // GPU ranks: the device memory the backend takes, measured now (what the device had free before the
+  // backend allocated, less what it has free now: its buffers and what cuBLAS, NCCL and CUDA graphs
+  // took for it), beside what its memory plan said. Zeros elsewhere.
+  struct DeviceUse {
+    int64_t planned = 0;
+    int64_t measured = 0;
+  };
+  virtual DeviceUse device_use() const { return {}; }
 
   // Sets every parameter this rank keeps (moments zero): from `init` (weights read from a file), or
   // drawn where the states live (the same bits on every backend).

@@ -83,6 +83,7 @@ struct Trainer::State {
   void open_checkpointing(SlowPhases& phases);
   void initialize_parameters(SlowPhases& phases, const std::string& what);
   void report_memory();
+  void report_device_use();
   void open_metrics();
 
   // One optimizer step: the micro-batches' forward and backward passes, the reduction and overflow
@@ -259,6 +260,28 @@ void Trainer::State::report_memory() {
       " x " + std::to_string(config.gradient_accumulation_steps) + " accumulation x " + std::to_string(comm.size()) +
       " ranks, sequence " + std::to_string(seq_len) + "; " + backend->describe());
   for (const std::string& line : all) log("  " + line);
+}
+
+void Trainer::State::report_device_use() {
+  // After the first step every working buffer has reached its size: how the plan compares, on the
+  // rank that took the most.
+  const Backend::DeviceUse use = backend->device_use();
+  if (use.planned == 0) return;  // not a GPU backend (on every rank alike)
+  const std::vector<std::string> all = comm.gather(std::to_string(use.measured) + " " + std::to_string(use.planned));
+  if (!root()) return;
+  int64_t measured = -1, planned = 0;
+  int rank = 0;
+  for (size_t r = 0; r < all.size(); ++r) {
+    long long m = 0, p = 0;
+    if (std::sscanf(all[r].c_str(), "%lld %lld", &m, &p) == 2 && m > measured) {
+      measured = m;
+      planned = p;
+      rank = static_cast<int>(r);
+    }
+  }
+  log("GPU memory after the first step: " + format_bytes(static_cast<double>(measured)) + " in use on rank " +
+      std::to_string(rank) + (all.size() > 1 ? " (the most of any rank)" : "") + ", planned " +
+      format_bytes(static_cast<double>(planned)));
 }
 
 void Trainer::State::open_metrics() {
@@ -518,6 +541,7 @@ std::vector<StepRecord> Trainer::run() {
   while (s.step < s.options.steps) {
     const StepRecord r = s.train_step();
     records.push_back(r);
+    if (records.size() == 1) s.report_device_use();
     nlohmann::json m = {{"step", r.step},
                         {"loss", r.loss},
                         {"lr", r.lr},

@@ -1,13 +1,18 @@
 // The memory plan said at start-up is what the rank then holds: for each stage, with the optimizer
 // and the parameters offloaded, for both families, the plan's parameters, gradients, optimizer states
 // and activations are the memory line's (the same bytes, the same rounding, offloaded ones named as
-// such). And a run that cannot fit is refused before it allocates, with the settings that would fit.
-// Skipped without a GPU.
+// such); its total is the device memory the run then takes (measured after the first step, working
+// buffers, cuBLAS's and NCCL's included) to 10 %. And a run that cannot fit is refused before it
+// allocates, with the settings that would fit. Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "tests/cli/cli_support.hpp"
 #include "tests/cuda/require_gpus.hpp"
@@ -60,6 +65,57 @@ TEST(CudaMemoryPlan, ThePlanIsWhatTheRankHolds) {
     const std::string out = r.out + r.err;
     const std::string held = "(parameters .*?, activations [0-9.]+ [kMGT]?B)";
     EXPECT_EQ(find(out, "memory plan per rank: " + held), find(out, "rank 0: " + held));
+  }
+}
+
+// "53.90 GB" (format_bytes: powers of 1000) as bytes.
+double parse_bytes(const std::string& text) {
+  std::smatch m;
+  if (!std::regex_match(text, m, std::regex(R"(([0-9.]+) ([kMGT]?)B)"))) {
+    ADD_FAILURE() << "not a size: " << text;
+    return 0;
+  }
+  const std::string units = "kMGT";
+  const size_t power = m[2].length() == 0 ? 0 : units.find(m[2].str()) + 1;
+  return std::stod(m[1]) * std::pow(1000.0, static_cast<double>(power));
+}
+
+TEST(CudaMemoryPlan, ThePlanMatchesTheMemoryMeasuredAfterTheFirstStep) {
+  REQUIRE_GPUS(1);
+  testing::TempDir dir;
+  // Random ids below every preset's vocabulary, enough for the batches below (raw uint16).
+  const std::string data = (dir / "tokens.bin").string();
+  {
+    std::vector<uint16_t> ids(1 << 20);
+    uint32_t x = 12345;
+    for (uint16_t& id : ids) id = static_cast<uint16_t>((x = x * 1664525u + 1013904223u) >> 16) % 32000;
+    std::ofstream(data, std::ios::binary)
+        .write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * sizeof(uint16_t)));
+  }
+  // Stage 2's gradient buckets (GPT-2), stage 3's gathered groups and reductions with accumulation
+  // (Llama, untied head): shapes whose working buffers are gigabytes, not lost in cuBLAS's workspaces.
+  struct Case {
+    const char* model;
+    int stage, micro_batch, accumulation;
+  };
+  for (const Case& c : {Case{"gpt2-large", 2, 4, 1}, Case{"tinyllama-1.1b", 3, 4, 2}}) {
+    SCOPED_TRACE(std::string(c.model) + " stage " + std::to_string(c.stage));
+    const std::string path = (dir / (std::string(c.model) + ".json")).string();
+    std::ofstream(path) << R"({"train_micro_batch_size_per_gpu": )" << c.micro_batch
+                        << R"(, "gradient_accumulation_steps": )" << c.accumulation
+                        << R"(, "bf16": {"enabled": true}, "zero_optimization": {"stage": )" << c.stage
+                        << R"(}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}})";
+    const Result r = run("train --config " + path + " --model " + c.model + " --device cuda --data " + data +
+                             " --seq-len 1024 --steps 2",
+                         "timeout -s KILL 300 " + mpirun(1));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string out = r.out + r.err;
+    const std::string size = "([0-9.]+ [kMGT]?B)";
+    const std::string planned = find(out, "memory plan per rank: .*; GPU " + size + " of ");
+    EXPECT_EQ(find(out, "GPU memory after the first step: .* in use on rank 0, planned " + size), planned);
+    const double measured = parse_bytes(find(out, "GPU memory after the first step: " + size + " in use"));
+    EXPECT_NEAR(parse_bytes(planned) / measured, 1.0, 0.10) << "planned " << planned << ", measured " << measured;
+    std::printf("%s at stage %d: planned %s, measured %.2f GB\n", c.model, c.stage, planned.c_str(), measured / 1e9);
   }
 }
 

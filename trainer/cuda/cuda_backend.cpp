@@ -28,7 +28,11 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const BackendOptions& o)
       : options_(o),
         context_(*o.comm),
-        plan_(check_memory_plan<T>(*o.model, o.config->zero, o.micro_batch, o.seq_len, *o.comm, context_, o.log)),
+        plan_(check_memory_plan<T>(
+            *o.model, o.config->zero,
+            RunShape{o.micro_batch, o.seq_len, static_cast<int>(o.config->gradient_accumulation_steps),
+                     comm_dtype(*o.config)},
+            *o.comm, context_, o.log)),
         model_(make_gpu_model<T>(*o.model, o.micro_batch, o.seq_len, context_.cublas(), context_.stream())),
         engine_(o.model->table(), o.model->groups(), decay_flags(*o.model), o.config->zero, comm_dtype(*o.config),
                 *o.comm, context_.nccl(), context_.stream(), nvme::swap_factory(*o.config, true, *o.comm, o.log)),
@@ -47,6 +51,12 @@ class CudaBackend final : public Backend {
   }
   MemoryReport memory() const override { return engine_.memory(); }
   int64_t activation_bytes() const override { return model_->activation_bytes(); }
+  DeviceUse device_use() const override {
+    size_t free = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return {plan_.device() + static_cast<int64_t>(engine_.memory().snapshot_staging),
+            plan_.free_before - static_cast<int64_t>(free)};
+  }
 
   void initialize(const InitFn& init) override { engine_.initialize(init); }
   void initialize(const RandomInit& init) override { engine_.initialize(init); }

@@ -53,10 +53,93 @@ FixedBuffers fixed_buffers_of(const ZeroPlan& plan, const ZeroConfig& config) {
   return b;
 }
 
+// The type gradients travel in: one rank sends nothing, so rounds nothing.
+ckpt::DType wire_of(ckpt::DType wire, int world) {
+  return world > 1 ? wire : ckpt::DType::kF32;
+}
+
+int64_t elements_of(const ZeroPlan& plan, const model::TensorGroup& g) {
+  int64_t n = 0;
+  for (int t = g.first; t < g.last; ++t) n += plan.numel(t);
+  return n;
+}
+
+// Device bytes of the working buffers at their peak, following what the engine does below: the
+// gradient pool keeps as many buffers as were open and pending at once, send_, recv_ and
+// gather_recv_ keep their largest size, the gather pool as many groups as were gathered at once. The
+// backward pass closes the groups from the last to the first (every family walks its blocks down)
+// and may keep group 0's gradients open throughout (a tied embedding, used by the head first):
+// counted so for every family.
+template <typename T>
+int64_t working_bytes(const ZeroPlan& plan, const std::vector<model::TensorGroup>& groups, const ZeroConfig& config,
+                      ckpt::DType wire, bool accumulates, const FixedBuffers& fixed) {
+  const int stage = plan.stage(), world = plan.world_size();
+  const bool narrow = wire != ckpt::DType::kF32;
+  const auto wb = static_cast<int64_t>(wire_bytes(wire));
+  if (stage <= 1) return narrow ? plan.replicated_size() * wb : 0;  // reduce_grads()'s narrowed copy
+  if (groups.empty()) return 0;
+
+  // Gradient buffers and the reductions' staging, flush by flush (flush_pending_grads()).
+  int64_t send = 0, recv = 0;
+  const auto flush = [&](int first, int last) {
+    int64_t mine = 0;
+    if (stage == 2) {
+      const GlobalRun run = plan.global_run(first, last);
+      if (narrow) send = std::max(send, (run.hi - run.lo) * wb);
+      mine = plan.share(run, plan.rank()).count;
+    } else {
+      const SlotRun run = plan.slots(first, last);
+      send = std::max(send, run.span * world * wb);
+      mine = run.span;
+    }
+    if (narrow || accumulates) recv = std::max(recv, std::max<int64_t>(1, mine) * wb);
+  };
+  const int G = static_cast<int>(groups.size());
+  int64_t pending = 0, peak_pending = 0;
+  int run_last = -1;
+  for (int g = G - 1; g >= 1; --g) {
+    const model::TensorGroup& group = groups[static_cast<size_t>(g)];
+    pending += elements_of(plan, group);
+    if (run_last < 0) run_last = group.last;
+    peak_pending = std::max(peak_pending, pending);
+    if (pending >= config.reduce_bucket_size) {
+      flush(group.first, run_last);
+      pending = 0;
+      run_last = -1;
+    }
+  }
+  flush(groups[0].first, run_last < 0 ? groups[0].last : run_last);  // group 0 closes the pass
+  int64_t bytes = (elements_of(plan, groups[0]) + peak_pending) * static_cast<int64_t>(sizeof(float)) + send + recv;
+  if (stage == 2) return bytes;
+
+  // Stage 3: gathered groups -- group 0, the last group, and the block computing with the next one
+  // prefetched (where overlap_comm prefetches one that size) -- and the gathers' receive buffer.
+  int64_t largest = 0, receive = 0;
+  for (int g = 0; g < G; ++g) {
+    const model::TensorGroup& group = groups[static_cast<size_t>(g)];
+    if (g > 0 && g < G - 1) largest = std::max(largest, elements_of(plan, group));
+    for (const SlotRun& run : plan.buckets(group.first, group.last, config.allgather_bucket_size)) {
+      receive = std::max(receive, run.span * world);
+    }
+  }
+  const bool prefetches = config.overlap_comm && largest <= config.stage3_prefetch_bucket_size;
+  const int64_t gathered = elements_of(plan, groups[0]) +
+                           (G > 1 ? elements_of(plan, groups[static_cast<size_t>(G - 1)]) : 0) +
+                           largest * (prefetches ? 2 : 1);
+  bytes += (gathered + receive) * static_cast<int64_t>(sizeof(T));
+  // A partition in host memory that the GPU optimizer updates goes down through a device chunk.
+  if (fixed.param_part_on_host && !fixed.states_on_host) {
+    bytes += std::min<int64_t>(static_cast<int64_t>(fixed.param_part), ParamPartition<T>::kChunk) *
+             static_cast<int64_t>(sizeof(T));
+  }
+  return bytes;
+}
+
 }  // namespace
 
 template <typename T>
-EngineFootprint engine_footprint(const ZeroPlan& plan, const ZeroConfig& config) {
+EngineFootprint engine_footprint(const ZeroPlan& plan, const std::vector<model::TensorGroup>& groups,
+                                 const ZeroConfig& config, ckpt::DType wire, bool accumulates) {
   const FixedBuffers b = fixed_buffers_of(plan, config);
   const auto bytes = [](size_t n, size_t element) { return static_cast<int64_t>(n * element); };
   EngineFootprint f;
@@ -69,6 +152,7 @@ EngineFootprint engine_footprint(const ZeroPlan& plan, const ZeroConfig& config)
                       : f.held.optimizer_states) = states;
   f.pinned_host = f.held.host_parameters;
   if (b.states_on_host) f.pinned_host += HostOptimizer<T>::pinned_bytes(b.states, b.param_part_on_host);
+  f.working = working_bytes<T>(plan, groups, config, wire_of(wire, plan.world_size()), accumulates, b);
   return f;
 }
 
@@ -80,7 +164,7 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<mode
     : table_(table),
       groups_(std::move(groups)),
       config_(config),
-      wire_(mpi.size() > 1 ? wire : ckpt::DType::kF32),  // one rank sends nothing, so rounds nothing
+      wire_(wire_of(wire, mpi.size())),
       mpi_(mpi),
       nccl_(nccl),
       stream_(stream),
@@ -695,8 +779,11 @@ void GpuZeroEngine<T>::update_and_gather(const typename ParamPartition<T>::Produ
 template class GpuZeroEngine<float>;
 template class GpuZeroEngine<__nv_bfloat16>;
 template class GpuZeroEngine<__half>;
-template EngineFootprint engine_footprint<float>(const ZeroPlan&, const ZeroConfig&);
-template EngineFootprint engine_footprint<__nv_bfloat16>(const ZeroPlan&, const ZeroConfig&);
-template EngineFootprint engine_footprint<__half>(const ZeroPlan&, const ZeroConfig&);
+template EngineFootprint engine_footprint<float>(const ZeroPlan&, const std::vector<model::TensorGroup>&,
+                                                 const ZeroConfig&, ckpt::DType, bool);
+template EngineFootprint engine_footprint<__nv_bfloat16>(const ZeroPlan&, const std::vector<model::TensorGroup>&,
+                                                         const ZeroConfig&, ckpt::DType, bool);
+template EngineFootprint engine_footprint<__half>(const ZeroPlan&, const std::vector<model::TensorGroup>&,
+                                                  const ZeroConfig&, ckpt::DType, bool);
 
 }  // namespace shardkit::trainer::cuda

@@ -27,16 +27,21 @@
 
 namespace shardkit::trainer::cuda {
 
-// What a rank's engine allocates when it is made, known before: the fixed buffers memory() reports,
-// and the page-locked host memory of stage 3's offloaded partition and the offloaded optimizer's
-// transfers. (Stages 2 and 3 also take working buffers as they run: reduction buckets, gathered
-// groups; and a snapshot staging copy, when reserved, is on top.)
+// What a rank's engine allocates, known before it is made: the fixed buffers memory() reports, the
+// page-locked host memory of stage 3's offloaded partition and the offloaded optimizer's transfers,
+// and the device memory its working buffers reach as it runs (stages 2-3: gradients of open and
+// pending groups, the reductions' staging, gathered groups; a narrowed gradient copy at stages 0-1).
+// A snapshot staging copy, when reserve_staging() is called, is on top.
 struct EngineFootprint {
   MemoryReport held;
   int64_t pinned_host = 0;
+  int64_t working = 0;
 };
+// `wire`: communication_data_type as the engine is given it; `accumulates`: more than one micro-batch
+// a step (later ones land their reductions through a receive buffer).
 template <typename T>
-EngineFootprint engine_footprint(const ZeroPlan& plan, const ZeroConfig& config);
+EngineFootprint engine_footprint(const ZeroPlan& plan, const std::vector<model::TensorGroup>& groups,
+                                 const ZeroConfig& config, ckpt::DType wire, bool accumulates);
 
 template <typename T>
 class GpuZeroEngine final : public GpuParamStore<T> {

@@ -70,31 +70,33 @@ std::vector<Alternative> alternatives(const ZeroConfig& zero, int micro_batch) {
 }  // namespace
 
 template <typename T>
-MemoryPlan plan_memory(const model::Model& model, const ZeroConfig& zero, int micro_batch, int seq_len, int world,
-                       int rank) {
+MemoryPlan plan_memory(const model::Model& model, const ZeroConfig& zero, const RunShape& run, int world, int rank) {
   MemoryPlan plan;
-  plan.engine = engine_footprint<T>(ZeroPlan(model.table(), world, rank, zero.stage), zero);
-  plan.activations = planned_activation_bytes<T>(model, micro_batch, seq_len);
+  plan.engine = engine_footprint<T>(ZeroPlan(model.table(), world, rank, zero.stage), model.groups(), zero, run.wire,
+                                    run.accumulation > 1);
+  plan.activations = planned_activation_bytes<T>(model, run.micro_batch, run.seq_len);
   return plan;
 }
 
 template <typename T>
-MemoryPlan check_memory_plan(const model::Model& model, const ZeroConfig& zero, int micro_batch, int seq_len,
+MemoryPlan check_memory_plan(const model::Model& model, const ZeroConfig& zero, const RunShape& run,
                              comm::MpiCollective& comm, const DeviceContext& context,
                              const std::function<void(const std::string&)>& log) {
   const int world = comm.size(), rank = comm.rank();
   const int node_ranks = comm.node_place().size;
-  const MemoryPlan plan = plan_memory<T>(model, zero, micro_batch, seq_len, world, rank);
+  const int micro_batch = run.micro_batch, seq_len = run.seq_len;
+  MemoryPlan plan = plan_memory<T>(model, zero, run, world, rank);
   size_t free = 0, total = 0;
   CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  plan.free_before = static_cast<int64_t>(free);
   const double host_free = model::cpu::available_memory_bytes();
   const auto fits = [&](const MemoryPlan& p) {
     return p.device() <= static_cast<int64_t>(free) && static_cast<double>(p.host()) * node_ranks <= host_free;
   };
   const EngineFootprint& e = plan.engine;
-  std::string line = "memory plan per rank: " + describe_memory(e.held, plan.activations) + "; GPU " +
-                     bytes(plan.device()) + " of " + bytes(static_cast<int64_t>(free)) + " free";
-  if (zero.stage >= 2) line += " (plus working buffers as it runs)";
+  std::string line = "memory plan per rank: " + describe_memory(e.held, plan.activations);
+  if (e.working > 0) line += ", working buffers " + bytes(e.working);
+  line += "; GPU " + bytes(plan.device()) + " of " + bytes(static_cast<int64_t>(free)) + " free";
   if (plan.host() > 0) line += "; host " + bytes(plan.host()) + ", of which page-locked " + bytes(e.pinned_host);
   log(line);
   if (fits(plan)) return plan;
@@ -103,7 +105,9 @@ MemoryPlan check_memory_plan(const model::Model& model, const ZeroConfig& zero, 
   bool batch_found = false;
   for (const Alternative& a : alternatives(zero, micro_batch)) {
     if (a.smaller_batch && batch_found) continue;
-    const MemoryPlan p = plan_memory<T>(model, a.zero, a.micro_batch, seq_len, world, rank);
+    RunShape shape = run;
+    shape.micro_batch = a.micro_batch;
+    const MemoryPlan p = plan_memory<T>(model, a.zero, shape, world, rank);
     if (!fits(p)) continue;
     fitting.push_back(a.what + " (GPU " + bytes(p.device()) + ", host " + bytes(p.host()) + ")");
     batch_found = batch_found || a.smaller_batch;
@@ -120,20 +124,22 @@ MemoryPlan check_memory_plan(const model::Model& model, const ZeroConfig& zero, 
                            std::to_string(micro_batch) + " x " + std::to_string(seq_len) + " on " +
                            std::to_string(world) + " GPU(s) needs ";
   if (plan.device() > static_cast<int64_t>(free)) {
-    fail(ErrorKind::kIo,
-         what + bytes(plan.device()) + " of GPU memory per rank (parameters " + bytes(e.held.parameters) +
-             ", gradients " + bytes(e.held.gradients) + ", optimizer states " + bytes(e.held.optimizer_states) +
-             ", activations " + bytes(plan.activations) + "), more than the " + bytes(static_cast<int64_t>(free)) +
-             " free on CUDA device " + std::to_string(context.device()) + " (" + context.props().name + ")" + advice);
+    fail(ErrorKind::kIo, what + bytes(plan.device()) + " of GPU memory per rank (parameters " +
+                             bytes(e.held.parameters) + ", gradients " + bytes(e.held.gradients) +
+                             ", optimizer states " + bytes(e.held.optimizer_states) + ", working buffers " +
+                             bytes(e.working) + ", activations " + bytes(plan.activations) + "), more than the " +
+                             bytes(static_cast<int64_t>(free)) + " free on CUDA device " +
+                             std::to_string(context.device()) + " (" + context.props().name + ")" + advice);
   }
   fail(ErrorKind::kIo, what + bytes(plan.host()) + " of host memory per rank (" + std::to_string(node_ranks) +
                            " rank(s) on this node), more than the " + format_bytes(host_free) + " available" + advice);
 }
 
-#define SHARDKIT_INSTANTIATE(T)                                                                                    \
-  template MemoryPlan plan_memory<T>(const model::Model&, const ZeroConfig&, int, int, int, int);                  \
-  template MemoryPlan check_memory_plan<T>(const model::Model&, const ZeroConfig&, int, int, comm::MpiCollective&, \
-                                           const DeviceContext&, const std::function<void(const std::string&)>&);
+#define SHARDKIT_INSTANTIATE(T)                                                                          \
+  template MemoryPlan plan_memory<T>(const model::Model&, const ZeroConfig&, const RunShape&, int, int); \
+  template MemoryPlan check_memory_plan<T>(const model::Model&, const ZeroConfig&, const RunShape&,      \
+                                           comm::MpiCollective&, const DeviceContext&,                   \
+                                           const std::function<void(const std::string&)>&);
 SHARDKIT_INSTANTIATE(float)
 SHARDKIT_INSTANTIATE(__nv_bfloat16)
 SHARDKIT_INSTANTIATE(__half)

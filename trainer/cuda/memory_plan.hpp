@@ -15,26 +15,34 @@
 namespace shardkit::trainer::cuda {
 
 struct MemoryPlan {
-  EngineFootprint engine;   // the ZeRO engine's fixed buffers, as memory() will report them
+  EngineFootprint engine;   // the ZeRO engine's buffers: the fixed ones as memory() will report them
   int64_t activations = 0;  // the GPU model's, as activation_bytes() will report them
+  int64_t free_before = 0;  // device memory free when the plan was checked, before the backend allocated
 
-  // Device memory of the above (stages 2 and 3 take working buffers on top as they run).
+  // Device memory of the above.
   int64_t device() const noexcept {
-    return engine.held.parameters + engine.held.gradients + engine.held.optimizer_states + activations;
+    return engine.held.parameters + engine.held.gradients + engine.held.optimizer_states + engine.working + activations;
   }
   // Host memory: page-locked transfer buffers and offloaded states.
   int64_t host() const noexcept { return engine.pinned_host + engine.held.host_optimizer_states; }
 };
 
+// How the run trains, beyond the ZeRO settings: what the plan depends on.
+struct RunShape {
+  int micro_batch = 1;
+  int seq_len = 1;
+  int accumulation = 1;                  // gradient_accumulation_steps
+  ckpt::DType wire = ckpt::DType::kF32;  // communication_data_type, resolved
+};
+
 template <typename T>
-MemoryPlan plan_memory(const model::Model& model, const ZeroConfig& zero, int micro_batch, int seq_len, int world,
-                       int rank);
+MemoryPlan plan_memory(const model::Model& model, const ZeroConfig& zero, const RunShape& run, int world, int rank);
 
 // This rank's plan, said through `log`; Error(kIo) when it exceeds the device's free memory or the
 // node's available host memory (all ranks of the node together), naming what would fit. Collective
 // (every rank of the job calls it).
 template <typename T>
-MemoryPlan check_memory_plan(const model::Model& model, const ZeroConfig& zero, int micro_batch, int seq_len,
+MemoryPlan check_memory_plan(const model::Model& model, const ZeroConfig& zero, const RunShape& run,
                              comm::MpiCollective& comm, const DeviceContext& context,
                              const std::function<void(const std::string&)>& log);
 
