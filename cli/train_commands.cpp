@@ -147,7 +147,10 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
   auto e = std::make_shared<EvalCli>();
   CLI::App* eval =
       app.add_subcommand("eval", "Mean next-token cross-entropy of a checkpoint's weights over a token file");
-  eval->add_option("CKPT", e->checkpoint, "Step directory, or run directory (follows 'latest')")->required();
+  eval->add_option("CKPT", e->checkpoint,
+                   "Step directory, run directory (follows 'latest'), or Hugging Face weights: a save_pretrained "
+                   "folder, or a .safetensors file with config.json beside it")
+      ->required();
   eval->add_option("--data", e->data,
                    "Token file (raw, llm.c or .npy, as for train), every id within the model's vocabulary")
       ->required();
@@ -163,7 +166,7 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
       ->check(CLI::IsMember({"cpu", "cuda"}));
   eval->add_option("--dtype", e->dtype,
                    "Compute precision on the GPU: fp32 (the CPU's loss to about 1e-5), bf16 or fp16 (about 1e-2; "
-                   "weights rounded from the checkpoint's fp32)")
+                   "weights rounded from fp32)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   eval->add_flag("--json", e->json, "Print {\"loss\", \"tokens\"} on one line instead of a sentence");
   eval->add_flag("-q,--quiet", e->quiet, "No progress output on stderr (the result is still printed)");

@@ -44,9 +44,9 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   return cuda_module().make_backend(options);
 }
 
-std::unique_ptr<WindowScorer> make_cuda_scorer(const model::Model& model, ckpt::CheckpointReader& reader, int state,
-                                               int batch, int seq_len, ckpt::DType dtype) {
-  return cuda_module().make_scorer(model, reader, state, batch, seq_len, dtype);
+std::unique_ptr<WindowScorer> make_cuda_scorer(const model::Model& model, const InitFn& read, int batch, int seq_len,
+                                               ckpt::DType dtype) {
+  return cuda_module().make_scorer(model, read, batch, seq_len, dtype);
 }
 
 }  // namespace shardkit::trainer

@@ -15,8 +15,8 @@ namespace shardkit::trainer {
 // What the module hands the command: its make_cuda_backend and make_cuda_scorer.
 struct CudaModule {
   std::unique_ptr<Backend> (*make_backend)(const BackendOptions& options);
-  std::unique_ptr<WindowScorer> (*make_scorer)(const model::Model& model, ckpt::CheckpointReader& reader, int state,
-                                               int batch, int seq_len, ckpt::DType dtype);
+  std::unique_ptr<WindowScorer> (*make_scorer)(const model::Model& model, const InitFn& read, int batch, int seq_len,
+                                               ckpt::DType dtype);
 };
 
 inline constexpr char kCudaModuleFile[] = "libshardkit_cuda.so";

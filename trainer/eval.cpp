@@ -1,14 +1,17 @@
 #include "trainer/eval.hpp"
 
 #include <algorithm>
+#include <mutex>
 #include <thread>
 
 #include "base/error.hpp"
 #include "base/text_format.hpp"
+#include "base/thread_pool.hpp"
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/shard_format.hpp"
 #include "model/cpu/gemm.hpp"
 #include "model/cpu/host_memory.hpp"
+#include "model/hf_weights.hpp"
 #include "model/registry.hpp"
 #include "trainer/data.hpp"
 #include "trainer/dense_params.hpp"
@@ -36,10 +39,9 @@ void require_memory_for(const model::Model& m, int seq_len, const std::string& w
 // The CPU's scorer: every parameter in fp32 (DenseParams) and the family's CPU model.
 class CpuScorer final : public WindowScorer {
  public:
-  CpuScorer(const model::Model& m, ckpt::CheckpointReader& reader, int state, int batch, int seq_len)
+  CpuScorer(const model::Model& m, const InitFn& read, int batch, int seq_len)
       : params_(m.table()), model_(m.make_cpu_model(batch, seq_len)), batch_(batch), seq_len_(seq_len) {
-    for (size_t t = 0; t < m.table().size(); ++t)
-      reader.read(static_cast<int>(t), state, 0, params_.values(static_cast<int>(t)));
+    for (size_t t = 0; t < m.table().size(); ++t) read(static_cast<int>(t), 0, params_.values(static_cast<int>(t)));
   }
   int batch() const override { return batch_; }
   double score(const int32_t* inputs, const int32_t* targets, int rows) override {
@@ -52,17 +54,53 @@ class CpuScorer final : public WindowScorer {
   int batch_, seq_len_;
 };
 
+// Where the weights come from: a checkpoint's fp32 master weights, or Hugging Face weights.
+struct WeightSource {
+  std::unique_ptr<ckpt::CheckpointReader> checkpoint;
+  std::unique_ptr<model::HfWeights> hf;
+  std::shared_ptr<const model::Model> model;
+  std::string where;
+  std::mutex mutex;
+  InitFn read;  // safe to call from several threads at once
+
+  WeightSource(const WeightSource&) = delete;  // `read` points back here
+  WeightSource& operator=(const WeightSource&) = delete;
+  explicit WeightSource(const std::filesystem::path& path) {
+    // A save_pretrained folder has config.json beside the weights; a checkpoint's folders never do.
+    const bool hf_weights = std::filesystem::is_directory(path) ? std::filesystem::exists(path / "config.json")
+                                                                : path.extension() == ".safetensors";
+    if (hf_weights) {
+      hf = std::make_unique<model::HfWeights>(path);
+      model = hf->model();
+      where = path.string();
+      read = [this](int t, int64_t offset, std::span<float> out) { hf->read(t, offset, out); };
+      return;
+    }
+    checkpoint = std::make_unique<ckpt::CheckpointReader>(path, ThreadPool::default_threads(0) + 1);
+    where = checkpoint->step_dir().string();
+    model = model::model_from_manifest(checkpoint->manifest().model, where);
+    if (!(checkpoint->tensors() == model->table())) {
+      fail(ErrorKind::kCorrupt, where + ": tensor table does not match its model config");
+    }
+    const int state = checkpoint->find_state(ckpt::kMasterWeights);
+    if (state < 0) fail(ErrorKind::kInvalidInput, where + ": no fp32 master weights to evaluate");
+    // One read at a time (the reader is not thread-safe), each on the reader's own threads.
+    read = [this, state](int t, int64_t offset, std::span<float> out) {
+      const std::lock_guard<std::mutex> lock(mutex);
+      checkpoint->read(t, state, offset, out);
+    };
+  }
+};
+
 }  // namespace
 
-EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesystem::path& data,
-                    const EvalOptions& options, const std::function<void(int64_t done, int64_t total)>& progress) {
+EvalResult evaluate(const std::filesystem::path& weights, const std::filesystem::path& data, const EvalOptions& options,
+                    const std::function<void(int64_t done, int64_t total)>& progress) {
   model::cpu::set_compute_threads(
       options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  ckpt::CheckpointReader reader(checkpoint);
-  const std::string where = reader.step_dir().string();
-  const std::shared_ptr<const model::Model> m = model::model_from_manifest(reader.manifest().model, where);
-  const ckpt::TensorTable& table = m->table();
-  if (!(reader.tensors() == table)) fail(ErrorKind::kCorrupt, where + ": tensor table does not match its model config");
+  const WeightSource source(weights);
+  const std::string& where = source.where;
+  const std::shared_ptr<const model::Model>& m = source.model;
   const int seq_len = options.seq_len;
   if (seq_len < 0 || seq_len > m->max_seq_len()) {
     fail(ErrorKind::kInvalidInput, "--seq-len " + std::to_string(seq_len) + " is outside [1, " +
@@ -70,8 +108,6 @@ EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesyst
                                        " supports");
   }
   const int T = seq_len > 0 ? seq_len : m->max_seq_len();
-  const int state = reader.find_state(ckpt::kMasterWeights);
-  if (state < 0) fail(ErrorKind::kInvalidInput, where + ": no fp32 master weights to evaluate");
 
   const TokenFile tokens(data);
   const int64_t full = (tokens.size() - 1) / T;
@@ -89,10 +125,10 @@ EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesyst
   const int batch = static_cast<int>(std::min<int64_t>(kBatch, windows));
   std::unique_ptr<WindowScorer> scorer;
   if (options.cuda) {
-    scorer = make_cuda_scorer(*m, reader, state, batch, T, options.dtype);
+    scorer = make_cuda_scorer(*m, source.read, batch, T, options.dtype);
   } else {
     require_memory_for(*m, T, where);
-    scorer = std::make_unique<CpuScorer>(*m, reader, state, batch, T);
+    scorer = std::make_unique<CpuScorer>(*m, source.read, batch, T);
   }
   const int B = scorer->batch();
   std::vector<int32_t> in(static_cast<size_t>(B) * T), out(static_cast<size_t>(B) * T);

@@ -1,5 +1,6 @@
-// `shardkit eval`: the mean next-token cross-entropy of a checkpoint's weights over token windows, on
-// the CPU (fp32, the family's CPU model) or on a GPU (its CUDA model, forward passes only).
+// `shardkit eval`: the mean next-token cross-entropy of a checkpoint's weights -- or of Hugging Face
+// weights, a save_pretrained folder or .safetensors file with its config.json -- over token windows,
+// on the CPU (fp32, the family's CPU model) or on a GPU (its CUDA model, forward passes only).
 #pragma once
 
 #include <cstdint>
@@ -8,13 +9,7 @@
 #include <memory>
 
 #include "ckpt/tensor_table.hpp"
-
-namespace shardkit::ckpt {
-class CheckpointReader;
-}
-namespace shardkit::model {
-class Model;
-}
+#include "trainer/backend.hpp"
 
 namespace shardkit::trainer {
 
@@ -33,10 +28,12 @@ struct EvalResult {
   int batch = 0;  // windows per forward pass
 };
 
-// Windows k = 0 .. windows-1 of T tokens: inputs tokens[kT, kT+T), targets tokens[kT+1, kT+T+1). One
-// process. `progress`, if set, is called after each batch of windows with (tokens scored, tokens to score).
-EvalResult evaluate(const std::filesystem::path& checkpoint, const std::filesystem::path& data,
-                    const EvalOptions& options, const std::function<void(int64_t done, int64_t total)>& progress = {});
+// Windows k = 0 .. windows-1 of T tokens: inputs tokens[kT, kT+T), targets tokens[kT+1, kT+T+1).
+// `weights`: a checkpoint (step or run directory), or Hugging Face weights (a folder with config.json, or
+// a .safetensors file). One process. `progress`, if set, is called after each batch of windows with (tokens scored,
+// tokens to score).
+EvalResult evaluate(const std::filesystem::path& weights, const std::filesystem::path& data, const EvalOptions& options,
+                    const std::function<void(int64_t done, int64_t total)>& progress = {});
 
 // Scores batches of windows of a fixed length with one set of weights.
 class WindowScorer {
@@ -48,10 +45,11 @@ class WindowScorer {
   virtual double score(const int32_t* inputs, const int32_t* targets, int rows) = 0;
 };
 
-// The GPU's scorer: state `state` of `reader` (fp32 weights) in `dtype` on the first visible device,
-// `batch` windows of `seq_len` tokens per pass, or fewer where their activations do not fit (halved
-// until they do). Error(kInvalidInput) in a build without CUDA or with no device.
-std::unique_ptr<WindowScorer> make_cuda_scorer(const model::Model& model, ckpt::CheckpointReader& reader, int state,
-                                               int batch, int seq_len, ckpt::DType dtype);
+// The GPU's scorer: the weights `read` gives (fp32; it is called from several threads at once) in
+// `dtype` on the first visible device, `batch` windows of `seq_len` tokens per pass, or fewer where
+// their activations do not fit (halved until they do). Error(kInvalidInput) in a build without CUDA or
+// with no device.
+std::unique_ptr<WindowScorer> make_cuda_scorer(const model::Model& model, const InitFn& read, int batch, int seq_len,
+                                               ckpt::DType dtype);
 
 }  // namespace shardkit::trainer

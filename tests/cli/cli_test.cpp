@@ -186,6 +186,14 @@ TEST(Cli, TrainCheckpointsResumesAndEvaluates) {
   EXPECT_EQ(eval["tokens"], 4 * 64);
   EXPECT_GT(eval["loss"].get<double>(), 0.0);
   EXPECT_LT(eval["loss"].get<double>(), 5.6) << "worse than uniform over 256 tokens";
+  // Its fp32 export, evaluated as Hugging Face weights (the folder, and its one file), scores the same.
+  const std::string hf = (dir / "hf").string();
+  ASSERT_EQ(run("convert consolidate " + run_dir + " -o " + hf + " --quiet").code, 0);
+  for (const std::string& weights : {hf, hf + "/model.safetensors"}) {
+    r = run("eval " + weights + " --data " + data + " --windows 4 --json");
+    ASSERT_EQ(r.code, 0) << weights << ": " << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out), eval) << weights;
+  }
   // A checkpoint of another model is refused with one line naming it.
   std::ofstream(dir / "small.json")
       << R"({"n_layer": 1, "n_head": 2, "n_embd": 64, "vocab_size": 256, "n_positions": 64})";

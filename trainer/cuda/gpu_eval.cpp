@@ -1,14 +1,15 @@
-// `shardkit eval --device cuda`: a checkpoint's weights resident on one GPU in the compute type, scored
-// by the family's CUDA model with forward passes only (no gradients, no optimizer states: a 7B model in
-// bf16 takes 13.5 GB beside its activations).
+// `shardkit eval --device cuda`: a checkpoint's (or Hugging Face) weights resident on one GPU in the compute type,
+// scored by the family's CUDA model with forward passes only (no gradients, no optimizer states: a 7B model in bf16
+// takes 13.5 GB beside its activations).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "base/error.hpp"
-#include "ckpt/checkpoint_reader.hpp"
+#include "base/thread_pool.hpp"
 #include "model/model.hpp"
 #include "trainer/cuda/device_context.hpp"
 #include "trainer/cuda/gpu_model.hpp"
@@ -24,7 +25,7 @@ namespace {
 template <typename T>
 class ResidentParams final : public GpuParamStore<T> {
  public:
-  ResidentParams(const ckpt::TensorTable& table, ckpt::CheckpointReader& reader, int state, cudaStream_t stream) {
+  ResidentParams(const ckpt::TensorTable& table, const InitFn& read, int device) {
     constexpr int64_t kAlign = 256 / sizeof(T);
     int64_t total = 0;
     for (const ckpt::TensorInfo& t : table) {
@@ -32,22 +33,46 @@ class ResidentParams final : public GpuParamStore<T> {
       total += (t.numel() + kAlign - 1) / kAlign * kAlign;
     }
     values_.resize(static_cast<size_t>(total));
-    // Tensor by tensor in pieces of at most 64 MiB of fp32 (a crafted table cannot make the host allocate
-    // more than that), widened or narrowed on the device.
+    // In pieces of at most 64 MiB of fp32 (a crafted table cannot make the host allocate more than that
+    // per thread), read and widened by several host threads at once, each into its own page-locked
+    // buffer, then copied up and narrowed on that thread's stream: reading a 7B model's weights is
+    // host work (pread, bf16 to fp32) that one thread would take most of half a minute over.
     constexpr int64_t kPiece = int64_t{16} << 20;
-    std::vector<float> host(static_cast<size_t>(std::min<int64_t>(kPiece, std::max<int64_t>(total, 1))));
-    DeviceBuffer<float> piece(host.size());
+    struct Piece {
+      int tensor;
+      int64_t from, count;
+    };
+    std::vector<Piece> pieces;
     for (size_t t = 0; t < table.size(); ++t) {
-      const int64_t n = table[t].numel();
-      for (int64_t from = 0; from < n; from += kPiece) {
-        const int64_t len = std::min(kPiece, n - from);
-        const std::span<float> part(host.data(), static_cast<size_t>(len));
-        reader.read(static_cast<int>(t), state, from, part);
-        CUDA_CHECK(cudaMemcpyAsync(piece.data(), part.data(), part.size_bytes(), cudaMemcpyHostToDevice, stream));
-        cast_from_float(values_.data() + offsets_[t] + from, piece.data(), len, stream);
-        CUDA_CHECK(cudaStreamSynchronize(stream));  // `host` and `piece` are filled again next
+      for (int64_t from = 0; from < table[t].numel(); from += kPiece) {
+        pieces.push_back({static_cast<int>(t), from, std::min(kPiece, table[t].numel() - from)});
       }
     }
+    struct Worker {
+      PinnedBuffer<float> host;
+      DeviceBuffer<float> piece;
+      std::unique_ptr<Stream> stream;
+    };
+    ThreadPool pool(ThreadPool::default_threads(0));
+    std::vector<Worker> workers(static_cast<size_t>(pool.concurrency()));
+    const auto size = static_cast<size_t>(std::min<int64_t>(kPiece, std::max<int64_t>(total, 1)));
+    pool.parallel_for(pieces.size(), [&](size_t i, int w) {
+      Worker& worker = workers[static_cast<size_t>(w)];
+      if (!worker.stream) {
+        CUDA_CHECK(cudaSetDevice(device));  // a new thread starts on device 0
+        worker.host.resize(size);
+        worker.piece.resize(size);
+        worker.stream = std::make_unique<Stream>();
+      }
+      const Piece& p = pieces[i];
+      const std::span<float> part(worker.host.data(), static_cast<size_t>(p.count));
+      read(p.tensor, p.from, part);
+      cudaStream_t st = worker.stream->get();
+      CUDA_CHECK(cudaMemcpyAsync(worker.piece.data(), part.data(), part.size_bytes(), cudaMemcpyHostToDevice, st));
+      cast_from_float(values_.data() + offsets_[static_cast<size_t>(p.tensor)] + p.from, worker.piece.data(), p.count,
+                      st);
+      worker.stream->synchronize();  // `host` and `piece` are filled again next
+    });
   }
 
   void acquire(int) override {}
@@ -66,8 +91,8 @@ class ResidentParams final : public GpuParamStore<T> {
 template <typename T>
 class GpuScorer final : public WindowScorer {
  public:
-  GpuScorer(const model::Model& m, ckpt::CheckpointReader& reader, int state, int batch, int seq_len)
-      : model_(m), seq_len_(seq_len), params_(m.table(), reader, state, context_.stream()) {
+  GpuScorer(const model::Model& m, const InitFn& read, int batch, int seq_len)
+      : model_(m), seq_len_(seq_len), params_(m.table(), read, context_.device()) {
     // The most windows per pass, up to `batch`, whose activations fit beside the weights.
     for (int b = batch;; b /= 2) {
       try {
@@ -116,16 +141,16 @@ class GpuScorer final : public WindowScorer {
 }  // namespace
 }  // namespace cuda
 
-std::unique_ptr<WindowScorer> make_cuda_scorer(const model::Model& model, ckpt::CheckpointReader& reader, int state,
-                                               int batch, int seq_len, ckpt::DType dtype) {
+std::unique_ptr<WindowScorer> make_cuda_scorer(const model::Model& model, const InitFn& read, int batch, int seq_len,
+                                               ckpt::DType dtype) {
   cuda::require_gpu_kernels(model);  // before any device work
   switch (dtype) {
     case ckpt::DType::kF32:
-      return std::make_unique<cuda::GpuScorer<float>>(model, reader, state, batch, seq_len);
+      return std::make_unique<cuda::GpuScorer<float>>(model, read, batch, seq_len);
     case ckpt::DType::kBF16:
-      return std::make_unique<cuda::GpuScorer<__nv_bfloat16>>(model, reader, state, batch, seq_len);
+      return std::make_unique<cuda::GpuScorer<__nv_bfloat16>>(model, read, batch, seq_len);
     case ckpt::DType::kF16:
-      return std::make_unique<cuda::GpuScorer<__half>>(model, reader, state, batch, seq_len);
+      return std::make_unique<cuda::GpuScorer<__half>>(model, read, batch, seq_len);
   }
   fail(ErrorKind::kInternal, "unknown compute type");
 }
