@@ -11,6 +11,10 @@
 #     GPU at stage 3, cold: the load time;
 #  4. the checkpoint resharded to 4 ranks at stage 2, and consolidated to safetensors in bf16, both
 #     into /dev/shm (memory): each command's time and the rate at which it read the checkpoint.
+# OFFLOAD=1 instead trains at stage 2 with offload_optimizer cpu (the states in host memory) and saves
+# at step 6 of 8 twice, with --snapshot-staging none (the save reads the live states, the next
+# optimizer step waits for it: no second host copy) and host (a copy, written behind training): each
+# save's durable time and what it cost training, beside the median step.
 # Usage: bench/gpu_big_ckpt_bench.sh [DIR] (SK=path/to/shardkit)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +40,16 @@ config() {  # config <stage> <file>
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}}}
 JSON
 }
-config 1 "$dir/train.json"
+if [ "${OFFLOAD:-0}" != 0 ]; then
+  cat > "$dir/train.json" <<JSON
+{"train_micro_batch_size_per_gpu": $mb, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+ "bf16": {"enabled": true}, "steps_per_print": 1,
+ "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": true}},
+ "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}}}
+JSON
+else
+  config 1 "$dir/train.json"
+fi
 config 3 "$dir/load.json"
 echo "GPT-2 shape $layers x $width: $(python3 -c "print(f'{$bytes / 12e9:.2f}')") B parameters, $(python3 -c "print(f'{$bytes / 1e9:.1f}')") GB of state"
 
@@ -46,20 +59,39 @@ dd if=/dev/zero of="$dir/dd.bin" bs=64M count=$((bytes / (64 << 20))) conv=fdata
 echo "dd conv=fdatasync: $(seconds "$start") s"
 rm -f "$dir/dd.bin"
 
+report() {  # report <metrics file>: each save, and the steps
+  python3 - "$1" "$bytes" <<'PY'
+import json, statistics, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+saves = [e for e in lines if e.get("event") == "checkpoint"]
+steps = [(e["step"], e["step_ms"]) for e in lines if "step_ms" in e]
+for e in saves:
+    print(f"save of step {e['step']}: durable in {e['write_ms'] / 1e3:.2f} s ({int(sys.argv[2]) / e['write_ms'] / 1e6:.2f} GB/s), "
+          f"training lost {e['training_lost_ms']:.1f} ms (loop held {e['loop_blocked_ms']:.1f}, device waited {e['device_wait_ms']:.1f})")
+print(f"median step {statistics.median(ms for _, ms in steps):.1f} ms over {len(steps)} steps; each: "
+      + ", ".join(f"{s}: {ms:.0f}" for s, ms in steps))
+PY
+}
+if [ "${OFFLOAD:-0}" != 0 ]; then
+  for staging in none host; do
+    rm -rf "$dir/run"
+    "$sk" train --config "$dir/train.json" --model "$dir/model.json" --data "$dir/tokens.bin" --steps 8 \
+      --save-dir "$dir/run" --save-interval 6 --keep-last 1 --device cuda --snapshot-staging "$staging" \
+      --metrics "$dir/m-$staging.jsonl" > "$dir/train-$staging.txt" 2>&1 ||
+      { echo "training failed:"; tail -5 "$dir/train-$staging.txt"; }
+    echo "-- --snapshot-staging $staging: $(grep -E "checkpoint snapshots" "$dir/train-$staging.txt" | head -1 | sed 's/^.*checkpoint snapshots: //')"
+    grep -E "error" "$dir/train-$staging.txt" | head -3
+    report "$dir/m-$staging.jsonl"
+  done
+  rm -rf "$dir" "$shm"
+  exit 0
+fi
+
 "$sk" train --config "$dir/train.json" --model "$dir/model.json" --data "$dir/tokens.bin" --steps 10 \
   --save-dir "$dir/run" --save-interval 10 --keep-last 1 --device cuda --metrics "$dir/m.jsonl" > "$dir/train.txt" 2>&1 ||
   { echo "training failed:"; tail -5 "$dir/train.txt"; }
 grep -E "checkpoint snapshots|error" "$dir/train.txt" | head -3
-python3 - "$dir/m.jsonl" "$bytes" <<'PY'
-import json, statistics, sys
-lines = [json.loads(l) for l in open(sys.argv[1])]
-saves = [e for e in lines if e.get("event") == "checkpoint"]
-steps = [e["step_ms"] for e in lines if "step_ms" in e]
-for e in saves:
-    print(f"save of step {e['step']}: durable in {e['write_ms'] / 1e3:.2f} s ({int(sys.argv[2]) / e['write_ms'] / 1e6:.2f} GB/s), "
-          f"training lost {e['training_lost_ms']:.1f} ms (loop held {e['loop_blocked_ms']:.1f}, device waited {e['device_wait_ms']:.1f})")
-print(f"median step {statistics.median(steps):.1f} ms over {len(steps)} steps")
-PY
+report "$dir/m.jsonl"
 
 last=$(cat "$dir/run/latest")
 drop_caches
