@@ -160,9 +160,10 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
       ->check(CLI::NonNegativeNumber);
   eval->add_option("--seq-len", e->seq_len, "Tokens per window (default: the model's longest sequence)")
       ->check(CLI::NonNegativeNumber);
-  eval->add_option("--threads", e->threads, "Compute threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  eval->add_option("--threads", e->threads, "Compute threads a rank (default: the node's cores shared by its ranks)")
+      ->check(CLI::NonNegativeNumber);
   eval->add_option("--device", e->device,
-                   "cpu (fp32, the reference) or cuda (the first visible GPU, forward passes only; builds with CUDA)")
+                   "cpu (fp32, the reference) or cuda (a GPU a rank, forward passes only; builds with CUDA)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   eval->add_option("--dtype", e->dtype,
                    "Compute precision on the GPU: fp32 (the CPU's loss to about 1e-5), bf16 or fp16 (about 1e-2; "
@@ -171,32 +172,38 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
   eval->add_flag("--json", e->json, "Print {\"loss\", \"tokens\"} on one line instead of a sentence");
   eval->add_flag("-q,--quiet", e->quiet, "No progress output on stderr (the result is still printed)");
   eval->footer(
+      "On several MPI ranks each rank holds the whole model and scores a share of the windows; the loss is the "
+      "same bits on any number of ranks.\n"
       "Example: shardkit eval runs/tiny --data runs/text.bin --windows 16 --json\n"
-      "         shardkit eval runs/xl --data runs/val.bin --windows 512 --device cuda --dtype bf16");
-  eval->callback([&action, e] {
-    action = [e] {
-      Progress progress("eval", e->quiet, "tokens");
-      trainer::EvalOptions options;
-      options.windows = e->windows;
-      options.seq_len = e->seq_len;
-      options.threads = e->threads;
-      options.cuda = e->device == "cuda";
-      options.dtype = e->dtype == "bf16"   ? ckpt::DType::kBF16
-                      : e->dtype == "fp16" ? ckpt::DType::kF16
-                                           : ckpt::DType::kF32;
-      if (!options.cuda && e->dtype != "fp32") {
-        fail(ErrorKind::kInvalidInput, "--dtype " + e->dtype + " is a GPU precision: use it with --device cuda");
-      }
-      const trainer::EvalResult r =
-          trainer::evaluate(e->checkpoint, e->data, options, [&](int64_t d, int64_t t) { progress.update(d, t); });
-      progress.finish();
-      if (e->json) {
-        std::cout << nlohmann::json{{"loss", r.loss}, {"tokens", r.tokens}}.dump() << "\n";
-      } else {
-        std::printf("loss %.6f over %lld tokens (%lld windows)\n", r.loss, static_cast<long long>(r.tokens),
-                    static_cast<long long>(r.windows));
-      }
-      return 0;
+      "         mpirun -n 8 shardkit eval runs/xl --data runs/val.bin --windows 4096 --device cuda --dtype bf16");
+  eval->callback([&action, e, argc, argv] {
+    action = [e, argc, argv] {
+      return run_on_ranks(argc, argv, [&](comm::MpiCollective& world) {
+        const bool root = world.rank() == 0;
+        Progress progress("eval", e->quiet || !root, "tokens");
+        trainer::EvalOptions options;
+        options.windows = e->windows;
+        options.seq_len = e->seq_len;
+        options.threads = e->threads;
+        options.cuda = e->device == "cuda";
+        options.dtype = e->dtype == "bf16"   ? ckpt::DType::kBF16
+                        : e->dtype == "fp16" ? ckpt::DType::kF16
+                                             : ckpt::DType::kF32;
+        if (!options.cuda && e->dtype != "fp32") {
+          fail(ErrorKind::kInvalidInput, "--dtype " + e->dtype + " is a GPU precision: use it with --device cuda");
+        }
+        const trainer::EvalResult r = trainer::evaluate(e->checkpoint, e->data, options, world,
+                                                        [&](int64_t d, int64_t t) { progress.update(d, t); });
+        progress.finish();
+        if (!root) return 0;
+        if (e->json) {
+          std::cout << nlohmann::json{{"loss", r.loss}, {"tokens", r.tokens}}.dump() << "\n";
+        } else {
+          std::printf("loss %.6f over %lld tokens (%lld windows)\n", r.loss, static_cast<long long>(r.tokens),
+                      static_cast<long long>(r.windows));
+        }
+        return 0;
+      });
     };
   });
 

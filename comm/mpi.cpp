@@ -129,6 +129,14 @@ void MpiCollective::allreduce_sum(float* data, int64_t count) {
   }
 }
 
+void MpiCollective::allreduce_sum(double* data, int64_t count) {
+  const CollectiveTimer timer("allreduce");
+  for (int64_t done = 0; done < count; done += kMaxCount) {
+    const int n = static_cast<int>(std::min(kMaxCount, count - done));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + done, n, MPI_DOUBLE, MPI_SUM, comm_));
+  }
+}
+
 double MpiCollective::allreduce_sum(double value) {
   const CollectiveTimer timer("allreduce");
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM, comm_));

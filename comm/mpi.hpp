@@ -57,6 +57,7 @@ class MpiCollective final : public ckpt::Collective {
 
   // In-place sum over all ranks.
   void allreduce_sum(float* data, int64_t count);
+  void allreduce_sum(double* data, int64_t count);
   double allreduce_sum(double value);
   double allreduce_max(double value);
   // send holds size() blocks of `block` elements; rank r receives the sum of every rank's block r.

@@ -45,8 +45,8 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
 }
 
 std::unique_ptr<WindowScorer> make_cuda_scorer(const model::Model& model, const InitFn& read, int batch, int seq_len,
-                                               ckpt::DType dtype) {
-  return cuda_module().make_scorer(model, read, batch, seq_len, dtype);
+                                               ckpt::DType dtype, comm::MpiCollective& comm) {
+  return cuda_module().make_scorer(model, read, batch, seq_len, dtype, comm);
 }
 
 }  // namespace shardkit::trainer

@@ -16,7 +16,7 @@ namespace shardkit::trainer {
 struct CudaModule {
   std::unique_ptr<Backend> (*make_backend)(const BackendOptions& options);
   std::unique_ptr<WindowScorer> (*make_scorer)(const model::Model& model, const InitFn& read, int batch, int seq_len,
-                                               ckpt::DType dtype);
+                                               ckpt::DType dtype, comm::MpiCollective& comm);
 };
 
 inline constexpr char kCudaModuleFile[] = "libshardkit_cuda.so";

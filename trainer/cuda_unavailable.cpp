@@ -11,7 +11,8 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {
        "--device cuda: this shardkit was built without CUDA (configure on a machine with nvcc and NCCL)");
 }
 
-std::unique_ptr<WindowScorer> make_cuda_scorer(const model::Model&, const InitFn&, int, int, ckpt::DType) {
+std::unique_ptr<WindowScorer> make_cuda_scorer(const model::Model&, const InitFn&, int, int, ckpt::DType,
+                                               comm::MpiCollective&) {
   fail(ErrorKind::kInvalidInput,
        "--device cuda: this shardkit was built without CUDA (configure on a machine with nvcc and NCCL)");
 }

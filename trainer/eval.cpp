@@ -23,16 +23,17 @@ constexpr int kBatch = 8;  // windows scored per forward pass (fewer where a GPU
 
 // The manifest's model config decides what evaluate allocates: a crafted one must be refused before
 // the allocation, not by the out-of-memory killer after it.
-void require_memory_for(const model::Model& m, int seq_len, const std::string& where) {
-  // DenseParams holds values and gradients of every parameter.
-  const double weights = 2.0 * static_cast<double>(m.table().total_elements()) * sizeof(float);
-  const double activations = m.cpu_activation_bytes(kBatch, seq_len);
+void require_memory_for(const model::Model& m, int seq_len, int node_ranks, const std::string& where) {
+  // DenseParams holds values and gradients of every parameter, on each rank of the node.
+  const double weights = 2.0 * static_cast<double>(m.table().total_elements()) * sizeof(float) * node_ranks;
+  const double activations = m.cpu_activation_bytes(kBatch, seq_len) * node_ranks;
   const double machine = model::cpu::physical_memory_bytes();
   if (weights + activations > machine) {
-    fail(ErrorKind::kInvalidInput, where + ": evaluating its model needs " + format_bytes(weights + activations) +
-                                       " (weights " + format_bytes(weights) + ", activations " +
-                                       format_bytes(activations) + "), more than this machine's " +
-                                       format_bytes(machine) + " of memory");
+    fail(ErrorKind::kInvalidInput,
+         where + ": evaluating its model needs " + format_bytes(weights + activations) + " (weights " +
+             format_bytes(weights) + ", activations " + format_bytes(activations) +
+             (node_ranks > 1 ? ", on " + std::to_string(node_ranks) + " ranks" : std::string()) +
+             "), more than this machine's " + format_bytes(machine) + " of memory");
   }
 }
 
@@ -95,9 +96,11 @@ struct WeightSource {
 }  // namespace
 
 EvalResult evaluate(const std::filesystem::path& weights, const std::filesystem::path& data, const EvalOptions& options,
-                    const std::function<void(int64_t done, int64_t total)>& progress) {
+                    comm::MpiCollective& comm, const std::function<void(int64_t done, int64_t total)>& progress) {
+  const int node_ranks = comm.node_place().size;  // share the node's cores and memory
   model::cpu::set_compute_threads(
-      options.threads > 0 ? options.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+      options.threads > 0 ? options.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / node_ranks));
   const WeightSource source(weights);
   const std::string& where = source.where;
   const std::shared_ptr<const model::Model>& m = source.model;
@@ -125,24 +128,34 @@ EvalResult evaluate(const std::filesystem::path& weights, const std::filesystem:
   const int batch = static_cast<int>(std::min<int64_t>(kBatch, windows));
   std::unique_ptr<WindowScorer> scorer;
   if (options.cuda) {
-    scorer = make_cuda_scorer(*m, source.read, batch, T, options.dtype);
+    scorer = make_cuda_scorer(*m, source.read, batch, T, options.dtype, comm);
   } else {
-    require_memory_for(*m, T, where);
+    require_memory_for(*m, T, node_ranks, where);
     scorer = std::make_unique<CpuScorer>(*m, source.read, batch, T);
   }
-  const int B = scorer->batch();
+  // Batches of B windows, the same B on every rank (the smallest any rank's device holds), batch b on
+  // rank b mod W; each batch's loss sum travels to every rank (zero from the others: adding them is
+  // exact) and they are summed in batch order: the loss is the same bits on any number of ranks.
+  const int B = static_cast<int>(-comm.allreduce_max(-static_cast<double>(scorer->batch())));
+  const int64_t batches = (windows + B - 1) / B;
+  std::vector<double> sums(static_cast<size_t>(batches), 0.0);
   std::vector<int32_t> in(static_cast<size_t>(B) * T), out(static_cast<size_t>(B) * T);
-  double total = 0;
-  for (int64_t k0 = 0; k0 < windows; k0 += B) {
+  const int W = comm.size();
+  for (int64_t b = comm.rank(); b < batches; b += W) {
+    const int64_t k0 = b * B;
     const int rows = static_cast<int>(std::min<int64_t>(B, windows - k0));
     for (int r = 0; r < rows; ++r) {
       const int64_t start = (k0 + r) * T;
       tokens.read(start, T, m->vocab_size(), in.data() + static_cast<size_t>(r) * T);
       tokens.read(start + 1, T, m->vocab_size(), out.data() + static_cast<size_t>(r) * T);
     }
-    total += scorer->score(in.data(), out.data(), rows) * rows * T;
-    if (progress) progress((k0 + rows) * T, windows * T);
+    sums[static_cast<size_t>(b)] = scorer->score(in.data(), out.data(), rows) * rows * T;
+    // This rank's share done, as a share of the whole (every rank has about as much).
+    if (progress) progress(std::min(windows, (b + 1) * B) * T, windows * T);
   }
+  comm.allreduce_sum(sums.data(), batches);
+  double total = 0;
+  for (const double s : sums) total += s;
   EvalResult r;
   r.windows = windows;
   r.tokens = windows * T;

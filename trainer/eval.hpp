@@ -30,10 +30,12 @@ struct EvalResult {
 
 // Windows k = 0 .. windows-1 of T tokens: inputs tokens[kT, kT+T), targets tokens[kT+1, kT+T+1).
 // `weights`: a checkpoint (step or run directory), or Hugging Face weights (a folder with config.json, or
-// a .safetensors file). One process. `progress`, if set, is called after each batch of windows with (tokens scored,
+// a .safetensors file). Every rank of `comm` holds the whole model and scores its share of the
+// windows (one GPU each); the result, on every rank, is the same bits whatever the number of ranks.
+// Collective. `progress`, if set, is called after each batch of windows with (tokens scored,
 // tokens to score).
 EvalResult evaluate(const std::filesystem::path& weights, const std::filesystem::path& data, const EvalOptions& options,
-                    const std::function<void(int64_t done, int64_t total)>& progress = {});
+                    comm::MpiCollective& comm, const std::function<void(int64_t done, int64_t total)>& progress = {});
 
 // Scores batches of windows of a fixed length with one set of weights.
 class WindowScorer {
@@ -46,10 +48,10 @@ class WindowScorer {
 };
 
 // The GPU's scorer: the weights `read` gives (fp32; it is called from several threads at once) in
-// `dtype` on the first visible device, `batch` windows of `seq_len` tokens per pass, or fewer where
-// their activations do not fit (halved until they do). Error(kInvalidInput) in a build without CUDA or
-// with no device.
+// `dtype` on the rank's device (as training picks it, one rank a GPU), `batch` windows of `seq_len`
+// tokens per pass, or fewer where their activations do not fit (halved until they do).
+// Error(kInvalidInput) in a build without CUDA or with no device. Collective.
 std::unique_ptr<WindowScorer> make_cuda_scorer(const model::Model& model, const InitFn& read, int batch, int seq_len,
-                                               ckpt::DType dtype);
+                                               ckpt::DType dtype, comm::MpiCollective& comm);
 
 }  // namespace shardkit::trainer

@@ -186,6 +186,13 @@ TEST(Cli, TrainCheckpointsResumesAndEvaluates) {
   EXPECT_EQ(eval["tokens"], 4 * 64);
   EXPECT_GT(eval["loss"].get<double>(), 0.0);
   EXPECT_LT(eval["loss"].get<double>(), 5.6) << "worse than uniform over 256 tokens";
+  // On 3 ranks, each scoring its batches of 8 windows (8, 8 and 4 of 20): the same bits as one process
+  // (with as many compute threads: the CPU's products split their sums by thread).
+  r = run("eval " + run_dir + " --data " + data + " --windows 20 --json --threads 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const Result spread = run("eval " + run_dir + " --data " + data + " --windows 20 --json --threads 1", mpirun(3));
+  ASSERT_EQ(spread.code, 0) << spread.err;
+  EXPECT_EQ(nlohmann::json::parse(spread.out), nlohmann::json::parse(r.out)) << "printed by rank 0 only, the same loss";
   // Its fp32 export, evaluated as Hugging Face weights (the folder, and its one file), scores the same.
   const std::string hf = (dir / "hf").string();
   ASSERT_EQ(run("convert consolidate " + run_dir + " -o " + hf + " --quiet").code, 0);

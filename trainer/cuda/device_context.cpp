@@ -46,16 +46,12 @@ int visible_devices() {
   return count;
 }
 
-DeviceContext::DeviceContext() {
-  visible_devices();  // fails with advice when there is none
-  open(0);
-}
-
-DeviceContext::DeviceContext(comm::MpiCollective& comm) {
+DeviceContext::DeviceContext(comm::MpiCollective& comm, Collectives collectives) {
   const int device = comm.node_place().rank % visible_devices();
   CUDA_CHECK(cudaSetDevice(device));
   refuse_shared_gpus(comm, device);
   open(device);
+  if (collectives == Collectives::kNone) return;
   ncclUniqueId id;
   if (comm.rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
   comm.broadcast_bytes(&id, sizeof(id));

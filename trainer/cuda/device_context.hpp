@@ -1,7 +1,7 @@
 // One rank's GPU: the device its node-local MPI rank picks, a compute stream on it, a cuBLAS handle
 // bound to that stream and an NCCL communicator over the MPI world (rank 0 creates the id, MPI carries
-// it), or for one process (evaluation) no communicator. The trainer's backend, evaluation, the
-// multi-rank CUDA tests and the communication benchmark start here.
+// it), or, for ranks that never reduce on the device (evaluation), no communicator. The trainer's backend, evaluation,
+// the multi-rank CUDA tests and the communication benchmark start here.
 #pragma once
 
 #include <memory>
@@ -13,10 +13,9 @@ namespace shardkit::trainer::cuda {
 
 class DeviceContext {
  public:
-  // Error(kInvalidInput) when no CUDA device is visible.
-  explicit DeviceContext(comm::MpiCollective& comm);
-  // One process without collectives (evaluation): the first visible device, no NCCL communicator.
-  DeviceContext();
+  enum class Collectives { kNccl, kNone };
+  // Error(kInvalidInput) when no CUDA device is visible, or when two ranks took one GPU. Collective.
+  explicit DeviceContext(comm::MpiCollective& comm, Collectives collectives = Collectives::kNccl);
   ~DeviceContext();
   DeviceContext(const DeviceContext&) = delete;
   DeviceContext& operator=(const DeviceContext&) = delete;

@@ -91,8 +91,11 @@ class ResidentParams final : public GpuParamStore<T> {
 template <typename T>
 class GpuScorer final : public WindowScorer {
  public:
-  GpuScorer(const model::Model& m, const InitFn& read, int batch, int seq_len)
-      : model_(m), seq_len_(seq_len), params_(m.table(), read, context_.device()) {
+  GpuScorer(const model::Model& m, const InitFn& read, int batch, int seq_len, comm::MpiCollective& comm)
+      : model_(m),
+        seq_len_(seq_len),
+        context_(comm, DeviceContext::Collectives::kNone),
+        params_(m.table(), read, context_.device()) {
     // The most windows per pass, up to `batch`, whose activations fit beside the weights.
     for (int b = batch;; b /= 2) {
       try {
@@ -142,15 +145,15 @@ class GpuScorer final : public WindowScorer {
 }  // namespace cuda
 
 std::unique_ptr<WindowScorer> make_cuda_scorer(const model::Model& model, const InitFn& read, int batch, int seq_len,
-                                               ckpt::DType dtype) {
+                                               ckpt::DType dtype, comm::MpiCollective& comm) {
   cuda::require_gpu_kernels(model);  // before any device work
   switch (dtype) {
     case ckpt::DType::kF32:
-      return std::make_unique<cuda::GpuScorer<float>>(model, read, batch, seq_len);
+      return std::make_unique<cuda::GpuScorer<float>>(model, read, batch, seq_len, comm);
     case ckpt::DType::kBF16:
-      return std::make_unique<cuda::GpuScorer<__nv_bfloat16>>(model, read, batch, seq_len);
+      return std::make_unique<cuda::GpuScorer<__nv_bfloat16>>(model, read, batch, seq_len, comm);
     case ckpt::DType::kF16:
-      return std::make_unique<cuda::GpuScorer<__half>>(model, read, batch, seq_len);
+      return std::make_unique<cuda::GpuScorer<__half>>(model, read, batch, seq_len, comm);
   }
   fail(ErrorKind::kInternal, "unknown compute type");
 }
