@@ -54,6 +54,11 @@ std::filesystem::path config_file(const std::filesystem::path& path) {
 
 }  // namespace
 
+bool is_hf_weights(const std::filesystem::path& path) {
+  return std::filesystem::is_directory(path) ? std::filesystem::exists(path / "config.json")
+                                             : path.extension() == ".safetensors";
+}
+
 HfWeights::HfWeights(const std::filesystem::path& path) : path_(path) {
   const std::filesystem::path cfg = config_file(path);
   model_ = model_from_hf_config(read_json_file(cfg, json_limits::kHfConfig, ErrorKind::kInvalidInput), cfg.string());

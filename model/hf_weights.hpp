@@ -14,6 +14,10 @@
 
 namespace shardkit::model {
 
+// Whether `path` names Hugging Face weights rather than a checkpoint: a folder with config.json beside
+// the weights (a checkpoint's folders never have one), or a .safetensors file.
+bool is_hf_weights(const std::filesystem::path& path);
+
 class HfWeights {
  public:
   // Opens and validates everything up front: config.json (in the folder, or beside the file) names the

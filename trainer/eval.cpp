@@ -67,10 +67,7 @@ struct WeightSource {
   WeightSource(const WeightSource&) = delete;  // `read` points back here
   WeightSource& operator=(const WeightSource&) = delete;
   explicit WeightSource(const std::filesystem::path& path) {
-    // A save_pretrained folder has config.json beside the weights; a checkpoint's folders never do.
-    const bool hf_weights = std::filesystem::is_directory(path) ? std::filesystem::exists(path / "config.json")
-                                                                : path.extension() == ".safetensors";
-    if (hf_weights) {
+    if (model::is_hf_weights(path)) {
       hf = std::make_unique<model::HfWeights>(path);
       model = hf->model();
       where = path.string();

@@ -454,11 +454,8 @@ void GpuZeroEngine<T>::acquire(int group) {
   const int next = last_acquired_ < 0 ? -1 : group + (group > last_acquired_ ? 1 : -1);
   last_acquired_ = group;
   if (!config_.overlap_comm || next < 0 || next >= static_cast<int>(groups_.size())) return;
-  const model::TensorGroup& n = groups_[static_cast<size_t>(next)];
-  int64_t elements = 0;
-  for (int t = n.first; t < n.last; ++t) elements += numel(t);
   if (acquired_count_[static_cast<size_t>(next)] == 0 && !prefetched_[static_cast<size_t>(next)] &&
-      elements <= config_.stage3_prefetch_bucket_size) {
+      elements_of(plan_, groups_[static_cast<size_t>(next)]) <= config_.stage3_prefetch_bucket_size) {
     gather(next);
     prefetched_[static_cast<size_t>(next)] = 1;
   }
@@ -541,8 +538,7 @@ template <typename T>
 void GpuZeroEngine<T>::close_grads(int group) {
   if (plan_.stage() <= 1) return;
   pending_groups_.push_back(group);
-  const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
-  for (int t = g.first; t < g.last; ++t) pending_elems_ += numel(t);
+  pending_elems_ += elements_of(plan_, groups_[static_cast<size_t>(group)]);
   // The micro-batch's backward pass is through once it has closed every group, whatever the family's
   // order (an untied head closes the last group first, and then no group is open for a moment).
   const bool pass_done = ++closed_groups_ == static_cast<int>(groups_.size());

@@ -1,6 +1,6 @@
-// `shardkit eval --device cuda`: a checkpoint's (or Hugging Face) weights resident on one GPU in the compute type,
-// scored by the family's CUDA model with forward passes only (no gradients, no optimizer states: a 7B model in bf16
-// takes 13.5 GB beside its activations).
+// `shardkit eval --device cuda`: the weights resident on the rank's GPU in the compute type, scored by
+// the family's CUDA model with forward passes only (no gradients, no optimizer states: a 7B model in
+// bf16 takes 13.5 GB beside its activations).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
