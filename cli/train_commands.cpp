@@ -145,8 +145,8 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
     bool quiet = false;
   };
   auto e = std::make_shared<EvalCli>();
-  CLI::App* eval =
-      app.add_subcommand("eval", "Mean next-token cross-entropy of a checkpoint's weights over a token file");
+  CLI::App* eval = app.add_subcommand(
+      "eval", "Mean next-token cross-entropy of a checkpoint's or Hugging Face weights over a token file");
   eval->add_option("CKPT", e->checkpoint,
                    "Step directory, run directory (follows 'latest'), or Hugging Face weights: a save_pretrained "
                    "folder, or a .safetensors file with config.json beside it")
