@@ -8,7 +8,12 @@
 #     BLOCK, default 8 MiB, queue_depth 8): tokens/s, the step time (median after the first), the
 #     process's peak resident host memory, and for NVMe the swap traffic of a step (every state read
 #     and written once) against the disk's bandwidth;
-#  3. BIG=1: a GPT-2-shaped model of N_LAYER (20) blocks of width 4096 (4.24 B parameters, 51 GB of
+#     (STAGE1=0 skips this part);
+#  3. gpt2-xl at ZeRO stage 3 with the optimizer states on NVMe and stage 3's parameters in host
+#     memory (offload_param cpu) and in a swap file of their own (offload_param nvme): the same
+#     figures, and the parameters' swap traffic of a step (read for the forward and the backward
+#     pass, written once: 12 bytes per parameter) (PARAMS=0 skips it);
+#  4. BIG=1: a GPT-2-shaped model of N_LAYER (20) blocks of width 4096 (4.24 B parameters, 51 GB of
 #     states: what the 64 GB disk of the one-GPU machine holds) with its states on NVMe.
 # Usage: bench/gpu_nvme_bench.sh [DIR] (SK=path/to/shardkit)
 set -uo pipefail
@@ -47,17 +52,17 @@ else
   echo "fio: not installed"
 fi
 
-config() {  # config <file> <offload block or empty>
+config() {  # config <file> <stage> <offload block or empty>
   cat > "$1" <<JSON
 {"train_micro_batch_size_per_gpu": $mb, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
- "bf16": {"enabled": true}, "zero_optimization": {"stage": 1 $2},
+ "bf16": {"enabled": true}, "zero_optimization": {"stage": $2 $3},
  "aio": {"block_size": $block, "queue_depth": 8},
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}}}
 JSON
 }
-# run <name> <model> <steps> <offload block>: trains, then prints one row.
+# run <name> <model> <steps> <stage> <offload block>: trains, then prints one row.
 run() {
-  config "$dir/$1.json" "$4"
+  config "$dir/$1.json" "$4" "$5"
   python3 - "$sk" "$dir" "$1" "$2" "$3" <<'PY'
 import json, resource, statistics, subprocess, sys
 sk, d, name, model, steps = sys.argv[1:6]
@@ -80,20 +85,32 @@ PY
   grep -E "memory plan|swapped to|note:" "$dir/$1.txt" | head -4 | sed 's/^/    /'
 }
 swap='"offload_optimizer": {"device": "nvme", "nvme_path": "'$dir/swap'"}'
-echo "== gpt2-xl, stage 1, bf16, micro-batch $mb x 1024, one GPU"
-run gpu gpt2-xl 12 ""
-run cpu-offload gpt2-xl 6 ', "offload_optimizer": {"device": "cpu", "pin_memory": true}'
-run nvme-offload gpt2-xl 4 ", $swap"
-swap_traffic() {  # swap_traffic <row> <state bytes>
-  python3 - "$dir/$1.row" "$2" "$dd_read" "$dd_write" <<'PY'
+param_swap='"offload_param": {"device": "nvme", "nvme_path": "'$dir/swap'"}'
+# swap_traffic <row> <bytes read> <bytes written> [what]: a step's swap traffic against the disk.
+swap_traffic() {
+  python3 - "$dir/$1.row" "$2" "$3" "$dd_read" "$dd_write" "${4:-swap}" <<'PY'
 import json, sys
-row, size, r, w = json.load(open(sys.argv[1])), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-floor = size / (r * 1e9) + size / (w * 1e9)
-print(f"    swap traffic per step: {2 * size / 1e9:.1f} GB in {row['step_s']:.2f} s = {2 * size / row['step_s'] / 1e9:.2f} GB/s; "
+row, rd, wr, r, w, what = json.load(open(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
+floor = rd / (r * 1e9) + wr / (w * 1e9)
+print(f"    {what} traffic per step: {(rd + wr) / 1e9:.1f} GB in {row['step_s']:.2f} s = {(rd + wr) / row['step_s'] / 1e9:.2f} GB/s; "
       f"the disk reads and writes it in {floor:.2f} s (dd): step / disk floor = {row['step_s'] / floor:.2f}")
 PY
 }
-[ -f "$dir/nvme-offload.row" ] && swap_traffic nvme-offload "$xl_bytes"
+if [ "${STAGE1:-1}" != 0 ]; then
+  echo "== gpt2-xl, stage 1, bf16, micro-batch $mb x 1024, one GPU"
+  run gpu gpt2-xl 12 1 ""
+  run cpu-offload gpt2-xl 6 1 ', "offload_optimizer": {"device": "cpu", "pin_memory": true}'
+  run nvme-offload gpt2-xl 4 1 ", $swap"
+  [ -f "$dir/nvme-offload.row" ] && swap_traffic nvme-offload "$xl_bytes" "$xl_bytes"
+fi
+if [ "${PARAMS:-1}" != 0 ]; then
+  echo "== gpt2-xl, stage 3, bf16, micro-batch $mb x 1024, optimizer states on NVMe; parameters in host memory, on NVMe"
+  run params-cpu gpt2-xl 4 3 ", $swap, \"offload_param\": {\"device\": \"cpu\"}"
+  run params-nvme gpt2-xl 4 3 ", $swap, $param_swap"
+  params=$((xl_bytes / 12))
+  [ -f "$dir/params-nvme.row" ] && swap_traffic params-nvme "$((xl_bytes + 8 * params))" "$((xl_bytes + 4 * params))" \
+    "states' and parameters' swap"
+fi
 
 if [ "${BIG:-0}" != 0 ]; then
   layers=${N_LAYER:-20}
@@ -101,7 +118,7 @@ if [ "${BIG:-0}" != 0 ]; then
   echo "{\"n_layer\": $layers, \"n_head\": 32, \"n_embd\": 4096, \"vocab_size\": 50257, \"n_positions\": 1024}" > "$dir/big-model.json"
   echo "== GPT-2 shape, $layers x 4096 ($(python3 -c "print(f'{$big_bytes / 12 / 1e9:.2f}')") B parameters, $(python3 -c "print(f'{$big_bytes / 1e9:.1f}')") GB of states), stage 1, NVMe"
   mb=${BIG_MB:-4}
-  run big-nvme "$dir/big-model.json" 3 ", $swap"
-  [ -f "$dir/big-nvme.row" ] && swap_traffic big-nvme "$big_bytes"
+  run big-nvme "$dir/big-model.json" 3 1 ", $swap"
+  [ -f "$dir/big-nvme.row" ] && swap_traffic big-nvme "$big_bytes" "$big_bytes"
 fi
 rm -rf "$dir"

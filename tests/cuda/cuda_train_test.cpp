@@ -259,6 +259,17 @@ TEST(CudaTrain, ParameterOffloadCheckpointsResumeWithoutIt) {
   }
 }
 
+// The NVMe tests' swap folder, made by rank 0 before any rank uses it.
+std::string swap_folder(comm::MpiCollective& world, const Workspace& ws) {
+  if (world.rank() == 0) std::filesystem::create_directory(ws / "nvme");
+  world.barrier();
+  return (ws / "nvme").string();
+}
+// 64 KiB chunks: the swap pipeline runs in many pieces even for gpt2-tiny.
+nlohmann::json small_aio() {
+  return {{"aio", {{"block_size", 65536}, {"queue_depth", 4}}}};
+}
+
 // ZeRO-Infinity on GPUs: with the optimizer states in an NVMe swap file (a temporary folder here;
 // 64 KiB chunks, so the swap pipeline runs in many pieces) the host optimizer does the arithmetic it
 // does on states in host memory, so the losses are those bit for bit, at every stage and in fp32 and
@@ -272,11 +283,10 @@ TEST(CudaTrain, NvmeOptimizerOffloadTrainsBitForBitLikeHostMemory) {
   GTEST_SKIP() << "built without liburing: no NVMe offload";
 #endif
   Workspace ws(world);
-  if (world.rank() == 0) std::filesystem::create_directory(ws / "nvme");
-  world.barrier();
+  const std::string dir = swap_folder(world, ws);
   const nlohmann::json to_nvme = {
-      {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", (ws / "nvme").string()}, {"pin_memory", true}}}};
-  const nlohmann::json aio = {{"aio", {{"block_size", 65536}, {"queue_depth", 4}}}};
+      {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", dir}, {"pin_memory", true}}}};
+  const nlohmann::json aio = small_aio();
   for (const std::string precision : {"fp32", "bf16"}) {
     for (int stage = 1; stage <= 3; ++stage) {
       const std::string name = precision + "-" + std::to_string(stage);
@@ -287,9 +297,8 @@ TEST(CudaTrain, NvmeOptimizerOffloadTrainsBitForBitLikeHostMemory) {
       expect_close(on_nvme.records, in_memory, 0, 0.0, name + " swapped to NVMe");
       if (world.rank() == 0) {
         EXPECT_NE(on_nvme.console.find("(on NVMe)"), std::string::npos) << name << ":\n" << on_nvme.console;
-        EXPECT_NE(on_nvme.console.find("optimizer states swapped to " + (ws / "nvme").string()), std::string::npos)
-            << name << ":\n"
-            << on_nvme.console;
+        EXPECT_NE(on_nvme.console.find("optimizer states swapped to " + dir), std::string::npos) << name << ":\n"
+                                                                                                 << on_nvme.console;
       }
     }
   }
@@ -305,9 +314,60 @@ TEST(CudaTrain, NvmeOptimizerOffloadTrainsBitForBitLikeHostMemory) {
   expect_close(train(world, again), uninterrupted, 6, 0.0, "NVMe checkpoint resumed into the swap");
 }
 
-// offload_param is for stage 3 only (the lower stages keep every parameter on each GPU) and goes to
-// host memory, not NVMe (which takes the optimizer states); the optimizer needs a partition (stage
-// 1-3) to offload: all refused before any GPU is used.
+// ZeRO-Infinity's parameter offload: stage 3's partition in a swap file of its own (fp32 copies of the
+// master weights, which every gather reads its slice of and rounds on the host) trains the losses of
+// the partition in host memory bit for bit, with the optimizer's states in host memory and in their
+// own swap, in fp32 and bf16, through gathers of several buckets a group. Its checkpoint resumes with
+// the parameters in host memory, and that one's into the swap again, continuing the uninterrupted
+// run bit for bit.
+TEST(CudaTrain, NvmeParameterOffloadTrainsBitForBitLikeHostMemory) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  REQUIRE_GPUS(world.size());  // a GPU of its own for every rank
+#if !SHARDKIT_HAVE_LIBURING
+  GTEST_SKIP() << "built without liburing: no NVMe offload";
+#endif
+  Workspace ws(world);
+  const std::string dir = swap_folder(world, ws);
+  const nlohmann::json aio = small_aio();
+  const nlohmann::json params_to_host = {{"offload_param", {{"device", "cpu"}}}};
+  const auto to_nvme = [&](bool optimizer_too) {
+    nlohmann::json zero = {{"offload_param", {{"device", "nvme"}, {"nvme_path", dir}}}};
+    if (optimizer_too) zero["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", dir}};
+    return zero;
+  };
+  for (const std::string precision : {"fp32", "bf16"}) {
+    const auto in_memory = train(world, options(ws.config(3, precision, precision + "-host", true, params_to_host),
+                                                ws / "tokens.bin", 6, "cuda"));
+    for (const bool optimizer_too : {false, true}) {
+      const std::string name = precision + (optimizer_too ? "-both" : "-params");
+      const Shown swapped = train_shown(world, options(ws.config(3, precision, name, true, to_nvme(optimizer_too), aio),
+                                                       ws / "tokens.bin", 6, "cuda"));
+      expect_close(swapped.records, in_memory, 0, 0.0, name + " swapped to NVMe");
+      if (world.rank() == 0) {
+        EXPECT_NE(swapped.console.find("parameters swapped to " + dir), std::string::npos) << name << ":\n"
+                                                                                           << swapped.console;
+      }
+    }
+  }
+  TrainOptions full = options(ws.config(3, "bf16", "save", true, to_nvme(true), aio), ws / "tokens.bin", 8, "cuda");
+  full.save_dir = ws / "from-nvme";
+  full.save_interval = 3;
+  const auto uninterrupted = train(world, full);
+  TrainOptions to_host =
+      options(ws.config(3, "bf16", "resume-host", true, params_to_host), ws / "tokens.bin", 8, "cuda");
+  to_host.resume = (full.save_dir / "step-00000003").string();
+  to_host.save_dir = ws / "from-host";
+  to_host.save_interval = 5;
+  expect_close(train(world, to_host), uninterrupted, 3, 0.0, "parameter swap's checkpoint resumed in host memory");
+  TrainOptions again =
+      options(ws.config(3, "bf16", "resume-nvme", true, to_nvme(false), aio), ws / "tokens.bin", 8, "cuda");
+  again.resume = (to_host.save_dir / "step-00000005").string();
+  expect_close(train(world, again), uninterrupted, 5, 0.0, "checkpoint resumed into the parameter swap");
+}
+
+// offload_param is for stage 3 only (the lower stages keep every parameter on each GPU), and to NVMe
+// only with the optimizer offloaded too (which writes the swap); the optimizer needs a partition
+// (stage 1-3) to offload: all refused before any GPU is used.
 TEST(CudaTrain, OffloadSettingsTheBackendCannotHonourAreRefused) {
   comm::MpiCollective world(MPI_COMM_WORLD);
   Workspace ws(world);
@@ -324,7 +384,10 @@ TEST(CudaTrain, OffloadSettingsTheBackendCannotHonourAreRefused) {
   };
   EXPECT_EQ(error_of(2, "offload_param", "cpu"),
             "zero_optimization.offload_param needs ZeRO stage 3 (stage 2 keeps every parameter on each GPU)");
-  EXPECT_NE(error_of(3, "offload_param", "nvme").find("offload_param device nvme: on GPUs"), std::string::npos);
+  EXPECT_EQ(error_of(2, "offload_param", "nvme"),
+            "zero_optimization.offload_param needs ZeRO stage 3 (stage 2 keeps every parameter on each GPU)");
+  EXPECT_NE(error_of(3, "offload_param", "nvme").find("offload_param device nvme needs offload_optimizer"),
+            std::string::npos);
   EXPECT_EQ(error_of(0, "offload_optimizer", "nvme"),
             "zero_optimization.offload_optimizer device nvme needs ZeRO stage 1, 2 or 3 (stage 0 keeps no optimizer "
             "partition)");

@@ -1,8 +1,9 @@
 // The offloaded optimizer gives the bits of one cpu_adamw over the whole arrays wherever its states
 // live -- host memory, or an NVMe swap file whose chunks straddle the transfer ring's slots -- and
-// wherever the weights it writes live (device memory through the ring, host memory directly): the
-// master weights, both moments and the weights in bf16, after three steps with weight decay skipped on
-// some ranges. The ring has more chunks than slots, so every slot is reused. Skipped without a GPU.
+// wherever the weights it writes live (device memory through the ring, host memory directly, or as
+// fp32 copies in a weight swap): the master weights, both moments and the weights in bf16, after
+// three steps with weight decay skipped on some ranges. The ring has more chunks than slots, so every
+// slot is reused. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -59,24 +60,39 @@ States reference() {
   return r;
 }
 
-States run(bool swapped, bool params_on_host, const testing::TempDir& dir) {
-  std::unique_ptr<nvme::StateSwapper> swap;
-  if (swapped) {
-    nvme::SwapOptions o;
-    o.dir = dir.path();
-    o.chunk_bytes = kSwapChunkBytes;
-    swap = std::make_unique<nvme::StateSwapper>(o, params_on_host ? "host.swap" : "device.swap",
-                                                static_cast<int64_t>(kCount), 3, "optimizer states",
-                                                [](const std::string&) {});
-  }
-  HostOptimizer<T> opt(kCount, params_on_host, std::move(swap), kRingChunk);
+template <typename V>
+size_t differing(const std::vector<V>& a, const std::vector<V>& b) {
+  if (a.size() != b.size()) return std::max(a.size(), b.size());
+  size_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(V)) != 0;
+  return n;
+}
+
+std::unique_ptr<nvme::StateSwapper> make_swap(const testing::TempDir& dir, const std::string& name, int states) {
+  nvme::SwapOptions o;
+  o.dir = dir.path();
+  o.chunk_bytes = kSwapChunkBytes;
+  return std::make_unique<nvme::StateSwapper>(o, name, static_cast<int64_t>(kCount), states, name,
+                                              [](const std::string&) {});
+}
+
+const char* name_of(ParamHome home) {
+  return home == ParamHome::kDevice ? "device" : home == ParamHome::kHost ? "host" : "swap";
+}
+
+States run(bool swapped, ParamHome home, const testing::TempDir& dir) {
+  const std::string name = name_of(home);
+  std::unique_ptr<nvme::StateSwapper> swap = swapped ? make_swap(dir, name + ".states", 3) : nullptr;
+  std::unique_ptr<nvme::StateSwapper> weight_swap =
+      home == ParamHome::kSwap ? make_swap(dir, name + ".weights", 1) : nullptr;
+  HostOptimizer<T> opt(kCount, home, std::move(swap), weight_swap.get(), kRingChunk);
   opt.fill([](int64_t lo, std::span<const std::span<float>> states) {
     for (size_t i = 0; i < states[0].size(); ++i) states[0][i] = initial(static_cast<size_t>(lo) + i);
   });
   Stream stream;
-  DeviceBuffer<T> device_params(params_on_host ? 0 : kCount);
-  PinnedBuffer<T> host_params(params_on_host ? kCount : 0);
-  T* params = params_on_host ? host_params.data() : device_params.data();
+  DeviceBuffer<T> device_params(home == ParamHome::kDevice ? kCount : 0);
+  PinnedBuffer<T> host_params(home == ParamHome::kHost ? kCount : 0);
+  T* params = home == ParamHome::kDevice ? device_params.data() : host_params.data();
   opt.upload(params, stream.get());
   DeviceBuffer<float> grads(kCount);
   std::vector<float> g(kCount);
@@ -94,16 +110,17 @@ States run(bool swapped, bool params_on_host, const testing::TempDir& dir) {
              [&](std::span<const float> piece) { states[s]->insert(states[s]->end(), piece.begin(), piece.end()); });
   }
   out.weights.resize(kCount);
-  CUDA_CHECK(cudaMemcpy(out.weights.data(), params, kCount * sizeof(T), cudaMemcpyDefault));
+  if (weight_swap) {  // the master weights as they are: they round to the weights
+    std::vector<float> copies;
+    weight_swap->visit(nvme::StateSwapper::Access::kRead, [&](const nvme::StateSwapper::Chunk& chunk) {
+      copies.insert(copies.end(), chunk.states[0].begin(), chunk.states[0].end());
+    });
+    EXPECT_EQ(differing(copies, out.master), 0u) << "the weight swap's copies of the master weights";
+    narrow_into(std::span<const float>(copies), reinterpret_cast<T*>(out.weights.data()));
+  } else {
+    CUDA_CHECK(cudaMemcpy(out.weights.data(), params, kCount * sizeof(T), cudaMemcpyDefault));
+  }
   return out;
-}
-
-template <typename V>
-size_t differing(const std::vector<V>& a, const std::vector<V>& b) {
-  if (a.size() != b.size()) return std::max(a.size(), b.size());
-  size_t n = 0;
-  for (size_t i = 0; i < a.size(); ++i) n += std::memcmp(&a[i], &b[i], sizeof(V)) != 0;
-  return n;
 }
 
 TEST(HostOptimizerCuda, StatesAndWeightsAreOneUpdatesBitsWhereverTheyLive) {
@@ -115,10 +132,10 @@ TEST(HostOptimizerCuda, StatesAndWeightsAreOneUpdatesBitsWhereverTheyLive) {
       std::cout << "built without liburing: the swapped states are not tested\n";
       continue;
     }
-    for (const bool params_on_host : {false, true}) {
-      SCOPED_TRACE(std::string(swapped ? "swapped" : "host memory") +
-                   (params_on_host ? ", weights in host memory" : ""));
-      const States got = run(swapped, params_on_host, dir);
+    for (const ParamHome home : {ParamHome::kDevice, ParamHome::kHost, ParamHome::kSwap}) {
+      if (home == ParamHome::kSwap && !SHARDKIT_HAVE_LIBURING) continue;
+      SCOPED_TRACE(std::string(swapped ? "swapped" : "host memory") + ", weights in " + name_of(home));
+      const States got = run(swapped, home, dir);
       EXPECT_EQ(differing(got.master, want.master), 0u);
       EXPECT_EQ(differing(got.exp_avg, want.exp_avg), 0u);
       EXPECT_EQ(differing(got.exp_avg_sq, want.exp_avg_sq), 0u);
@@ -130,9 +147,10 @@ TEST(HostOptimizerCuda, StatesAndWeightsAreOneUpdatesBitsWhereverTheyLive) {
 // What the ring page-locks does not grow with the model: four slots of 64 MiB of gradients and, with
 // the weights on the device, 32 MiB of bf16 weights each.
 TEST(HostOptimizerCuda, ThePageLockedRingIsBoundedWhateverTheModelSize) {
-  EXPECT_EQ(HostOptimizer<T>::pinned_bytes(size_t{7} << 30, false), int64_t{4} * (64 + 32) << 20);
-  EXPECT_EQ(HostOptimizer<T>::pinned_bytes(size_t{7} << 30, true), int64_t{4} * 64 << 20);
-  EXPECT_EQ(HostOptimizer<T>::pinned_bytes(1000, false), 1000 * 6);  // one slot as large as the states
+  EXPECT_EQ(HostOptimizer<T>::pinned_bytes(size_t{7} << 30, ParamHome::kDevice), int64_t{4} * (64 + 32) << 20);
+  EXPECT_EQ(HostOptimizer<T>::pinned_bytes(size_t{7} << 30, ParamHome::kHost), int64_t{4} * 64 << 20);
+  EXPECT_EQ(HostOptimizer<T>::pinned_bytes(size_t{7} << 30, ParamHome::kSwap), int64_t{4} * 64 << 20);
+  EXPECT_EQ(HostOptimizer<T>::pinned_bytes(1000, ParamHome::kDevice), 1000 * 6);  // one slot as large as the states
 }
 
 }  // namespace

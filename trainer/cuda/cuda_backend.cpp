@@ -47,6 +47,7 @@ class CudaBackend final : public Backend {
     std::string out = "CUDA device " + std::to_string(context_.device()) + " (" + context_.props().name + "), " +
                       DeviceType<T>::kName + " compute with fp32 master weights, cuBLAS, NCCL " + std::to_string(nccl);
     if (const nvme::StateSwapper* swap = engine_.swapper()) out += "; optimizer states swapped to " + swap->where();
+    if (const nvme::StateSwapper* swap = engine_.param_swapper()) out += "; parameters swapped to " + swap->where();
     return out;
   }
   MemoryReport memory() const override { return engine_.memory(); }
@@ -202,18 +203,20 @@ class CudaBackend final : public Backend {
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   cuda::require_gpu_kernels(*options.model);
   const ZeroConfig& z = options.config->zero;
-  if (z.offload_param.device == "nvme") {
-    fail(ErrorKind::kInvalidInput,
-         "zero_optimization.offload_param device nvme: on GPUs stage 3's parameters live in GPU or host memory "
-         "(device \"cpu\"); NVMe takes the optimizer states (offload_optimizer device \"nvme\")");
-  }
   if (z.offload_optimizer.device != "none" && z.stage == 0) {
     fail(ErrorKind::kInvalidInput, "zero_optimization.offload_optimizer device " + z.offload_optimizer.device +
                                        " needs ZeRO stage 1, 2 or 3 (stage 0 keeps no optimizer partition)");
   }
-  if (z.offload_param.device == "cpu" && z.stage != 3) {
+  if (z.offload_param.device != "none" && z.stage != 3) {
     fail(ErrorKind::kInvalidInput, "zero_optimization.offload_param needs ZeRO stage 3 (stage " +
                                        std::to_string(z.stage) + " keeps every parameter on each GPU)");
+  }
+  // The swap holds copies of the master weights, which the host optimizer writes as it updates them.
+  // With the optimizer on the GPU the parameters would be a seventh of what it keeps there.
+  if (z.offload_param.device == "nvme" && z.offload_optimizer.device == "none") {
+    fail(ErrorKind::kInvalidInput,
+         "zero_optimization.offload_param device nvme needs offload_optimizer device \"cpu\" or \"nvme\" on "
+         "GPUs (the optimizer's fp32 states on the GPU take six times the parameters' memory)");
   }
   if (options.config->bf16) return std::make_unique<cuda::CudaBackend<__nv_bfloat16>>(options);
   if (options.config->fp16.enabled) return std::make_unique<cuda::CudaBackend<__half>>(options);

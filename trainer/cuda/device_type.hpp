@@ -6,6 +6,10 @@
 #include <library_types.h>
 #include <nccl.h>
 
+#include <cstring>
+#include <span>
+#include <type_traits>
+
 #include "trainer/adamw.hpp"
 
 namespace shardkit::trainer::cuda {
@@ -36,5 +40,15 @@ struct DeviceType<__half> {
   static constexpr ckpt::DType kNarrow = ckpt::DType::kF16;
   static constexpr const char* kName = "fp16";
 };
+
+// out = the fp32 weights in T (rounded to nearest even), on all threads.
+template <typename T>
+void narrow_into(std::span<const float> in, T* out) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(out, in.data(), in.size_bytes());
+  } else {
+    narrow_weights(in, DeviceType<T>::kNarrow, reinterpret_cast<uint16_t*>(out));
+  }
+}
 
 }  // namespace shardkit::trainer::cuda

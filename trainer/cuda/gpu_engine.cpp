@@ -28,7 +28,7 @@ struct FixedBuffers {
   size_t grads_full = 0;   // fp32, stages 0-1
   size_t grad_part = 0;    // fp32, the reduced partition where grads_full is not it
   size_t param_part = 0;   // T, stage 3
-  bool param_part_on_host = false;
+  ParamHome param_home = ParamHome::kDevice;
   size_t states = 0;            // fp32 per optimizer state (3 of them)
   bool states_on_host = false;  // the host optimizer's, in host memory or swapped to NVMe
   bool states_on_nvme = false;
@@ -43,10 +43,11 @@ FixedBuffers fixed_buffers_of(const ZeroPlan& plan, const ZeroConfig& config) {
   if (stage <= 1) b.grads_full = full;
   if (!grads_full_is_partition_of(plan)) b.grad_part = owned;
   if (stage == 3) b.param_part = owned;
-  // offload_param: page-locked whatever its pin_memory says. Copies from and to pageable memory
+  // offload_param cpu: page-locked whatever its pin_memory says. Copies from and to pageable memory
   // make the host wait (for the stream, for the copy), which would stall every gather and defeat
   // the prefetch. DeepSpeed takes pin_memory as a speed hint; pinned memory is only faster.
-  b.param_part_on_host = stage == 3 && config.offload_param.device == "cpu";
+  if (stage == 3 && config.offload_param.device == "cpu") b.param_home = ParamHome::kHost;
+  if (stage == 3 && config.offload_param.device == "nvme") b.param_home = ParamHome::kSwap;
   b.states = static_cast<size_t>(plan.optimizer_size());
   b.states_on_nvme = config.offload_optimizer.device == "nvme";
   b.states_on_host = b.states_on_nvme || config.offload_optimizer.device == "cpu";
@@ -62,6 +63,26 @@ int64_t elements_of(const ZeroPlan& plan, const model::TensorGroup& g) {
   int64_t n = 0;
   for (int t = g.first; t < g.last; ++t) n += plan.numel(t);
   return n;
+}
+
+// Stage 3: the most elements of its partition a rank sends into one gather (gather()'s buckets).
+int64_t largest_gather_span(const ZeroPlan& plan, const std::vector<model::TensorGroup>& groups,
+                            const ZeroConfig& config) {
+  int64_t span = 0;
+  for (const model::TensorGroup& group : groups) {
+    for (const SlotRun& run : plan.buckets(group.first, group.last, config.allgather_bucket_size)) {
+      span = std::max(span, run.span);
+    }
+  }
+  return span;
+}
+
+// The rank's swaps where offload_optimizer or offload_param sends states to NVMe, opened in one call
+// (which checks the node's free space for all of them first).
+nvme::Swaps open_swaps(const nvme::SwapFactory& swaps, const FixedBuffers& fixed) {
+  if (!fixed.states_on_nvme && fixed.param_home != ParamHome::kSwap) return {};
+  if (!swaps) fail(ErrorKind::kInternal, "NVMe offload without a swap factory");
+  return swaps(static_cast<int64_t>(fixed.states));
 }
 
 // Device bytes of the working buffers at their peak, following what the engine does below: the
@@ -114,21 +135,16 @@ int64_t working_bytes(const ZeroPlan& plan, const std::vector<model::TensorGroup
 
   // Stage 3: gathered groups -- group 0, the last group, and the block computing with the next one
   // prefetched (where overlap_comm prefetches one that size) -- and the gathers' receive buffer.
-  int64_t largest = 0, receive = 0;
-  for (int g = 0; g < G; ++g) {
-    const model::TensorGroup& group = groups[static_cast<size_t>(g)];
-    if (g > 0 && g < G - 1) largest = std::max(largest, elements_of(plan, group));
-    for (const SlotRun& run : plan.buckets(group.first, group.last, config.allgather_bucket_size)) {
-      receive = std::max(receive, run.span * world);
-    }
-  }
+  int64_t largest = 0;
+  for (int g = 1; g < G - 1; ++g) largest = std::max(largest, elements_of(plan, groups[static_cast<size_t>(g)]));
+  const int64_t receive = largest_gather_span(plan, groups, config) * world;
   const bool prefetches = config.overlap_comm && largest <= config.stage3_prefetch_bucket_size;
   const int64_t gathered = elements_of(plan, groups[0]) +
                            (G > 1 ? elements_of(plan, groups[static_cast<size_t>(G - 1)]) : 0) +
                            largest * (prefetches ? 2 : 1);
   bytes += (gathered + receive) * static_cast<int64_t>(sizeof(T));
   // A partition in host memory that the GPU optimizer updates goes down through a device chunk.
-  if (fixed.param_part_on_host && !fixed.states_on_host) {
+  if (fixed.param_home == ParamHome::kHost && !fixed.states_on_host) {
     bytes += std::min<int64_t>(static_cast<int64_t>(fixed.param_part), ParamPartition<T>::kChunk) *
              static_cast<int64_t>(sizeof(T));
   }
@@ -143,15 +159,21 @@ EngineFootprint engine_footprint(const ZeroPlan& plan, const std::vector<model::
   const FixedBuffers b = fixed_buffers_of(plan, config);
   const auto bytes = [](size_t n, size_t element) { return static_cast<int64_t>(n * element); };
   EngineFootprint f;
-  f.held.parameters = bytes(b.params_full, sizeof(T)) + (b.param_part_on_host ? 0 : bytes(b.param_part, sizeof(T)));
-  f.held.host_parameters = b.param_part_on_host ? bytes(b.param_part, sizeof(T)) : 0;
+  const int64_t part = bytes(b.param_part, sizeof(T));
+  f.held.parameters = bytes(b.params_full, sizeof(T)) + (b.param_home == ParamHome::kDevice ? part : 0);
+  f.held.host_parameters = b.param_home == ParamHome::kHost ? part : 0;
+  // The swap holds fp32 (its file rounded up to whole chunks, which the plan leaves out).
+  f.held.nvme_parameters = b.param_home == ParamHome::kSwap ? bytes(b.param_part, sizeof(float)) : 0;
   f.held.gradients = bytes(b.grads_full + b.grad_part, sizeof(float));
   const int64_t states = ckpt::kNumOptimizerStates * bytes(b.states, sizeof(float));
   (b.states_on_nvme   ? f.held.nvme_optimizer_states
    : b.states_on_host ? f.held.host_optimizer_states
                       : f.held.optimizer_states) = states;
   f.pinned_host = f.held.host_parameters;
-  if (b.states_on_host) f.pinned_host += HostOptimizer<T>::pinned_bytes(b.states, b.param_part_on_host);
+  if (b.param_home == ParamHome::kSwap) {
+    f.pinned_host += ParamPartition<T>::swap_pinned_bytes(largest_gather_span(plan, groups, config));
+  }
+  if (b.states_on_host) f.pinned_host += HostOptimizer<T>::pinned_bytes(b.states, b.param_home);
   f.working = working_bytes<T>(plan, groups, config, wire_of(wire, plan.world_size()), accumulates, b);
   return f;
 }
@@ -169,18 +191,16 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<mode
       nccl_(nccl),
       stream_(stream),
       plan_(table, mpi.size(), mpi.rank(), config.stage),
-      param_part_(fixed_buffers_of(plan_, config).param_part, fixed_buffers_of(plan_, config).param_part_on_host) {
+      opened_swaps_(open_swaps(swaps, fixed_buffers_of(plan_, config))),
+      param_part_(fixed_buffers_of(plan_, config).param_part, fixed_buffers_of(plan_, config).param_home,
+                  std::move(opened_swaps_.params)) {
   const FixedBuffers fixed = fixed_buffers_of(plan_, config);
   const int stage = plan_.stage();
   params_full_.resize(fixed.params_full);
   grads_full_.resize(fixed.grads_full);
   if (fixed.states_on_host) {
-    std::unique_ptr<nvme::StateSwapper> swap;
-    if (fixed.states_on_nvme) {
-      if (!swaps) fail(ErrorKind::kInternal, "offload_optimizer device nvme without a swap");
-      swap = swaps(static_cast<int64_t>(fixed.states)).optimizer;
-    }
-    host_ = std::make_unique<HostOptimizer<T>>(fixed.states, param_part_.on_host(), std::move(swap));
+    host_ = std::make_unique<HostOptimizer<T>>(fixed.states, fixed.param_home, std::move(opened_swaps_.optimizer),
+                                               param_part_.swap());
   } else {
     master_.resize(fixed.states);
     exp_avg_.resize(fixed.states);
@@ -210,6 +230,7 @@ MemoryReport GpuZeroEngine<T>::memory() const noexcept {
   MemoryReport r;
   r.parameters = static_cast<int64_t>(params_full_.bytes()) + param_part_.device_bytes();
   r.host_parameters = param_part_.host_bytes();
+  r.nvme_parameters = param_part_.nvme_bytes();
   r.gradients = static_cast<int64_t>(grads_full_.bytes() + grad_part_.bytes());
   r.optimizer_states = static_cast<int64_t>(master_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes());
   r.snapshot_staging = static_cast<int64_t>(staging_.bytes());

@@ -3,11 +3,11 @@
 // in host memory (device nvme: in a swap file) and the update on the CPU (host_optimizer.hpp) --
 // partitioned by ckpt's layout
 // function exactly as the CPU engine does (zero_engine.hpp describes the stages). At stage 3,
-// offload_param {device: cpu} keeps the rank's partition of the parameters in host memory
-// (param_partition.hpp): each gather copies the rank's slice up first. NCCL collectives of
-// stages 2 and 3 run on a communication stream when overlap_comm is set (ordered against the compute
-// stream by events): gradient buckets are reduced while the backward pass goes on, and stage 3
-// prefetches the next block's parameters while the current block computes.
+// offload_param {device: cpu} keeps the rank's partition of the parameters in host memory, and
+// {device: nvme} in a swap file (param_partition.hpp): each gather copies the rank's slice up first. NCCL collectives
+// of stages 2 and 3 run on a communication stream when overlap_comm is set (ordered against the compute stream by
+// events): gradient buckets are reduced while the backward pass goes on, and stage 3 prefetches the next block's
+// parameters while the current block computes.
 #pragma once
 
 #include <map>
@@ -48,7 +48,8 @@ class GpuZeroEngine final : public GpuParamStore<T> {
  public:
   // `decays`: per tensor, whether weight decay applies (weight_decay.hpp). `wire`:
   // communication_data_type, the type gradients are reduced in (grad_wire.hpp). `swaps`: opens the
-  // swap of the optimizer states where offload_optimizer's device is nvme.
+  // swaps of the optimizer states and of stage 3's parameters where offload_optimizer's or
+  // offload_param's device is nvme.
   GpuZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const std::vector<bool>& decays,
                 const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& mpi, ncclComm_t nccl,
                 cudaStream_t stream, const nvme::SwapFactory& swaps = {});
@@ -78,8 +79,10 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   int64_t staging_bytes() const noexcept;
   void reserve_staging();
   bool offloaded() const noexcept { return host_ != nullptr; }
-  // Offloaded to NVMe: the swap file (else null).
+  // Offloaded to NVMe: the optimizer states' swap file (else null).
   const nvme::StateSwapper* swapper() const noexcept { return host_ ? host_->swapper() : nullptr; }
+  // Stage 3 with offload_param nvme: the parameters' swap file (else null).
+  const nvme::StateSwapper* param_swapper() const noexcept { return param_part_.swap(); }
   // Offloaded: the rank's slice of state `state` (0 master, 1 exp_avg, 2 exp_avg_sq), where it lives
   // (which step() changes), handed to `sink` in order, in one piece or several.
   void read_offloaded(int state, const std::function<void(std::span<const float>)>& sink);
@@ -140,6 +143,7 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   ncclComm_t nccl_;
   cudaStream_t stream_;
   ZeroPlan plan_;
+  nvme::Swaps opened_swaps_;  // NVMe offload: the swaps as opened, until param_part_ and host_ take them
 
   DeviceBuffer<T> params_full_;     // stages 0-2: W * P, tensors at global offsets
   DeviceBuffer<float> grads_full_;  // stages 0-1: W * P (one rank at stage 1: also its partition)

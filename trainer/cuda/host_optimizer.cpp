@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <type_traits>
 
 #include "base/error.hpp"
@@ -30,48 +29,52 @@ int slots_of(size_t count, int64_t ring_chunk) {
   return static_cast<int>(std::clamp<int64_t>(chunks, 1, HostOptimizer<T>::kSlots));
 }
 
-// The updated weights of `master` in T, into out (all threads).
-template <typename T>
-void narrow_into(std::span<const float> master, T* out) {
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(out, master.data(), master.size_bytes());
-  } else {
-    narrow_weights(master, DeviceType<T>::kNarrow, reinterpret_cast<uint16_t*>(out));
-  }
-}
-
 }  // namespace
 
 template <typename T>
-int64_t HostOptimizer<T>::pinned_bytes(size_t count, bool params_on_host, int64_t ring_chunk) noexcept {
+int64_t HostOptimizer<T>::pinned_bytes(size_t count, ParamHome weights, int64_t ring_chunk) noexcept {
   return slots_of<T>(count, ring_chunk) * ring_chunk_of(count, ring_chunk) *
-         static_cast<int64_t>(sizeof(float) + (params_on_host ? 0 : sizeof(T)));
+         static_cast<int64_t>(sizeof(float) + (weights == ParamHome::kDevice ? sizeof(T) : 0));
 }
 
 template <typename T>
-HostOptimizer<T>::HostOptimizer(size_t count, bool params_on_host, std::unique_ptr<nvme::StateSwapper> swap,
-                                int64_t ring_chunk)
+HostOptimizer<T>::HostOptimizer(size_t count, ParamHome weights, std::unique_ptr<nvme::StateSwapper> swap,
+                                nvme::StateSwapper* weight_swap, int64_t ring_chunk)
     : count_(count),
-      params_on_host_(params_on_host),
+      weights_(weights),
       swap_(std::move(swap)),
+      weight_swap_(weight_swap),
       master_(swap_ ? 0 : count),
       exp_avg_(swap_ ? 0 : count),
       exp_avg_sq_(swap_ ? 0 : count),
       ring_chunk_(ring_chunk_of(count, ring_chunk)),
       slots_(slots_of<T>(count, ring_chunk)),
       grad_ring_(static_cast<size_t>(slots_ * ring_chunk_)),
-      weight_ring_(params_on_host ? 0 : static_cast<size_t>(slots_ * ring_chunk_)),
+      weight_ring_(weights == ParamHome::kDevice ? static_cast<size_t>(slots_ * ring_chunk_) : 0),
       down_(static_cast<size_t>(slots_)),
       up_(static_cast<size_t>(slots_)) {
-  if (swap_ && swap_->elements() != static_cast<int64_t>(count)) {
-    fail(ErrorKind::kInternal, swap_->path().string() + ": a swap of " + std::to_string(swap_->elements()) +
-                                   " elements for an optimizer of " + std::to_string(count));
+  for (const nvme::StateSwapper* s : {swap_.get(), weight_swap_}) {
+    if (s && s->elements() != static_cast<int64_t>(count)) {
+      fail(ErrorKind::kInternal, s->path().string() + ": a swap of " + std::to_string(s->elements()) +
+                                     " elements for an optimizer of " + std::to_string(count));
+    }
+  }
+  if ((weights == ParamHome::kSwap) != (weight_swap_ != nullptr)) {
+    fail(ErrorKind::kInternal, "host optimizer: a weight swap goes with ParamHome::kSwap");
   }
 }
 
 template <typename T>
-void HostOptimizer<T>::visit(Access access, std::span<const int> states, int64_t host_chunk,
+void HostOptimizer<T>::visit(Access access, std::span<const int> states, int64_t host_chunk, bool mirror,
                              const std::function<void(const Chunk&)>& visit_chunk) {
+  if (swap_ && mirror) {
+    const nvme::StateSwapper::Part parts[] = {{swap_.get(), access, states}, {weight_swap_, Access::kWrite, kMaster}};
+    nvme::StateSwapper::visit(parts, [&](std::span<const Chunk> chunks) {
+      visit_chunk(chunks[0]);
+      std::ranges::copy(chunks[0].states[0], chunks[1].states[0].begin());
+    });
+    return;
+  }
   if (swap_) {
     swap_->visit(access, states, visit_chunk);
     return;
@@ -84,13 +87,19 @@ void HostOptimizer<T>::visit(Access access, std::span<const int> states, int64_t
     for (const int s : states) chunk.states[static_cast<size_t>(s)] = {buffers[s]->data() + lo, len};
     visit_chunk(chunk);
   }
+  if (mirror) {
+    weight_swap_->visit(Access::kWrite, kMaster, [&](const Chunk& chunk) {
+      const std::span<float> out = chunk.states[0];
+      std::copy_n(master_.data() + chunk.offset, out.size(), out.begin());
+    });
+  }
 }
 
 template <typename T>
 void HostOptimizer<T>::fill(const StatesFill& fill) {
   // In host memory, one call for everything: the zeroing (on all threads) is also the first touch of
   // the pages, which then spreads over the threads.
-  visit(Access::kWrite, kAllStates, std::max<int64_t>(1, static_cast<int64_t>(count_)), [&](const Chunk& chunk) {
+  visit(Access::kWrite, kAllStates, std::max<int64_t>(1, static_cast<int64_t>(count_)), false, [&](const Chunk& chunk) {
     for (const std::span<float> s : chunk.states) model::cpu::fill(s.data(), static_cast<int64_t>(s.size()), 0.0f);
     fill(chunk.offset, chunk.states);
   });
@@ -100,7 +109,7 @@ template <typename T>
 void HostOptimizer<T>::read(int state, int64_t offset, int64_t count,
                             const std::function<void(std::span<const float>)>& sink) {
   const int states[] = {state};
-  visit(Access::kRead, states, std::max<int64_t>(1, static_cast<int64_t>(count_)), [&](const Chunk& chunk) {
+  visit(Access::kRead, states, std::max<int64_t>(1, static_cast<int64_t>(count_)), false, [&](const Chunk& chunk) {
     const std::span<const float> s = chunk.states[static_cast<size_t>(state)];
     const int64_t lo = std::max(offset, chunk.offset);
     const int64_t hi = std::min(offset + count, chunk.offset + static_cast<int64_t>(s.size()));
@@ -128,10 +137,10 @@ void HostOptimizer<T>::pass(Access access, std::span<const int> states, const fl
   const auto enter = [&](int64_t k) {
     if (grads != nullptr) CUDA_CHECK(cudaEventSynchronize(down_[slot(k)].get()));
     // The slot's weights of chunk k - slots (or of the last pass) have gone up.
-    if (!params_on_host_) CUDA_CHECK(cudaEventSynchronize(up_[slot(k)].get()));
+    if (weights_ == ParamHome::kDevice) CUDA_CHECK(cudaEventSynchronize(up_[slot(k)].get()));
   };
   const auto leave = [&](int64_t k) {
-    if (!params_on_host_) {
+    if (weights_ == ParamHome::kDevice) {
       CUDA_CHECK(cudaMemcpyAsync(params + k * ring_chunk_, weight_ring_.data() + ring_offset(k), length(k) * sizeof(T),
                                  cudaMemcpyHostToDevice, stream));
       CUDA_CHECK(cudaEventRecord(up_[slot(k)].get(), stream));
@@ -140,7 +149,8 @@ void HostOptimizer<T>::pass(Access access, std::span<const int> states, const fl
   };
   int64_t current = -1;
   std::array<std::span<float>, nvme::kMaxStates> piece{};
-  visit(access, states, ring_chunk_, [&](const Chunk& chunk) {
+  const bool mirror = weights_ == ParamHome::kSwap;
+  visit(access, states, ring_chunk_, mirror, [&](const Chunk& chunk) {
     const int64_t end = chunk.offset + static_cast<int64_t>(chunk.states[static_cast<size_t>(states[0])].size());
     // A swap chunk may straddle ring chunks: its pieces in each.
     for (int64_t lo = chunk.offset; lo < end;) {
@@ -156,8 +166,8 @@ void HostOptimizer<T>::pass(Access access, std::span<const int> states, const fl
             static_cast<size_t>(lo - chunk.offset), static_cast<size_t>(hi - lo));
       }
       const size_t in_slot = ring_offset(k) + static_cast<size_t>(lo - k * ring_chunk_);
-      work(lo, piece, grads != nullptr ? grad_ring_.data() + in_slot : nullptr,
-           params_on_host_ ? params + lo : weight_ring_.data() + in_slot);
+      T* weights = mirror ? nullptr : weights_ == ParamHome::kHost ? params + lo : weight_ring_.data() + in_slot;
+      work(lo, piece, grads != nullptr ? grad_ring_.data() + in_slot : nullptr, weights);
       lo = hi;
     }
   });
@@ -170,7 +180,7 @@ void HostOptimizer<T>::upload(T* params, cudaStream_t stream) {
   CUDA_CHECK(cudaStreamSynchronize(stream));
   pass(Access::kRead, kMaster, nullptr, params, stream,
        [](int64_t, std::span<const std::span<float>> states, const float*, T* weights) {
-         narrow_into(states[0], weights);
+         if (weights != nullptr) narrow_into(states[0], weights);
        });
   CUDA_CHECK(cudaStreamSynchronize(stream));
 }
@@ -181,7 +191,9 @@ void HostOptimizer<T>::step(const float* grads, T* params, const AdamWCoefficien
   pass(Access::kUpdate, kAllStates, grads, params, stream,
        [&](int64_t offset, std::span<const std::span<float>> states, const float* g, T* weights) {
          const std::span<const float> grad(g, states[0].size());
-         if constexpr (std::is_same_v<T, float>) {
+         if (weights == nullptr) {  // the weight swap takes the master weights as they are
+           cpu_adamw(states[0], states[1], states[2], grad, c, no_decay.at(offset));
+         } else if constexpr (std::is_same_v<T, float>) {
            cpu_adamw(states[0], states[1], states[2], grad, c, no_decay.at(offset));
            narrow_into(states[0], weights);
          } else {

@@ -5,8 +5,10 @@
 // buffers, and each chunk's updated weights (already rounded to T) go up through another while the CPU
 // works on the next chunk: the rings are all the page-locked memory it takes, a few hundred megabytes
 // whatever the model's size (page-locking tens of gigabytes takes as many seconds at start-up, and
-// that memory is then lost to everything else). With offload_param the weights in T live in
-// (page-locked) host memory themselves: the CPU writes them there directly, and nothing goes up.
+// that memory is then lost to everything else). With offload_param {device: cpu} the weights in T
+// live in (page-locked) host memory themselves: the CPU writes them there directly, and nothing goes
+// up; with {device: nvme} they live in a swap of their own as fp32 copies of the master weights
+// (param_partition.hpp), written in the same pass as the states.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include "ckpt/shard_format.hpp"
 #include "trainer/adamw.hpp"
 #include "trainer/cuda/cuda_common.hpp"
+#include "trainer/cuda/param_partition.hpp"
 #include "trainer/nvme/state_swapper.hpp"
 
 namespace shardkit::trainer::cuda {
@@ -37,10 +40,12 @@ class HostOptimizer {
   static constexpr int kSlots = 4;
 
   // `count` elements of each state, in host memory, or in `swap` (three states of `count` elements)
-  // where given. `params_on_host`: the weights in T that upload() and step() write are in host memory
-  // (offload_param), else in device memory. `ring_chunk`: elements per ring slot (tests take small ones).
-  HostOptimizer(size_t count, bool params_on_host, std::unique_ptr<nvme::StateSwapper> swap,
-                int64_t ring_chunk = kRingChunk);
+  // where given. `weights`: where upload() and step() put the updated weights -- in T in device
+  // memory (up through a ring of page-locked buffers) or in page-locked host memory, or as copies of
+  // the fp32 master weights in `weight_swap` (one state of `count` elements, not owned).
+  // `ring_chunk`: elements per ring slot (tests take small ones).
+  HostOptimizer(size_t count, ParamHome weights, std::unique_ptr<nvme::StateSwapper> swap,
+                nvme::StateSwapper* weight_swap = nullptr, int64_t ring_chunk = kRingChunk);
 
   size_t size() const noexcept { return count_; }
   const nvme::StateSwapper* swapper() const noexcept { return swap_.get(); }
@@ -49,7 +54,7 @@ class HostOptimizer {
     return swap_ ? 0 : ckpt::kOptimizerStateBytes * static_cast<int64_t>(count_);
   }
   // The page-locked transfer buffers an optimizer of `count` elements allocates.
-  static int64_t pinned_bytes(size_t count, bool params_on_host, int64_t ring_chunk = kRingChunk) noexcept;
+  static int64_t pinned_bytes(size_t count, ParamHome weights, int64_t ring_chunk = kRingChunk) noexcept;
 
   // Sets every element of the states: `fill` is called for consecutive chunks of them in order (all
   // at once in host memory).
@@ -59,42 +64,47 @@ class HostOptimizer {
   // gate keeps them apart).
   void read(int state, int64_t offset, int64_t count, const std::function<void(std::span<const float>)>& sink);
 
-  // params (count elements) = the master weights in T, once the work queued on `stream` so far is
-  // done (it may read them); complete on return.
+  // params (count elements; null for ParamHome::kSwap) = the master weights in T, once the work queued
+  // on `stream` so far is done (it may read them); complete on return.
   void upload(T* params, cudaStream_t stream);
 
   // One AdamW step from the device gradients `grads` (count fp32, complete once `stream` reaches this
   // point), without weight decay on the elements `no_decay` names (its table in host memory); the
-  // updated weights land in `params` in T: in device memory queued on `stream`, in host memory on
-  // return (written once `stream` has reached this point, so work queued before may read them).
+  // updated weights land in `params` in T (null for ParamHome::kSwap): in device memory queued on
+  // `stream`, in host memory or the weight swap on return (written once `stream` has reached this
+  // point, so work queued before may read them).
   void step(const float* grads, T* params, const AdamWCoefficients& c, NoDecayRanges no_decay, cudaStream_t stream);
 
  private:
   using Access = nvme::StateSwapper::Access;
   using Chunk = nvme::StateSwapper::Chunk;
   // The work of a pass on one piece: elements [offset, offset + states[i].size()) of the selected
-  // states, their gradients (step: in a ring slot; upload: null) and where their weights in T go.
+  // states, their gradients (step: in a ring slot; upload: null) and where their weights in T go
+  // (null for ParamHome::kSwap, which takes the master weights as they are after the work).
   using PieceWork =
       std::function<void(int64_t offset, std::span<const std::span<float>> states, const float* grads, T* weights)>;
 
   // Visits `states` chunk by chunk with `access`: the swap's chunks, or in host memory chunks of
-  // `host_chunk` elements.
-  void visit(Access access, std::span<const int> states, int64_t host_chunk,
+  // `host_chunk` elements. With `mirror` (the states include the master weights) each chunk's master
+  // weights are copied into the weight swap once visit_chunk is done with them: in the same pipeline
+  // as the states' swap, else in a visit of the weight swap after this one.
+  void visit(Access access, std::span<const int> states, int64_t host_chunk, bool mirror,
              const std::function<void(const Chunk&)>& visit_chunk);
-  // One pass over the states that writes the weights in T: every ring chunk's gradients (when `grads`
-  // is given) come down ahead of the CPU, `work` runs on each piece (one swap chunk within one ring
-  // chunk), and each ring chunk's weights go up once the CPU is through it.
+  // One pass over the states that writes the weights: every ring chunk's gradients (when `grads` is
+  // given) come down ahead of the CPU, `work` runs on each piece (one swap chunk within one ring
+  // chunk), and each ring chunk's weights go up (or to the weight swap) once the CPU is through it.
   void pass(Access access, std::span<const int> states, const float* grads, T* params, cudaStream_t stream,
             const PieceWork& work);
 
   size_t count_;
-  bool params_on_host_;
+  ParamHome weights_;
   std::unique_ptr<nvme::StateSwapper> swap_;
+  nvme::StateSwapper* weight_swap_;                  // ParamHome::kSwap
   HugeBuffer<float> master_, exp_avg_, exp_avg_sq_;  // in host memory (empty when swapped)
   int64_t ring_chunk_;                               // elements per ring slot
   int slots_;
   PinnedBuffer<float> grad_ring_;  // slots_ chunks of gradients on their way down
-  PinnedBuffer<T> weight_ring_;    // params in device memory: slots_ chunks of weights on their way up
+  PinnedBuffer<T> weight_ring_;    // ParamHome::kDevice: slots_ chunks of weights on their way up
   std::vector<Event> down_, up_;   // per slot: its gradients have arrived; its weights have left
 };
 

@@ -2,31 +2,49 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <string>
 
+#include "base/error.hpp"
+#include "trainer/cuda/device_type.hpp"
 #include "trainer/cuda/param_partition.hpp"
 
 namespace shardkit::trainer::cuda {
 
 template <typename T>
-ParamPartition<T>::ParamPartition(size_t count, bool on_host) {
-  if (on_host) {
-    host_.resize(count);
-  } else {
-    device_.resize(count);
+ParamPartition<T>::ParamPartition(size_t count, ParamHome home, std::unique_ptr<nvme::StateSwapper> swap)
+    : home_(home), swap_(std::move(swap)) {
+  if ((home == ParamHome::kSwap) != (swap_ != nullptr) || (swap_ && swap_->elements() != static_cast<int64_t>(count))) {
+    fail(ErrorKind::kInternal, "stage 3 partition of " + std::to_string(count) + " elements: swap does not match");
   }
+  if (home == ParamHome::kHost) host_.resize(count);
+  if (home == ParamHome::kDevice) device_.resize(count);
 }
 
 template <typename T>
-const T* ParamPartition<T>::on_device(int64_t offset, int64_t count, T* staging, cudaStream_t stream) const {
-  if (!on_host()) return device_.data() + offset;
-  CUDA_CHECK(cudaMemcpyAsync(staging, host_.data() + offset, static_cast<size_t>(count) * sizeof(T),
-                             cudaMemcpyHostToDevice, stream));
+const T* ParamPartition<T>::on_device(int64_t offset, int64_t count, T* staging, cudaStream_t stream) {
+  const size_t bytes = static_cast<size_t>(count) * sizeof(T);
+  if (home_ == ParamHome::kDevice) return device_.data() + offset;
+  if (home_ == ParamHome::kHost) {
+    CUDA_CHECK(cudaMemcpyAsync(staging, host_.data() + offset, bytes, cudaMemcpyHostToDevice, stream));
+    return staging;
+  }
+  // The slot's previous copy up has left it before the rounding overwrites it; the read meanwhile.
+  swap_->start_read(read_, 0, offset, count);
+  const int slot = next_slot_;
+  next_slot_ = (next_slot_ + 1) % kSwapSlots;
+  PinnedBuffer<T>& rounded = rounded_[static_cast<size_t>(slot)];
+  CUDA_CHECK(cudaEventSynchronize(rounded_sent_[static_cast<size_t>(slot)].get()));
+  if (rounded.size() < static_cast<size_t>(count)) rounded.resize(static_cast<size_t>(count));
+  narrow_into(swap_->finish_read(read_), rounded.data());
+  CUDA_CHECK(cudaMemcpyAsync(staging, rounded.data(), bytes, cudaMemcpyHostToDevice, stream));
+  CUDA_CHECK(cudaEventRecord(rounded_sent_[static_cast<size_t>(slot)].get(), stream));
   return staging;
 }
 
 template <typename T>
 void ParamPartition<T>::store(cudaStream_t stream, const Producer& produce) {
-  if (!on_host()) {
+  if (home_ == ParamHome::kSwap) fail(ErrorKind::kInternal, swap_->path().string() + ": written by the GPU optimizer");
+  if (home_ == ParamHome::kDevice) {
     produce(0, static_cast<int64_t>(device_.size()), device_.data());
     return;
   }
