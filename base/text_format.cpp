@@ -1,9 +1,13 @@
 #include "base/text_format.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <exception>
+
+#include "base/error.hpp"
 
 namespace shardkit {
 
@@ -27,6 +31,47 @@ std::string format_count(int64_t value) {
     out += digits[i];
   }
   return value < 0 ? "-" + out : out;
+}
+
+int64_t parse_size(std::string_view text, std::string_view option) {
+  const std::string s(text);
+  auto bad = [&]() -> int64_t {
+    fail(ErrorKind::kInvalidInput,
+         std::string(option) + ": '" + s + "' is not a size (examples: 4096, 64MiB, 1GiB, 5GB)");
+  };
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(s, &used);
+  } catch (const std::exception&) {
+    return bad();
+  }
+  std::string unit = s.substr(used);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
+  double scale = 0;
+  if (unit.empty() || unit == "b")
+    scale = 1;
+  else if (unit == "k" || unit == "kb")
+    scale = 1e3;
+  else if (unit == "m" || unit == "mb")
+    scale = 1e6;
+  else if (unit == "g" || unit == "gb")
+    scale = 1e9;
+  else if (unit == "t" || unit == "tb")
+    scale = 1e12;
+  else if (unit == "kib")
+    scale = 1024.0;
+  else if (unit == "mib")
+    scale = 1024.0 * 1024;
+  else if (unit == "gib")
+    scale = 1024.0 * 1024 * 1024;
+  else if (unit == "tib")
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  else
+    return bad();
+  const double bytes = value * scale;
+  if (!std::isfinite(bytes) || bytes < 0 || bytes > 9.0e18) return bad();
+  return static_cast<int64_t>(std::llround(bytes));
 }
 
 namespace {

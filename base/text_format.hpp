@@ -14,6 +14,9 @@ namespace shardkit {
 std::string format_bytes(double bytes);
 // 1234567 -> "1,234,567".
 std::string format_count(int64_t value);
+// "1GiB", "512MiB", "5GB", "1.5G", "4096" -> bytes. Error(kInvalidInput) naming `option` (the flag or
+// variable it came from) otherwise.
+int64_t parse_size(std::string_view text, std::string_view option);
 
 // Text that may come from an input (a name in a manifest, a file name, a message quoting either) as
 // it may reach a terminal or a log: every byte that could move the cursor, change colours, end the

@@ -13,9 +13,6 @@
 
 namespace shardkit::cli {
 
-// "1GiB", "512MiB", "5GB", "1.5G", "4096" -> bytes. Error(kInvalidInput) naming `option` otherwise.
-int64_t parse_size(std::string_view text, std::string_view option);
-
 // Prints rows as columns separated by two spaces; the first row is the header. Cells are escaped
 // (escape_control) before they are measured, so a name from an input can neither break the table
 // nor write to the terminal.

@@ -1,11 +1,18 @@
 // The machine's physical memory, against which allocations sized by an input (a checkpoint's model,
 // a config's micro-batch) are checked before they are made: beyond it they would not fail at once
 // but fill the machine until the out-of-memory killer ends the process.
+//
+// SHARDKIT_HOST_MEMORY (a size: "256GiB", "200GB") replaces what the kernel says, both the physical
+// and the available memory: some virtual machines add memory as it is used, and report a fraction of
+// their limit until then, so that a plan made from /proc/meminfo at start-up would refuse a run
+// that fits.
 #pragma once
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "base/error.hpp"
@@ -13,13 +20,24 @@
 
 namespace shardkit::model::cpu {
 
+inline constexpr const char* kHostMemoryVariable = "SHARDKIT_HOST_MEMORY";
+
+// The override, where set (Error(kInvalidInput) naming the variable when it is not a size).
+inline std::optional<double> host_memory_override() {
+  const char* text = std::getenv(kHostMemoryVariable);
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  return static_cast<double>(parse_size(text, kHostMemoryVariable));
+}
+
 inline double physical_memory_bytes() {
+  if (const std::optional<double> bytes = host_memory_override()) return *bytes;
   return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
 }
 
 // What the kernel estimates can be allocated without swapping (MemAvailable: free memory plus the
 // page cache and slabs it can reclaim); the free pages alone where /proc/meminfo does not say.
 inline double available_memory_bytes() {
+  if (const std::optional<double> bytes = host_memory_override()) return *bytes;
   std::ifstream meminfo("/proc/meminfo");
   for (std::string line; std::getline(meminfo, line);) {
     if (line.starts_with("MemAvailable:")) return std::stod(line.substr(13)) * 1024.0;  // in kB

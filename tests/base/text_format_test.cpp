@@ -1,14 +1,27 @@
-// escape_control: what a terminal would act on is shown as \xNN, everything printable is kept.
+// escape_control: what a terminal would act on is shown as \xNN, everything printable is kept;
+// parse_size reads the sizes people write.
 #include "base/text_format.hpp"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
+#include "base/error.hpp"
 #include "report/html_report.hpp"
 
 namespace shardkit::ckpt {
 namespace {
+
+TEST(ParseSize, ReadsDecimalAndBinaryUnitsAndRefusesTheRest) {
+  EXPECT_EQ(parse_size("4096", "--size"), 4096);
+  EXPECT_EQ(parse_size("5GB", "--size"), 5'000'000'000);
+  EXPECT_EQ(parse_size("1.5g", "--size"), 1'500'000'000);
+  EXPECT_EQ(parse_size("512MiB", "--size"), int64_t{512} << 20);
+  EXPECT_EQ(parse_size("256GiB", "--size"), int64_t{256} << 30);
+  for (const char* bad : {"", "GiB", "12 parsecs", "-1GB", "1e30TB", "nan"}) {
+    EXPECT_THROW(parse_size(bad, "--size"), Error) << bad;
+  }
+}
 
 TEST(EscapeControl, KeepsPrintableTextAndValidUtf8) {
   EXPECT_EQ(escape_control("step-00000004/shard-00001-of-00002.h5: OK"), "step-00000004/shard-00001-of-00002.h5: OK");

@@ -132,7 +132,8 @@ MemoryPlan check_memory_plan(const model::Model& model, const ZeroConfig& zero, 
                              std::to_string(context.device()) + " (" + context.props().name + ")" + advice);
   }
   fail(ErrorKind::kIo, what + bytes(plan.host()) + " of host memory per rank (" + std::to_string(node_ranks) +
-                           " rank(s) on this node), more than the " + format_bytes(host_free) + " available" + advice);
+                           " rank(s) on this node), more than the " + format_bytes(host_free) + " available (" +
+                           model::cpu::kHostMemoryVariable + " overrides what the kernel says)" + advice);
 }
 
 #define SHARDKIT_INSTANTIATE(T)                                                                          \
