@@ -12,7 +12,9 @@
      eval --device cuda --dtype bf16` of the checkpoint itself (bf16 rounds the weights: about 1e-2).
 Each phase's wall time (launch to exit), the median step times, and the largest process's peak host
 memory are printed, then one JSON object. Disk: the checkpoint takes 12 bytes a parameter (81 GB for
-llama-2-7b), the bf16 export 2.
+llama-2-7b), the bf16 export 2. Host memory: the one-GPU resume holds the optimizer states (81 GB for
+llama-2-7b); on a virtual machine that reports less memory than its limit until it is used, export
+SHARDKIT_HOST_MEMORY (e.g. 250GiB) first, or the memory plan refuses the resume.
 Usage: bench/gpu_across_gpu_counts.py --shardkit build-gpu/shardkit [--model llama-2-7b] [--ranks 2]
        [--dir /tmp/gpu-across] [--steps 4] [--seq 2048] [--windows 8] [--vocab 32000]
 """
