@@ -110,7 +110,7 @@ TEST(ParamPartition, InASwapServesTheRoundedSlicesAskedFor) {
     for (size_t i = 0; i < chunk.states[0].size(); ++i)
       chunk.states[0][i] = value(chunk.offset + static_cast<int64_t>(i));
   });
-  Partition part(kCount, ParamHome::kSwap, std::move(swap));
+  Partition part(kCount, ParamHome::kSwap, std::move(swap), 20000);
   EXPECT_EQ(part.data(), nullptr);
   EXPECT_EQ(part.device_bytes() + part.host_bytes(), 0);
   EXPECT_GE(part.nvme_bytes(), kCount * 4);

@@ -193,7 +193,10 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<mode
       plan_(table, mpi.size(), mpi.rank(), config.stage),
       opened_swaps_(open_swaps(swaps, fixed_buffers_of(plan_, config))),
       param_part_(fixed_buffers_of(plan_, config).param_part, fixed_buffers_of(plan_, config).param_home,
-                  std::move(opened_swaps_.params)) {
+                  std::move(opened_swaps_.params),
+                  fixed_buffers_of(plan_, config).param_home == ParamHome::kSwap
+                      ? largest_gather_span(plan_, groups_, config)
+                      : 0) {
   const FixedBuffers fixed = fixed_buffers_of(plan_, config);
   const int stage = plan_.stage();
   params_full_.resize(fixed.params_full);

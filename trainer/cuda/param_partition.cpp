@@ -11,13 +11,17 @@
 namespace shardkit::trainer::cuda {
 
 template <typename T>
-ParamPartition<T>::ParamPartition(size_t count, ParamHome home, std::unique_ptr<nvme::StateSwapper> swap)
+ParamPartition<T>::ParamPartition(size_t count, ParamHome home, std::unique_ptr<nvme::StateSwapper> swap,
+                                  int64_t largest_slice)
     : home_(home), swap_(std::move(swap)) {
   if ((home == ParamHome::kSwap) != (swap_ != nullptr) || (swap_ && swap_->elements() != static_cast<int64_t>(count))) {
     fail(ErrorKind::kInternal, "stage 3 partition of " + std::to_string(count) + " elements: swap does not match");
   }
   if (home == ParamHome::kHost) host_.resize(count);
   if (home == ParamHome::kDevice) device_.resize(count);
+  if (home == ParamHome::kSwap) {
+    for (PinnedBuffer<T>& rounded : rounded_) rounded.resize(static_cast<size_t>(largest_slice));
+  }
 }
 
 template <typename T>
@@ -28,13 +32,16 @@ const T* ParamPartition<T>::on_device(int64_t offset, int64_t count, T* staging,
     CUDA_CHECK(cudaMemcpyAsync(staging, host_.data() + offset, bytes, cudaMemcpyHostToDevice, stream));
     return staging;
   }
+  const int slot = next_slot_;
+  PinnedBuffer<T>& rounded = rounded_[static_cast<size_t>(slot)];
+  if (static_cast<size_t>(count) > rounded.size()) {
+    fail(ErrorKind::kInternal, swap_->path().string() + ": a slice of " + std::to_string(count) +
+                                   " elements, more than the " + std::to_string(rounded.size()) + " planned");
+  }
+  next_slot_ = (next_slot_ + 1) % kSwapSlots;
   // The slot's previous copy up has left it before the rounding overwrites it; the read meanwhile.
   swap_->start_read(read_, 0, offset, count);
-  const int slot = next_slot_;
-  next_slot_ = (next_slot_ + 1) % kSwapSlots;
-  PinnedBuffer<T>& rounded = rounded_[static_cast<size_t>(slot)];
   CUDA_CHECK(cudaEventSynchronize(rounded_sent_[static_cast<size_t>(slot)].get()));
-  if (rounded.size() < static_cast<size_t>(count)) rounded.resize(static_cast<size_t>(count));
   narrow_into(swap_->finish_read(read_), rounded.data());
   CUDA_CHECK(cudaMemcpyAsync(staging, rounded.data(), bytes, cudaMemcpyHostToDevice, stream));
   CUDA_CHECK(cudaEventRecord(rounded_sent_[static_cast<size_t>(slot)].get(), stream));

@@ -29,8 +29,10 @@ template <typename T>
 class ParamPartition {
  public:
   // `count` elements at `home`; kSwap takes the swap (one state of `count` elements), which the host
-  // optimizer fills before the first read.
-  ParamPartition(size_t count, ParamHome home, std::unique_ptr<nvme::StateSwapper> swap = {});
+  // optimizer fills before the first read, and the most elements one on_device() call will ask for
+  // (its page-locked buffers are allocated here, not in the training step).
+  ParamPartition(size_t count, ParamHome home, std::unique_ptr<nvme::StateSwapper> swap = {},
+                 int64_t largest_slice = 0);
 
   ParamHome home() const noexcept { return home_; }
   bool on_host() const noexcept { return home_ == ParamHome::kHost; }
@@ -47,9 +49,9 @@ class ParamPartition {
   // `stream` -- from host memory, or read from the swap and rounded to T on the host first (the
   // host waits for the read: the caller gathers ahead of the compute).
   const T* on_device(int64_t offset, int64_t count, T* staging, cudaStream_t stream);
-  // The page-locked bytes on_device() takes from the swap for slices of at most `count` elements.
-  static int64_t swap_pinned_bytes(int64_t count) noexcept {
-    return kSwapSlots * count * static_cast<int64_t>(sizeof(T));
+  // The page-locked bytes a partition in a swap allocates for slices of at most `largest_slice` elements.
+  static int64_t swap_pinned_bytes(int64_t largest_slice) noexcept {
+    return kSwapSlots * largest_slice * static_cast<int64_t>(sizeof(T));
   }
 
   // Device work that writes elements [lo, lo + n) of the partition, in T, to `out` (device memory).
