@@ -14,7 +14,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-SHAPES = {"tinyllama-1.1b": (2048, 5632, 32, 4), "llama-3.2-1b": (2048, 8192, 32, 8), "smollm-135m": (576, 1536, 9, 3)}
+SHAPES = {"tinyllama-1.1b": (2048, 5632, 32, 4), "llama-3.2-1b": (2048, 8192, 32, 8), "smollm-135m": (576, 1536, 9, 3),
+          "llama-2-7b": (4096, 11008, 32, 32)}
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", default="tinyllama-1.1b", choices=sorted(SHAPES))
 ap.add_argument("--batch", type=int, default=4)

@@ -11,8 +11,8 @@
 #     (STAGE1=0 skips this part);
 #  3. gpt2-xl at ZeRO stage 3 with the optimizer states on NVMe and stage 3's parameters in host
 #     memory (offload_param cpu) and in a swap file of their own (offload_param nvme): the same
-#     figures, and the parameters' swap traffic of a step (read for the forward and the backward
-#     pass, written once: 12 bytes per parameter) (PARAMS=0 skips it);
+#     figures, and the parameters' swap traffic of a step (bf16, read for the forward and the
+#     backward pass, written once: 6 bytes per parameter) (PARAMS=0 skips it; PARAM_STEPS steps, 4);
 #  4. BIG=1: a GPT-2-shaped model of N_LAYER (20) blocks of width 4096 (4.24 B parameters, 51 GB of
 #     states: what the 64 GB disk of the one-GPU machine holds) with its states on NVMe.
 # Usage: bench/gpu_nvme_bench.sh [DIR] (SK=path/to/shardkit)
@@ -105,10 +105,10 @@ if [ "${STAGE1:-1}" != 0 ]; then
 fi
 if [ "${PARAMS:-1}" != 0 ]; then
   echo "== gpt2-xl, stage 3, bf16, micro-batch $mb x 1024, optimizer states on NVMe; parameters in host memory, on NVMe"
-  run params-cpu gpt2-xl 4 3 ", $swap, \"offload_param\": {\"device\": \"cpu\"}"
-  run params-nvme gpt2-xl 4 3 ", $swap, $param_swap"
+  run params-cpu gpt2-xl "${PARAM_STEPS:-4}" 3 ", $swap, \"offload_param\": {\"device\": \"cpu\"}"
+  run params-nvme gpt2-xl "${PARAM_STEPS:-4}" 3 ", $swap, $param_swap"
   params=$((xl_bytes / 12))
-  [ -f "$dir/params-nvme.row" ] && swap_traffic params-nvme "$((xl_bytes + 8 * params))" "$((xl_bytes + 4 * params))" \
+  [ -f "$dir/params-nvme.row" ] && swap_traffic params-nvme "$((xl_bytes + 4 * params))" "$((xl_bytes + 2 * params))" \
     "states' and parameters' swap"
 fi
 

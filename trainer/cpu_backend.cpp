@@ -24,7 +24,7 @@ nvme::SwapFactory nvme_swaps(const BackendOptions& o) {
     fail(ErrorKind::kInvalidInput, "zero_optimization.offload_param device nvme needs ZeRO stage 3 (stage " +
                                        std::to_string(z.stage) + " keeps every parameter on every rank)");
   }
-  return nvme::swap_factory(*o.config, false, *o.comm, o.log);
+  return nvme::swap_factory(*o.config, false, sizeof(float), *o.comm, o.log);
 }
 
 class CpuBackend final : public Backend {

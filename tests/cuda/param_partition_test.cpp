@@ -1,8 +1,9 @@
 // ZeRO stage 3's parameter partition in host memory (offload_param cpu) against the same in device
 // memory: store() lands every chunk of a partition of more than two chunks where it belongs, and
-// on_device() brings up the slice asked for, across a chunk boundary. In a swap (offload_param nvme)
-// on_device() brings up slices of the fp32 copies rounded to bf16, across the swap's chunks and
-// through both page-locked buffers in turn. Skipped (with a message) without a GPU.
+// on_device() brings up the slice asked for, across a chunk boundary. In a swap of bf16 (offload_param
+// nvme) on_device() brings up the slices asked for, across the swap's chunks and through both
+// page-locked buffers in turn, and refuses one larger than planned. Skipped (with a message) without a
+// GPU.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -93,7 +94,7 @@ TEST(ParamPartition, InHostMemoryStoresAndServesWhatDeviceMemoryDoes) {
   EXPECT_TRUE(same(stored.data(), values.data(), count));
 }
 
-TEST(ParamPartition, InASwapServesTheRoundedSlicesAskedFor) {
+TEST(ParamPartition, InASwapServesTheSlicesAskedFor) {
   REQUIRE_GPUS(1);
 #if !SHARDKIT_HAVE_LIBURING
   GTEST_SKIP() << "built without liburing: no NVMe offload";
@@ -103,26 +104,38 @@ TEST(ParamPartition, InASwapServesTheRoundedSlicesAskedFor) {
   nvme::SwapOptions o;
   o.dir = dir.path();
   o.chunk_bytes = 16384;  // 4096 elements a chunk: the slices below cross chunks
-  auto swap =
-      std::make_unique<nvme::StateSwapper>(o, "params.swap", kCount, 1, "parameters", [](const std::string&) {});
-  const auto value = [](int64_t i) { return 0.1f * std::sin(0.37f * static_cast<float>(i)) + 1e-4f; };
+  const auto ignore = [](const std::string&) {};
+  // A swap of fp32 cannot hold a partition in bf16.
+  EXPECT_THROW(Partition(kCount, ParamHome::kSwap,
+                         std::make_unique<nvme::StateSwapper>(o, "fp32.swap", kCount, 1, "parameters", ignore), 100),
+               Error);
+  auto swap = std::make_unique<nvme::StateSwapper>(o, "params.swap", kCount, 1, "parameters", ignore, 2);
+  const auto value = [](int64_t i) {
+    return __float2bfloat16_rn(0.1f * std::sin(0.37f * static_cast<float>(i)) + 1e-4f);
+  };
   swap->visit(nvme::StateSwapper::Access::kWrite, [&](const nvme::StateSwapper::Chunk& chunk) {
-    for (size_t i = 0; i < chunk.states[0].size(); ++i)
-      chunk.states[0][i] = value(chunk.offset + static_cast<int64_t>(i));
+    for (size_t i = 0; i < chunk.bits16[0].size(); ++i) {
+      const Bf16 v = value(chunk.offset + static_cast<int64_t>(i));
+      std::memcpy(&chunk.bits16[0][i], &v, sizeof(v));
+    }
   });
   Partition part(kCount, ParamHome::kSwap, std::move(swap), 20000);
   EXPECT_EQ(part.data(), nullptr);
   EXPECT_EQ(part.device_bytes() + part.host_bytes(), 0);
-  EXPECT_GE(part.nvme_bytes(), kCount * 4);
+  EXPECT_GE(part.nvme_bytes(), kCount * 2);
+  EXPECT_LT(part.nvme_bytes(), kCount * 2 + 16384);
   const Stream stream;
   // Three slices in a row (both page-locked buffers, the first again), the last to the very end.
   const std::pair<int64_t, int64_t> slices[] = {{4090, 9000}, {1, 3}, {kCount - 20000, 20000}};
   for (const auto& [offset, n] : slices) {
     const std::vector<Bf16> back = staged_slice(part, offset, n, stream);
     std::vector<Bf16> want(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) want[static_cast<size_t>(i)] = __float2bfloat16_rn(value(offset + i));
+    for (int64_t i = 0; i < n; ++i) want[static_cast<size_t>(i)] = value(offset + i);
     EXPECT_TRUE(same(back.data(), want.data(), want.size())) << "slice at " << offset << " of " << n;
   }
+  // A slice larger than the partition was built for overruns no buffer.
+  DeviceBuffer<Bf16> staging(30000);
+  EXPECT_THROW(part.on_device(0, 30000, staging.data(), stream.get()), Error);
   // The host optimizer writes the swap: a device producer has nothing to write.
   EXPECT_THROW(part.store(stream.get(), [](int64_t, int64_t, Bf16*) {}), Error);
 }

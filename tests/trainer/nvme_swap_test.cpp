@@ -12,6 +12,7 @@
 
 #include "base/error.hpp"
 #include "tests/support/test_support.hpp"
+#include "trainer/nvme/aligned_buffer.hpp"
 
 namespace shardkit::trainer::nvme {
 namespace {
@@ -126,6 +127,59 @@ TEST(NvmeSwap, TwoSwapsVisitedTogetherAndRangesReadBack) {
   optimizer.start_read(a, 2, 17, 2048);  // a state after the first, into a's buffer again
   const std::span<const float> moment = optimizer.finish_read(a);
   for (int64_t i = 0; i < 2048; ++i) ASSERT_EQ(moment[static_cast<size_t>(i)], value(2, 17 + i)) << i;
+}
+
+// Stage 3's parameters in a GPU's 16-bit type: a swap of 2-byte elements visited with the optimizer's
+// fp32 one chunk for chunk (the same elements in half the bytes), read back by ranges into a buffer
+// of the caller's sized by range_bytes at any offset, and refused where its chunks would lose the
+// O_DIRECT alignment.
+TEST(NvmeSwap, ASixteenBitSwapGoesWithAnFp32OneAndReadsIntoTheCallersBuffer) {
+  testing::TempDir dir;
+  SwapOptions o = small_chunks(dir.path(), 3);
+  o.chunk_bytes = 8192;  // 2048 elements of either width
+  const int64_t n = 5 * 2048 + 77;
+  const auto bits = [](int64_t i) { return static_cast<uint16_t>(i * 7 + 3); };
+  StateSwapper optimizer(o, "optimizer.swap", n, 3, "optimizer states", ignore);
+  StateSwapper params(o, "params.swap", n, 1, "parameters", ignore, 2);
+  EXPECT_EQ(params.file_bytes(), 6 * 4096);  // 2 bytes per element, in whole chunks
+  EXPECT_EQ(StateSwapper::need(o, n, 1, "parameters", 2).what,
+            "the parameters of this rank's 10317-element partition (2 bytes per element)");
+  const int kParams[] = {0};
+  const StateSwapper::Part parts[] = {{&optimizer, Access::kWrite, optimizer.all_states()},
+                                      {&params, Access::kWrite, kParams}};
+  int64_t visited = 0;
+  StateSwapper::visit(parts, [&](std::span<const StateSwapper::Chunk> c) {
+    for (const std::span<float> state : c[1].states) EXPECT_TRUE(state.empty());
+    ASSERT_EQ(c[1].bits16[0].size(), c[0].states[0].size());
+    for (size_t i = 0; i < c[1].bits16[0].size(); ++i) c[1].bits16[0][i] = bits(c[1].offset + static_cast<int64_t>(i));
+    for (const std::span<float> state : c[0].states) std::fill(state.begin(), state.end(), 0.0f);
+    visited += static_cast<int64_t>(c[1].bits16[0].size());
+  });
+  EXPECT_EQ(visited, n);
+
+  constexpr int64_t kCount = 3000;
+  AlignedBuffer buffer(StateSwapper::range_bytes(kCount, 2));
+  RangeRead read(std::span(buffer.data(), buffer.size()));
+  for (const int64_t offset : {int64_t{0}, int64_t{1}, int64_t{2047}, int64_t{2049}, n - kCount}) {
+    params.start_read(read, 0, offset, kCount);
+    const std::span<const uint16_t> got = params.finish_read<uint16_t>(read);
+    ASSERT_EQ(got.size(), static_cast<size_t>(kCount));
+    EXPECT_GE(reinterpret_cast<const std::byte*>(got.data()), buffer.data()) << "read elsewhere than asked";
+    EXPECT_LE(reinterpret_cast<const std::byte*>(got.data() + kCount), buffer.data() + buffer.size());
+    for (int64_t i = 0; i < kCount; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], bits(offset + i)) << offset << "+" << i;
+  }
+  // More than the caller's buffer holds; elements read as another width (the read stays usable).
+  EXPECT_EQ(error_of([&] { params.start_read(read, 0, 0, 3 * kCount); }, ErrorKind::kInternal),
+            params.path().string() + ": a range read of 20480 bytes into a buffer of 12288");
+  params.start_read(read, 0, 5, 10);
+  EXPECT_EQ(error_of([&] { params.finish_read<float>(read); }, ErrorKind::kInternal),
+            params.path().string() + ": read as elements of 4 bytes, holds elements of 2");
+  EXPECT_EQ(params.finish_read<uint16_t>(read)[0], bits(5));
+  // A chunk of 4096 bytes of fp32 would be 2048 bytes of 16-bit elements: not aligned for O_DIRECT.
+  EXPECT_NE(error_of([&] {
+              StateSwapper(small_chunks(dir.path(), 3), "s", 10, 1, "parameters", ignore, 2);
+            }).find("multiple of 8192 for a swap of 16-bit elements"),
+            std::string::npos);
 }
 
 TEST(NvmeSwap, AFailingVisitLeavesNothingInFlightAndTheSwapUsable) {

@@ -35,7 +35,8 @@ class CudaBackend final : public Backend {
             *o.comm, context_, o.log)),
         model_(make_gpu_model<T>(*o.model, o.micro_batch, o.seq_len, context_.cublas(), context_.stream())),
         engine_(o.model->table(), o.model->groups(), decay_flags(*o.model), o.config->zero, comm_dtype(*o.config),
-                *o.comm, context_.nccl(), context_.stream(), nvme::swap_factory(*o.config, true, *o.comm, o.log)),
+                *o.comm, context_.nccl(), context_.stream(),
+                nvme::swap_factory(*o.config, true, sizeof(T), *o.comm, o.log)),
         inputs_(static_cast<size_t>(o.micro_batch) * o.seq_len),
         targets_(static_cast<size_t>(o.micro_batch) * o.seq_len),
         replay_(engine_.fixed_buffers() && !o.config->wall_clock_breakdown) {}

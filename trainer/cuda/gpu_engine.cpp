@@ -162,8 +162,8 @@ EngineFootprint engine_footprint(const ZeroPlan& plan, const std::vector<model::
   const int64_t part = bytes(b.param_part, sizeof(T));
   f.held.parameters = bytes(b.params_full, sizeof(T)) + (b.param_home == ParamHome::kDevice ? part : 0);
   f.held.host_parameters = b.param_home == ParamHome::kHost ? part : 0;
-  // The swap holds fp32 (its file rounded up to whole chunks, which the plan leaves out).
-  f.held.nvme_parameters = b.param_home == ParamHome::kSwap ? bytes(b.param_part, sizeof(float)) : 0;
+  // The swap holds T (its file rounded up to whole chunks, which the plan leaves out).
+  f.held.nvme_parameters = b.param_home == ParamHome::kSwap ? part : 0;
   f.held.gradients = bytes(b.grads_full + b.grad_part, sizeof(float));
   const int64_t states = ckpt::kNumOptimizerStates * bytes(b.states, sizeof(float));
   (b.states_on_nvme   ? f.held.nvme_optimizer_states

@@ -21,6 +21,17 @@ int64_t ring_chunk_of(size_t count, int64_t ring_chunk) {
   return std::max<int64_t>(1, std::min<int64_t>(ring_chunk, static_cast<int64_t>(count)));
 }
 
+// A chunk of the weight swap (its elements are T's bit patterns) as T.
+template <typename T>
+std::span<T> weights_in(const nvme::StateSwapper::Chunk& chunk) {
+  if constexpr (std::is_same_v<T, float>) {
+    return chunk.states[0];
+  } else {
+    const std::span<uint16_t> bits = chunk.bits16[0];
+    return {reinterpret_cast<T*>(bits.data()), bits.size()};
+  }
+}
+
 // As many slots as the ring has chunks, at most kSlots.
 template <typename T>
 int slots_of(size_t count, int64_t ring_chunk) {
@@ -59,6 +70,11 @@ HostOptimizer<T>::HostOptimizer(size_t count, ParamHome weights, std::unique_ptr
                                      " elements for an optimizer of " + std::to_string(count));
     }
   }
+  if (weight_swap_ && weight_swap_->element_bytes() != static_cast<int>(sizeof(T))) {
+    fail(ErrorKind::kInternal, weight_swap_->path().string() + ": a weight swap of " +
+                                   std::to_string(weight_swap_->element_bytes()) + "-byte elements for weights of " +
+                                   std::to_string(sizeof(T)));
+  }
   if ((weights == ParamHome::kSwap) != (weight_swap_ != nullptr)) {
     fail(ErrorKind::kInternal, "host optimizer: a weight swap goes with ParamHome::kSwap");
   }
@@ -66,31 +82,29 @@ HostOptimizer<T>::HostOptimizer(size_t count, ParamHome weights, std::unique_ptr
 
 template <typename T>
 void HostOptimizer<T>::visit(Access access, std::span<const int> states, int64_t host_chunk, bool mirror,
-                             const std::function<void(const Chunk&)>& visit_chunk) {
+                             const std::function<void(const Chunk&, T* weights)>& visit_chunk) {
   if (swap_ && mirror) {
     const nvme::StateSwapper::Part parts[] = {{swap_.get(), access, states}, {weight_swap_, Access::kWrite, kMaster}};
-    nvme::StateSwapper::visit(parts, [&](std::span<const Chunk> chunks) {
-      visit_chunk(chunks[0]);
-      std::ranges::copy(chunks[0].states[0], chunks[1].states[0].begin());
-    });
+    nvme::StateSwapper::visit(
+        parts, [&](std::span<const Chunk> chunks) { visit_chunk(chunks[0], weights_in<T>(chunks[1]).data()); });
     return;
   }
   if (swap_) {
-    swap_->visit(access, states, visit_chunk);
+    swap_->visit(access, states, [&](const Chunk& chunk) { visit_chunk(chunk, nullptr); });
     return;
   }
   HugeBuffer<float>* buffers[] = {&master_, &exp_avg_, &exp_avg_sq_};
   const int64_t n = static_cast<int64_t>(count_);
   for (int64_t lo = 0; lo < n; lo += host_chunk) {
     const size_t len = static_cast<size_t>(std::min(host_chunk, n - lo));
-    Chunk chunk{lo, {}};
+    Chunk chunk{lo, {}, {}};
     for (const int s : states) chunk.states[static_cast<size_t>(s)] = {buffers[s]->data() + lo, len};
-    visit_chunk(chunk);
+    visit_chunk(chunk, nullptr);
   }
   if (mirror) {
     weight_swap_->visit(Access::kWrite, kMaster, [&](const Chunk& chunk) {
-      const std::span<float> out = chunk.states[0];
-      std::copy_n(master_.data() + chunk.offset, out.size(), out.begin());
+      const std::span<T> out = weights_in<T>(chunk);
+      narrow_into(std::span<const float>(master_.data() + chunk.offset, out.size()), out.data());
     });
   }
 }
@@ -99,17 +113,19 @@ template <typename T>
 void HostOptimizer<T>::fill(const StatesFill& fill) {
   // In host memory, one call for everything: the zeroing (on all threads) is also the first touch of
   // the pages, which then spreads over the threads.
-  visit(Access::kWrite, kAllStates, std::max<int64_t>(1, static_cast<int64_t>(count_)), false, [&](const Chunk& chunk) {
-    for (const std::span<float> s : chunk.states) model::cpu::fill(s.data(), static_cast<int64_t>(s.size()), 0.0f);
-    fill(chunk.offset, chunk.states);
-  });
+  visit(Access::kWrite, kAllStates, std::max<int64_t>(1, static_cast<int64_t>(count_)), false,
+        [&](const Chunk& chunk, T*) {
+          for (const std::span<float> s : chunk.states)
+            model::cpu::fill(s.data(), static_cast<int64_t>(s.size()), 0.0f);
+          fill(chunk.offset, chunk.states);
+        });
 }
 
 template <typename T>
 void HostOptimizer<T>::read(int state, int64_t offset, int64_t count,
                             const std::function<void(std::span<const float>)>& sink) {
   const int states[] = {state};
-  visit(Access::kRead, states, std::max<int64_t>(1, static_cast<int64_t>(count_)), false, [&](const Chunk& chunk) {
+  visit(Access::kRead, states, std::max<int64_t>(1, static_cast<int64_t>(count_)), false, [&](const Chunk& chunk, T*) {
     const std::span<const float> s = chunk.states[static_cast<size_t>(state)];
     const int64_t lo = std::max(offset, chunk.offset);
     const int64_t hi = std::min(offset + count, chunk.offset + static_cast<int64_t>(s.size()));
@@ -150,7 +166,7 @@ void HostOptimizer<T>::pass(Access access, std::span<const int> states, const fl
   int64_t current = -1;
   std::array<std::span<float>, nvme::kMaxStates> piece{};
   const bool mirror = weights_ == ParamHome::kSwap;
-  visit(access, states, ring_chunk_, mirror, [&](const Chunk& chunk) {
+  visit(access, states, ring_chunk_, mirror, [&](const Chunk& chunk, T* swapped_weights) {
     const int64_t end = chunk.offset + static_cast<int64_t>(chunk.states[static_cast<size_t>(states[0])].size());
     // A swap chunk may straddle ring chunks: its pieces in each.
     for (int64_t lo = chunk.offset; lo < end;) {
@@ -166,7 +182,9 @@ void HostOptimizer<T>::pass(Access access, std::span<const int> states, const fl
             static_cast<size_t>(lo - chunk.offset), static_cast<size_t>(hi - lo));
       }
       const size_t in_slot = ring_offset(k) + static_cast<size_t>(lo - k * ring_chunk_);
-      T* weights = mirror ? nullptr : weights_ == ParamHome::kHost ? params + lo : weight_ring_.data() + in_slot;
+      T* weights = mirror                         ? (swapped_weights ? swapped_weights + (lo - chunk.offset) : nullptr)
+                   : weights_ == ParamHome::kHost ? params + lo
+                                                  : weight_ring_.data() + in_slot;
       work(lo, piece, grads != nullptr ? grad_ring_.data() + in_slot : nullptr, weights);
       lo = hi;
     }
@@ -191,7 +209,7 @@ void HostOptimizer<T>::step(const float* grads, T* params, const AdamWCoefficien
   pass(Access::kUpdate, kAllStates, grads, params, stream,
        [&](int64_t offset, std::span<const std::span<float>> states, const float* g, T* weights) {
          const std::span<const float> grad(g, states[0].size());
-         if (weights == nullptr) {  // the weight swap takes the master weights as they are
+         if (weights == nullptr) {  // the weight swap takes them after the pass
            cpu_adamw(states[0], states[1], states[2], grad, c, no_decay.at(offset));
          } else if constexpr (std::is_same_v<T, float>) {
            cpu_adamw(states[0], states[1], states[2], grad, c, no_decay.at(offset));

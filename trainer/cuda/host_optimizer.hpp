@@ -7,8 +7,8 @@
 // whatever the model's size (page-locking tens of gigabytes takes as many seconds at start-up, and
 // that memory is then lost to everything else). With offload_param {device: cpu} the weights in T
 // live in (page-locked) host memory themselves: the CPU writes them there directly, and nothing goes
-// up; with {device: nvme} they live in a swap of their own as fp32 copies of the master weights
-// (param_partition.hpp), written in the same pass as the states.
+// up; with {device: nvme} they live in a swap of their own (param_partition.hpp), rounded into it in
+// the same pass as the states.
 #pragma once
 
 #include <cstdint>
@@ -41,8 +41,8 @@ class HostOptimizer {
 
   // `count` elements of each state, in host memory, or in `swap` (three states of `count` elements)
   // where given. `weights`: where upload() and step() put the updated weights -- in T in device
-  // memory (up through a ring of page-locked buffers) or in page-locked host memory, or as copies of
-  // the fp32 master weights in `weight_swap` (one state of `count` elements, not owned).
+  // memory (up through a ring of page-locked buffers) or in page-locked host memory, or in
+  // `weight_swap` (one state of `count` elements of T, not owned).
   // `ring_chunk`: elements per ring slot (tests take small ones).
   HostOptimizer(size_t count, ParamHome weights, std::unique_ptr<nvme::StateSwapper> swap,
                 nvme::StateSwapper* weight_swap = nullptr, int64_t ring_chunk = kRingChunk);
@@ -80,16 +80,17 @@ class HostOptimizer {
   using Chunk = nvme::StateSwapper::Chunk;
   // The work of a pass on one piece: elements [offset, offset + states[i].size()) of the selected
   // states, their gradients (step: in a ring slot; upload: null) and where their weights in T go
-  // (null for ParamHome::kSwap, which takes the master weights as they are after the work).
+  // (null where the weight swap takes them after the pass).
   using PieceWork =
       std::function<void(int64_t offset, std::span<const std::span<float>> states, const float* grads, T* weights)>;
 
   // Visits `states` chunk by chunk with `access`: the swap's chunks, or in host memory chunks of
-  // `host_chunk` elements. With `mirror` (the states include the master weights) each chunk's master
-  // weights are copied into the weight swap once visit_chunk is done with them: in the same pipeline
-  // as the states' swap, else in a visit of the weight swap after this one.
+  // `host_chunk` elements. With `mirror` (the states include the master weights) the weight swap
+  // receives them in T: with the states swapped, in the same pipeline -- visit_chunk gets the weight
+  // swap's chunk of the same elements and must fill it -- else (visit_chunk gets null) rounded from
+  // host memory in a visit of the weight swap after this one.
   void visit(Access access, std::span<const int> states, int64_t host_chunk, bool mirror,
-             const std::function<void(const Chunk&)>& visit_chunk);
+             const std::function<void(const Chunk&, T* weights)>& visit_chunk);
   // One pass over the states that writes the weights: every ring chunk's gradients (when `grads` is
   // given) come down ahead of the CPU, `work` runs on each piece (one swap chunk within one ring
   // chunk), and each ring chunk's weights go up (or to the weight swap) once the CPU is through it.

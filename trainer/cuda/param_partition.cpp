@@ -5,7 +5,6 @@
 #include <string>
 
 #include "base/error.hpp"
-#include "trainer/cuda/device_type.hpp"
 #include "trainer/cuda/param_partition.hpp"
 
 namespace shardkit::trainer::cuda {
@@ -20,7 +19,15 @@ ParamPartition<T>::ParamPartition(size_t count, ParamHome home, std::unique_ptr<
   if (home == ParamHome::kHost) host_.resize(count);
   if (home == ParamHome::kDevice) device_.resize(count);
   if (home == ParamHome::kSwap) {
-    for (PinnedBuffer<T>& rounded : rounded_) rounded.resize(static_cast<size_t>(largest_slice));
+    if (swap_->element_bytes() != static_cast<int>(sizeof(T))) {
+      fail(ErrorKind::kInternal, swap_->path().string() + ": a swap of " + std::to_string(swap_->element_bytes()) +
+                                     "-byte elements for a partition of " + std::to_string(sizeof(T)));
+    }
+    for (int i = 0; i < kSwapSlots; ++i) {
+      PinnedBuffer<std::byte>& slot = slots_[static_cast<size_t>(i)];
+      slot.resize(nvme::StateSwapper::range_bytes(largest_slice, static_cast<int>(sizeof(T))));
+      reads_[static_cast<size_t>(i)].emplace(std::span(slot.data(), slot.size()));
+    }
   }
 }
 
@@ -32,19 +39,15 @@ const T* ParamPartition<T>::on_device(int64_t offset, int64_t count, T* staging,
     CUDA_CHECK(cudaMemcpyAsync(staging, host_.data() + offset, bytes, cudaMemcpyHostToDevice, stream));
     return staging;
   }
-  const int slot = next_slot_;
-  PinnedBuffer<T>& rounded = rounded_[static_cast<size_t>(slot)];
-  if (static_cast<size_t>(count) > rounded.size()) {
-    fail(ErrorKind::kInternal, swap_->path().string() + ": a slice of " + std::to_string(count) +
-                                   " elements, more than the " + std::to_string(rounded.size()) + " planned");
-  }
+  const size_t slot = static_cast<size_t>(next_slot_);
   next_slot_ = (next_slot_ + 1) % kSwapSlots;
-  // The slot's previous copy up has left it before the rounding overwrites it; the read meanwhile.
-  swap_->start_read(read_, 0, offset, count);
-  CUDA_CHECK(cudaEventSynchronize(rounded_sent_[static_cast<size_t>(slot)].get()));
-  narrow_into(swap_->finish_read(read_), rounded.data());
-  CUDA_CHECK(cudaMemcpyAsync(staging, rounded.data(), bytes, cudaMemcpyHostToDevice, stream));
-  CUDA_CHECK(cudaEventRecord(rounded_sent_[static_cast<size_t>(slot)].get(), stream));
+  // The slot's previous copy up has left it before the read overwrites it. (A slice larger than the
+  // slot was planned for is Error(kInternal) from the read.)
+  CUDA_CHECK(cudaEventSynchronize(slot_sent_[slot].get()));
+  swap_->start_read(*reads_[slot], 0, offset, count);
+  const std::span<const Bits> slice = swap_->finish_read<Bits>(*reads_[slot]);
+  CUDA_CHECK(cudaMemcpyAsync(staging, slice.data(), bytes, cudaMemcpyHostToDevice, stream));
+  CUDA_CHECK(cudaEventRecord(slot_sent_[slot].get(), stream));
   return staging;
 }
 

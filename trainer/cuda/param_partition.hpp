@@ -6,16 +6,18 @@
 // partition's contents -- except in the swap, which the host optimizer writes in its own pass over the
 // master weights (host_optimizer.hpp).
 //
-// The swap holds the partition as fp32 values whose rounding to T is the parameters: the master
-// weights, copied beside the optimizer's states as the update produces them. That costs twice the
-// bytes of T on disk, but the host optimizer writes it in the same pass (and pipeline) that visits
-// the states, one chunk for one chunk, with no rounding on the write side.
+// The swap holds the partition in T: the host optimizer rounds each chunk of master weights into it
+// as it updates them, in the same pass (and pipeline) that visits the states, so a gather reads the
+// slice it needs straight into page-locked memory and copies it up, and the disk moves the bytes of
+// T, not of fp32 -- a stage 3 step reads the partition twice (forward and backward gathers).
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <type_traits>
 
 #include "trainer/cuda/cuda_common.hpp"
 #include "trainer/nvme/state_swapper.hpp"
@@ -46,12 +48,13 @@ class ParamPartition {
 
   // Elements [offset, offset + count) in device memory, for the work queued on `stream` after this
   // call: the partition itself, or a copy into `staging` (device memory, `count` elements) queued on
-  // `stream` -- from host memory, or read from the swap and rounded to T on the host first (the
-  // host waits for the read: the caller gathers ahead of the compute).
+  // `stream` -- from host memory, or from page-locked memory that the swap's slice was read into
+  // (the host waits for the read: the caller gathers ahead of the compute).
   const T* on_device(int64_t offset, int64_t count, T* staging, cudaStream_t stream);
   // The page-locked bytes a partition in a swap allocates for slices of at most `largest_slice` elements.
   static int64_t swap_pinned_bytes(int64_t largest_slice) noexcept {
-    return kSwapSlots * largest_slice * static_cast<int64_t>(sizeof(T));
+    return kSwapSlots *
+           static_cast<int64_t>(nvme::StateSwapper::range_bytes(largest_slice, static_cast<int>(sizeof(T))));
   }
 
   // Device work that writes elements [lo, lo + n) of the partition, in T, to `out` (device memory).
@@ -66,17 +69,20 @@ class ParamPartition {
   static constexpr int64_t kChunk = int64_t{16} << 20;
 
  private:
-  // Page-locked buffers of slices rounded from the swap: one is filled while the other's copy up runs.
+  // Page-locked buffers that the swap's slices are read into: one is filled while the other's copy up
+  // runs.
   static constexpr int kSwapSlots = 2;
+  // The swap's elements as the reads return them: T's bit patterns.
+  using Bits = std::conditional_t<sizeof(T) == sizeof(float), float, uint16_t>;
 
   ParamHome home_;
   DeviceBuffer<T> device_;
   PinnedBuffer<T> host_;
   DeviceBuffer<T> staging_;  // in host memory: one chunk of store()'s results on its way down
   std::unique_ptr<nvme::StateSwapper> swap_;
-  nvme::RangeRead read_;
-  std::array<PinnedBuffer<T>, kSwapSlots> rounded_;
-  std::array<Event, kSwapSlots> rounded_sent_;  // the slot's last copy up has left it
+  std::array<PinnedBuffer<std::byte>, kSwapSlots> slots_;
+  std::array<std::optional<nvme::RangeRead>, kSwapSlots> reads_;  // into slots_ (destroyed first: they drain)
+  std::array<Event, kSwapSlots> slot_sent_;                       // the slot's last copy up has left it
   int next_slot_ = 0;
 };
 

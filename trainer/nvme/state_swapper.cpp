@@ -10,16 +10,28 @@ namespace {
 
 constexpr int kAllStates[kMaxStates] = {0, 1, 2};
 
-// 4 bytes per element and state, in whole chunks.
-int64_t file_size(int64_t elements, int states, int64_t chunk_elems) {
+// element_bytes per element and state, in whole chunks.
+int64_t file_size(int64_t elements, int states, int64_t chunk_elems, int element_bytes) {
   const int64_t chunks = std::max<int64_t>(1, (elements + chunk_elems - 1) / chunk_elems);
-  return states * chunks * chunk_elems * static_cast<int64_t>(sizeof(float));
+  return states * chunks * chunk_elems * element_bytes;
 }
 
-int64_t checked_chunk_elems(const SwapOptions& o) {
-  if (o.chunk_bytes <= 0 || o.chunk_bytes % static_cast<int64_t>(kDirectAlignment) != 0) {
-    fail(ErrorKind::kInvalidInput, "NVMe swap: chunk size " + std::to_string(o.chunk_bytes) +
-                                       " bytes must be a positive multiple of " + std::to_string(kDirectAlignment));
+int checked_element_bytes(int element_bytes) {
+  if (element_bytes != 4 && element_bytes != 2) {
+    fail(ErrorKind::kInternal, "NVMe swap: elements of " + std::to_string(element_bytes) + " bytes, expected 4 or 2");
+  }
+  return element_bytes;
+}
+
+// Elements per chunk: the chunk size's in fp32, whose bytes at the swap's width stay aligned for O_DIRECT.
+int64_t checked_chunk_elems(const SwapOptions& o, int element_bytes) {
+  const int64_t A = static_cast<int64_t>(kDirectAlignment);
+  const int64_t multiple = A * 4 / checked_element_bytes(element_bytes);
+  if (o.chunk_bytes <= 0 || o.chunk_bytes % multiple != 0) {
+    fail(ErrorKind::kInvalidInput,
+         "NVMe swap: chunk size (aio.block_size) " + std::to_string(o.chunk_bytes) +
+             " bytes must be a positive multiple of " + std::to_string(multiple) +
+             (multiple == A ? "" : " for a swap of 16-bit elements (each chunk holds half those bytes)"));
   }
   return o.chunk_bytes / static_cast<int64_t>(sizeof(float));
 }
@@ -63,10 +75,16 @@ class StateSwapper::Pipeline {
     }
     const int64_t lo = c * swap_.chunk_elems_;
     const size_t n = static_cast<size_t>(std::min(swap_.chunk_elems_, swap_.elements_ - lo));
-    auto* base = reinterpret_cast<float*>(swap_.buffers_[slot(c)].data());
-    Chunk chunk{lo, {}};
+    std::byte* base = swap_.buffers_[slot(c)].data();
+    const size_t state_bytes = static_cast<size_t>(swap_.chunk_elems_ * swap_.element_bytes_);
+    Chunk chunk{lo, {}, {}};
     for (const int s : states_) {
-      chunk.states[static_cast<size_t>(s)] = {base + static_cast<size_t>(s * swap_.chunk_elems_), n};
+      std::byte* first = base + static_cast<size_t>(s) * state_bytes;
+      if (swap_.element_bytes_ == 4) {
+        chunk.states[static_cast<size_t>(s)] = {reinterpret_cast<float*>(first), n};
+      } else {
+        chunk.bits16[static_cast<size_t>(s)] = {reinterpret_cast<uint16_t*>(first), n};
+      }
     }
     return chunk;
   }
@@ -95,29 +113,45 @@ class StateSwapper::Pipeline {
   int64_t next_read_ = 0;
 };
 
+RangeRead::RangeRead(std::span<std::byte> buffer) : external_(buffer) {
+  if (reinterpret_cast<uintptr_t>(buffer.data()) % kDirectAlignment != 0) {
+    fail(ErrorKind::kInternal,
+         "a range read's buffer is not aligned to " + std::to_string(kDirectAlignment) + " bytes");
+  }
+}
+
 RangeRead::~RangeRead() {
   if (swapper_ == nullptr) return;
   const std::lock_guard lock(swapper_->mutex_);
   swapper_->io_->drain();  // the kernel may not write into a freed buffer
 }
 
-SwapNeed StateSwapper::need(const SwapOptions& options, int64_t elements, int states, const std::string& contents) {
-  return {options.dir, file_size(elements, checked_states(states), checked_chunk_elems(options)),
+SwapNeed StateSwapper::need(const SwapOptions& options, int64_t elements, int states, const std::string& contents,
+                            int element_bytes) {
+  return {options.dir,
+          file_size(elements, checked_states(states), checked_chunk_elems(options, element_bytes), element_bytes),
           "the " + contents + " of this rank's " + std::to_string(elements) + "-element partition (" +
-              std::to_string(4 * states) + " bytes per element)"};
+              std::to_string(element_bytes * states) + " bytes per element)"};
 }
 
 StateSwapper::StateSwapper(const SwapOptions& options, const std::string& file_name, int64_t elements, int states,
-                           const std::string& contents, const std::function<void(const std::string&)>& notice)
+                           const std::string& contents, const std::function<void(const std::string&)>& notice,
+                           int element_bytes)
     : elements_(elements),
       states_(checked_states(states)),
-      chunk_elems_(checked_chunk_elems(options)),
-      file_(options.dir, file_name, need(options, elements, states, contents).bytes,
-            need(options, elements, states, contents).what, notice),
+      element_bytes_(checked_element_bytes(element_bytes)),
+      chunk_elems_(checked_chunk_elems(options, element_bytes)),
+      file_(options.dir, file_name, need(options, elements, states, contents, element_bytes).bytes,
+            need(options, elements, states, contents, element_bytes).what, notice),
       io_(open_async_io(file_.fd(), file_.path(), options.queue_depth, static_cast<size_t>(options.chunk_bytes))) {
   // Three is the least a pipeline needs: one chunk read ahead, one computed, one written behind.
   const int count = std::max(3, options.buffer_count);
-  for (int i = 0; i < count; ++i) buffers_.emplace_back(static_cast<size_t>(states_ * options.chunk_bytes));
+  for (int i = 0; i < count; ++i) buffers_.emplace_back(static_cast<size_t>(states_ * chunk_elems_ * element_bytes_));
+}
+
+size_t StateSwapper::range_bytes(int64_t count, int element_bytes) noexcept {
+  const size_t A = kDirectAlignment;
+  return ((static_cast<size_t>(count) * static_cast<size_t>(element_bytes) + A - 1) / A + 1) * A;
 }
 
 std::span<const int> StateSwapper::all_states() const noexcept {
@@ -125,7 +159,7 @@ std::span<const int> StateSwapper::all_states() const noexcept {
 }
 
 AsyncIo::Batch StateSwapper::transfer(IoOp op, int64_t chunk, std::span<const int> states) {
-  const size_t bytes = static_cast<size_t>(chunk_elems_) * sizeof(float);
+  const size_t bytes = static_cast<size_t>(chunk_elems_ * element_bytes_);
   std::byte* buffer = buffers_[static_cast<size_t>(chunk) % buffers_.size()].data();
   std::vector<IoRequest> requests;
   for (const int s : states) {
@@ -180,26 +214,33 @@ void StateSwapper::start_read(RangeRead& read, int state, int64_t offset, int64_
   if (read.swapper_ != nullptr) fail(ErrorKind::kInternal, path().string() + ": a range read started twice");
   // The aligned byte range around the elements: each state is contiguous in the file.
   const int64_t A = static_cast<int64_t>(kDirectAlignment);
-  const int64_t first = state * chunk_count() * chunk_elems_ * static_cast<int64_t>(sizeof(float)) +
-                        offset * static_cast<int64_t>(sizeof(float));
+  const int64_t first = (state * chunk_count() * chunk_elems_ + offset) * element_bytes_;
   const int64_t lo = first / A * A;
-  const int64_t hi = (first + count * static_cast<int64_t>(sizeof(float)) + A - 1) / A * A;
+  const int64_t hi = (first + count * element_bytes_ + A - 1) / A * A;
   const size_t bytes = static_cast<size_t>(hi - lo);
-  if (read.buffer_.size() < bytes) read.buffer_ = AlignedBuffer(bytes);
-  read.skip_ = static_cast<size_t>(first - lo) / sizeof(float);
+  if (read.external_.empty() && read.buffer_.size() < bytes) read.buffer_ = AlignedBuffer(bytes);
+  if (!read.external_.empty() && read.external_.size() < bytes) {
+    fail(ErrorKind::kInternal, path().string() + ": a range read of " + std::to_string(bytes) +
+                                   " bytes into a buffer of " + std::to_string(read.external_.size()));
+  }
+  read.skip_ = static_cast<size_t>(first - lo);
   read.count_ = static_cast<size_t>(count);
   const std::lock_guard lock(mutex_);
-  const IoRequest request{IoOp::kRead, read.buffer_.data(), bytes, lo};
+  const IoRequest request{IoOp::kRead, read.data(), bytes, lo};
   read.batch_ = io_->submit(std::span(&request, 1));
   read.swapper_ = this;
 }
 
-std::span<const float> StateSwapper::finish_read(RangeRead& read) {
+const std::byte* StateSwapper::finish_read_bytes(RangeRead& read, size_t element_bytes) {
   if (read.swapper_ != this) fail(ErrorKind::kInternal, path().string() + ": a range read finished before it started");
+  if (element_bytes != static_cast<size_t>(element_bytes_)) {
+    fail(ErrorKind::kInternal, path().string() + ": read as elements of " + std::to_string(element_bytes) +
+                                   " bytes, holds elements of " + std::to_string(element_bytes_));
+  }
   const std::lock_guard lock(mutex_);
   read.swapper_ = nullptr;
   io_->wait(read.batch_);
-  return {reinterpret_cast<const float*>(read.buffer_.data()) + read.skip_, read.count_};
+  return read.data() + read.skip_;
 }
 
 }  // namespace shardkit::trainer::nvme

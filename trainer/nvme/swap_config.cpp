@@ -47,7 +47,7 @@ void note_aio(const AioConfig& aio, bool gpu, std::vector<std::string>& notes) {
   }
 }
 
-SwapFactory swap_factory(const DsConfig& config, bool gpu, comm::MpiCollective& comm,
+SwapFactory swap_factory(const DsConfig& config, bool gpu, int param_bytes, comm::MpiCollective& comm,
                          const std::function<void(const std::string&)>& log) {
   const ZeroConfig& z = config.zero;
   std::optional<SwapOptions> optimizer, params;
@@ -57,17 +57,18 @@ SwapFactory swap_factory(const DsConfig& config, bool gpu, comm::MpiCollective& 
   if (!optimizer && !params) return {};
   note_aio(config.aio, gpu, notes);
   for (const std::string& line : notes) log(line);
-  return [optimizer, params, &comm, log](int64_t elements) {
+  return [optimizer, params, param_bytes, &comm, log](int64_t elements) {
     struct Kind {
       const std::optional<SwapOptions>& options;
-      int states;
+      int states, element_bytes;
       const char* contents;
       const char* name;
     };
-    const Kind kinds[] = {{optimizer, 3, "optimizer states", "optimizer"}, {params, 1, "parameters", "params"}};
+    const Kind kinds[] = {{optimizer, 3, 4, "optimizer states", "optimizer"},
+                          {params, 1, param_bytes, "parameters", "params"}};
     std::vector<SwapNeed> needs;
     for (const Kind& k : kinds) {
-      if (k.options) needs.push_back(StateSwapper::need(*k.options, elements, k.states, k.contents));
+      if (k.options) needs.push_back(StateSwapper::need(*k.options, elements, k.states, k.contents, k.element_bytes));
     }
     check_node_free_space(comm, needs);
     std::unique_ptr<StateSwapper> swaps[2];
@@ -75,7 +76,7 @@ SwapFactory swap_factory(const DsConfig& config, bool gpu, comm::MpiCollective& 
       const Kind& k = kinds[i];
       if (k.options) {
         swaps[i] = std::make_unique<StateSwapper>(*k.options, rank_swap_name(comm, k.name), elements, k.states,
-                                                  k.contents, log);
+                                                  k.contents, log, k.element_bytes);
       }
     }
     return Swaps{std::move(swaps[0]), std::move(swaps[1])};
