@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,18 +39,23 @@ struct Row {
   double ms_per_call;
 };
 
-// Median of `reps` timed runs of fn, after two warm-up runs.
-double time_ms(cudaStream_t st, const std::function<void()>& fn, int reps = 15) {
+// Median of `reps` timed runs of fn (the row `name`, which a failure names), after two warm-up runs.
+// Every run ends in a synchronisation, so a kernel's fault surfaces in its own row.
+double time_ms(cudaStream_t st, const std::string& name, const std::function<void()>& fn, int reps = 15) {
   const Event start(Event::Timing::kOn), stop(Event::Timing::kOn);
-  fn();
-  fn();
   std::vector<double> times;
-  for (int r = 0; r < reps; ++r) {
-    CUDA_CHECK(cudaEventRecord(start.get(), st));
+  try {
     fn();
-    CUDA_CHECK(cudaEventRecord(stop.get(), st));
-    CUDA_CHECK(cudaEventSynchronize(stop.get()));
-    times.push_back(stop.ms_since(start));
+    fn();
+    for (int r = 0; r < reps; ++r) {
+      CUDA_CHECK(cudaEventRecord(start.get(), st));
+      fn();
+      CUDA_CHECK(cudaEventRecord(stop.get(), st));
+      CUDA_CHECK(cudaEventSynchronize(stop.get()));
+      times.push_back(stop.ms_since(start));
+    }
+  } catch (const std::exception& e) {
+    throw std::runtime_error(name + ": " + e.what());
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
@@ -144,7 +150,7 @@ std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t 
   };
   std::vector<Row> rows;
   auto add = [&](const std::string& name, int calls, const std::function<void()>& fn) {
-    rows.push_back({name, calls, time_ms(st, fn)});
+    rows.push_back({name, calls, time_ms(st, name, fn)});
   };
   {
     // Tokens spread over the vocabulary as a multiplicative hash spreads them (runs of equal tokens short).
@@ -269,7 +275,7 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
   };
   std::vector<Row> rows;
   auto add = [&](const std::string& name, int calls, const std::function<void()>& fn) {
-    rows.push_back({name, calls, time_ms(st, fn)});
+    rows.push_back({name, calls, time_ms(st, name, fn)});
   };
   const AttentionShape shape{B, S, NH, NKV, D, QW, KW};
   EncoderBackward embedding(N, V);

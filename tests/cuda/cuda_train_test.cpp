@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "base/error.hpp"
@@ -73,7 +74,13 @@ Shown train_shown(comm::MpiCollective& world, TrainOptions options) {
   options.quiet = false;
   ::testing::internal::CaptureStdout();
   Shown out;
-  out.records = train(world, options);
+  try {
+    out.records = train(world, options);
+  } catch (...) {
+    // gtest's report of the error would go to the captured output, which nobody reads.
+    std::cout << ::testing::internal::GetCapturedStdout();
+    throw;
+  }
   out.console = ::testing::internal::GetCapturedStdout();
   return out;
 }

@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 
 #include "base/error.hpp"
@@ -23,10 +24,16 @@ ParamPartition<T>::ParamPartition(size_t count, ParamHome home, std::unique_ptr<
       fail(ErrorKind::kInternal, swap_->path().string() + ": a swap of " + std::to_string(swap_->element_bytes()) +
                                      "-byte elements for a partition of " + std::to_string(sizeof(T)));
     }
+    // cudaMallocHost promises less alignment than O_DIRECT needs (small allocations share pages):
+    // each read goes to the aligned part of a slot one alignment unit larger.
+    const size_t need = nvme::StateSwapper::range_bytes(largest_slice, static_cast<int>(sizeof(T)));
     for (int i = 0; i < kSwapSlots; ++i) {
       PinnedBuffer<std::byte>& slot = slots_[static_cast<size_t>(i)];
-      slot.resize(nvme::StateSwapper::range_bytes(largest_slice, static_cast<int>(sizeof(T))));
-      reads_[static_cast<size_t>(i)].emplace(std::span(slot.data(), slot.size()));
+      slot.resize(need + nvme::kDirectAlignment);
+      void* first = slot.data();
+      size_t space = slot.size();
+      std::align(nvme::kDirectAlignment, need, first, space);
+      reads_[static_cast<size_t>(i)].emplace(std::span(static_cast<std::byte*>(first), need));
     }
   }
 }

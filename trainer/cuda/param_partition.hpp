@@ -53,8 +53,8 @@ class ParamPartition {
   const T* on_device(int64_t offset, int64_t count, T* staging, cudaStream_t stream);
   // The page-locked bytes a partition in a swap allocates for slices of at most `largest_slice` elements.
   static int64_t swap_pinned_bytes(int64_t largest_slice) noexcept {
-    return kSwapSlots *
-           static_cast<int64_t>(nvme::StateSwapper::range_bytes(largest_slice, static_cast<int>(sizeof(T))));
+    const size_t slot = nvme::StateSwapper::range_bytes(largest_slice, static_cast<int>(sizeof(T)));
+    return kSwapSlots * static_cast<int64_t>(slot + nvme::kDirectAlignment);  // see the constructor
   }
 
   // Device work that writes elements [lo, lo + n) of the partition, in T, to `out` (device memory).
