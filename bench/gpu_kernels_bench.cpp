@@ -223,6 +223,7 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
   auto x = filled<T>(NH_, st), y = filled<T>(NH_, st);
   auto a = filled<T>(size_t{1} * N * widest, st), b = filled<T>(size_t{1} * N * widest, st);
   auto out = filled<T>(size_t{1} * N * widest, st);
+  auto up = filled<T>(size_t{1} * N * I, st);  // SwiGLU's second input
   auto w = filled<T>(widest * H, st);
   auto gw = filled<float>(widest * H, st), gnorm = filled<float>(H, st);
   auto rstd = filled<float>(N, st),
@@ -318,7 +319,7 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
     dweight(H, I)();
   });
   add("swiglu_backward", L,
-      [&] { llama::swiglu_backward(a.data(), b.data(), a.data(), out.data(), x.data(), int64_t{N} * I, st); });
+      [&] { llama::swiglu_backward(a.data(), b.data(), a.data(), out.data(), up.data(), int64_t{N} * I, st); });
   add("gemm gate, up dinp, dweight", 2 * L, [&] {
     dinp(I, H)();
     dweight(I, H)();
