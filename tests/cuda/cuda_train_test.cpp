@@ -321,8 +321,8 @@ TEST(CudaTrain, NvmeOptimizerOffloadTrainsBitForBitLikeHostMemory) {
   expect_close(train(world, again), uninterrupted, 6, 0.0, "NVMe checkpoint resumed into the swap");
 }
 
-// ZeRO-Infinity's parameter offload: stage 3's partition in a swap file of its own (fp32 copies of the
-// master weights, which every gather reads its slice of and rounds on the host) trains the losses of
+// ZeRO-Infinity's parameter offload: stage 3's partition in a swap file of its own (in the compute
+// type, rounded into it by the host optimizer; every gather reads its slice of it) trains the losses of
 // the partition in host memory bit for bit, with the optimizer's states in host memory and in their
 // own swap, in fp32 and bf16, through gathers of several buckets a group. Its checkpoint resumes with
 // the parameters in host memory, and that one's into the swap again, continuing the uninterrupted
