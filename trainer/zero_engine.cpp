@@ -115,6 +115,7 @@ void ZeroEngine::visit_swapped(
     nvme::StateSwapper::Access access,
     const std::function<void(int64_t offset, std::span<const std::span<float>> states)>& update) {
   using nvme::StateSwapper;
+  drop_read_ahead();  // it would hold the parameters from before this visit writes them
   static constexpr int kParams[] = {0};
   std::vector<StateSwapper::Part> parts = {{swap_.get(), access, swap_->all_states()}};
   if (param_swap_) parts.push_back({param_swap_.get(), StateSwapper::Access::kWrite, kParams});
@@ -128,6 +129,7 @@ void ZeroEngine::visit_swapped(
 }
 
 void ZeroEngine::write_param_swap() {
+  drop_read_ahead();  // it would hold the parameters from before this write
   param_swap_->visit(nvme::StateSwapper::Access::kWrite, [&](const nvme::StateSwapper::Chunk& chunk) {
     const auto from = master_.begin() + chunk.offset;
     std::copy(from, from + static_cast<std::ptrdiff_t>(chunk.states[0].size()), chunk.states[0].begin());
@@ -168,7 +170,12 @@ void ZeroEngine::gather_stage3(int group) {
   const auto start_read = [&](size_t k) {
     param_swap_->start_read(param_reads_[k % 2], 0, buckets[k].base, buckets[k].span);
   };
-  if (param_swap_) start_read(0);
+  if (param_swap_ && read_ahead_group_ == group) {
+    read_ahead_group_ = -1;  // bucket 0's slice is on its way into param_reads_[0]
+  } else if (param_swap_) {
+    drop_read_ahead();
+    start_read(0);
+  }
   for (size_t k = 0; k < buckets.size(); ++k) {
     const SlotRun& run = buckets[k];
     const float* source = params_partition().data() + run.base;
@@ -185,6 +192,26 @@ void ZeroEngine::gather_stage3(int group) {
       std::copy(src, src + p.count, gathered_[static_cast<size_t>(p.tensor)].data() + p.tensor_offset);
     }
   }
+  if (param_swap_) read_ahead_after(group);
+}
+
+void ZeroEngine::read_ahead_after(int group) {
+  // The model walks the groups up in the forward pass and down in the backward pass: the next group
+  // in the same direction is likely gathered next. A wrong guess costs one read, dropped later.
+  const int next = last_gathered_ < 0 ? -1 : group + (group > last_gathered_ ? 1 : -1);
+  last_gathered_ = group;
+  if (next < 0 || next >= static_cast<int>(groups_.size()) || acquired_count_[static_cast<size_t>(next)] > 0) return;
+  const model::TensorGroup& g = groups_[static_cast<size_t>(next)];
+  const std::vector<SlotRun> buckets = plan_.buckets(g.first, g.last, config_.allgather_bucket_size);
+  if (buckets.empty()) return;
+  param_swap_->start_read(param_reads_[0], 0, buckets[0].base, buckets[0].span);
+  read_ahead_group_ = next;
+}
+
+void ZeroEngine::drop_read_ahead() {
+  if (read_ahead_group_ < 0) return;
+  read_ahead_group_ = -1;
+  param_swap_->finish_read(param_reads_[0]);
 }
 
 const float* ZeroEngine::param(int tensor) const {

@@ -113,6 +113,11 @@ class ZeroEngine final : public model::ParameterStore {
   void reduce_stage2(int first_tensor, int last_tensor);
   void reduce_stage3(int first_tensor, int last_tensor);
   void gather_stage3(int group);
+  // Parameters on NVMe: starts reading the first bucket of the group likely gathered after `group`,
+  // so that the read runs while the model computes with `group`.
+  void read_ahead_after(int group);
+  // Waits out a read ahead that no gather took (a wrong guess, or the swap is about to be written).
+  void drop_read_ahead();
   int64_t numel(int t) const noexcept { return plan_.numel(t); }
 
   const ckpt::TensorTable& table_;
@@ -134,6 +139,10 @@ class ZeroEngine final : public model::ParameterStore {
   // Stage 3 with the optimizer on NVMe and the parameters in memory: the parameters of the slots (F).
   LargeVector<float> params_part_;
   nvme::RangeRead param_reads_[2];  // stage 3, parameters on NVMe: a gather's bucket and the next
+  // The group whose first bucket's slice is being read ahead into param_reads_[0] (-1: none), and the
+  // group gathered last (which way the model walks).
+  int read_ahead_group_ = -1;
+  int last_gathered_ = -1;
 
   // Stage 3: gathered parameters of acquired groups, one buffer per tensor.
   std::vector<LargeVector<float>> gathered_;

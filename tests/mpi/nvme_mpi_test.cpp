@@ -25,8 +25,12 @@
 #include "comm/mpi.hpp"
 #include "model/registry.hpp"
 #include "tests/support/mpi_support.hpp"
+#include "trainer/ds_config.hpp"
 #include "trainer/nvme/state_swapper.hpp"
+#include "trainer/nvme/swap_config.hpp"
 #include "trainer/trainer.hpp"
+#include "trainer/weight_decay.hpp"
+#include "trainer/zero_engine.hpp"
 
 namespace shardkit {
 namespace {
@@ -370,6 +374,49 @@ TEST(NvmeMpi, ParameterOffloadTrainsBitIdenticallyToNoOffloadAtStage3) {
     }
     world.barrier();
     EXPECT_TRUE(std::filesystem::is_empty(ws.swap_dir())) << what << ": a swap file outlived its run";
+  }
+}
+
+// Stage 3's gathers read the first slice of the group the model is likely to need next while it
+// computes; a read ahead still pending when the swap is written (a step, a load) must not serve the
+// parameters from before. Gathers groups 1 and 2 (starting the read of group 3's first bucket),
+// writes every state anew, then gathers group 3: it holds the new values.
+TEST(NvmeMpi, AReadAheadNeverServesParametersFromBeforeTheSwapWasWritten) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  Workspace ws(world);
+  const auto model = model::resolve_model(Workspace::model_name());
+  ASSERT_GE(model->groups().size(), 4u);
+  const auto value = [](int tensor, int64_t i, float base) {
+    return base + 0.01f * static_cast<float>(tensor) + 1e-6f * static_cast<float>(i % 1000);
+  };
+  const auto init = [&](float base) {
+    return [&, base](int tensor, int64_t offset, std::span<float> out) {
+      for (size_t i = 0; i < out.size(); ++i) out[i] = value(tensor, offset + static_cast<int64_t>(i), base);
+    };
+  };
+  for (const bool optimizer : {false, true}) {
+    const trainer::DsConfig config = trainer::parse_ds_config(
+        Workspace::config_json(3, optimizer ? ws.swap_dir() : std::filesystem::path(), ws.swap_dir()), world.size(), {},
+        "read-ahead.json");
+    trainer::ZeroEngine engine(
+        model->table(), model->groups(), trainer::decay_flags(*model), config.zero, ckpt::DType::kF32, world,
+        trainer::nvme::swap_factory(config, false, sizeof(float), world, [](const std::string&) {}));
+    engine.initialize(init(1.0f));
+    for (const int group : {1, 2}) {
+      engine.acquire(group);
+      engine.release(group);
+    }
+    engine.initialize(init(2.0f));
+    const model::TensorGroup& g = model->groups()[3];
+    engine.acquire(3);
+    for (int t = g.first; t < g.last; ++t) {
+      const float* p = engine.param(t);
+      const int64_t n = model->table()[static_cast<size_t>(t)].numel();
+      int64_t stale = 0;
+      for (int64_t i = 0; i < n; ++i) stale += p[i] != value(t, i, 2.0f);
+      EXPECT_EQ(stale, 0) << model->table()[static_cast<size_t>(t)].name << (optimizer ? ", optimizer swapped" : "");
+    }
+    engine.release(3);
   }
 }
 
