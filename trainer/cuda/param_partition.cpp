@@ -24,8 +24,8 @@ ParamPartition<T>::ParamPartition(size_t count, ParamHome home, std::unique_ptr<
       fail(ErrorKind::kInternal, swap_->path().string() + ": a swap of " + std::to_string(swap_->element_bytes()) +
                                      "-byte elements for a partition of " + std::to_string(sizeof(T)));
     }
-    // cudaMallocHost promises less alignment than O_DIRECT needs (small allocations share pages):
-    // each read goes to the aligned part of a slot one alignment unit larger.
+    // cudaMallocHost does not promise O_DIRECT's alignment (a small partition's slots came back
+    // unaligned): each read goes to the aligned part of a slot one alignment unit larger.
     const size_t need = nvme::StateSwapper::range_bytes(largest_slice, static_cast<int>(sizeof(T)));
     for (int i = 0; i < kSwapSlots; ++i) {
       PinnedBuffer<std::byte>& slot = slots_[static_cast<size_t>(i)];
