@@ -196,11 +196,10 @@ void ZeroEngine::gather_stage3(int group) {
 }
 
 void ZeroEngine::read_ahead_after(int group) {
-  // The model walks the groups up in the forward pass and down in the backward pass: the next group
-  // in the same direction is likely gathered next. A wrong guess costs one read, dropped later.
-  const int next = last_gathered_ < 0 ? -1 : group + (group > last_gathered_ ? 1 : -1);
+  // A wrong guess costs one read, dropped later.
+  const int next = likely_next_group(group, last_gathered_, static_cast<int>(groups_.size()));
   last_gathered_ = group;
-  if (next < 0 || next >= static_cast<int>(groups_.size()) || acquired_count_[static_cast<size_t>(next)] > 0) return;
+  if (next < 0 || acquired_count_[static_cast<size_t>(next)] > 0) return;
   const model::TensorGroup& g = groups_[static_cast<size_t>(next)];
   const std::vector<SlotRun> buckets = plan_.buckets(g.first, g.last, config_.allgather_bucket_size);
   if (buckets.empty()) return;

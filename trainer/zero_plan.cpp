@@ -91,4 +91,10 @@ std::vector<ckpt::Fragment> fragments_within(std::span<const ckpt::Fragment> fra
   return out;
 }
 
+int likely_next_group(int group, int previous, int count) noexcept {
+  if (previous < 0) return -1;
+  const int next = group + (group > previous ? 1 : -1);
+  return next >= 0 && next < count ? next : -1;
+}
+
 }  // namespace shardkit::trainer

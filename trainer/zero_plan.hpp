@@ -100,4 +100,10 @@ class ZeroPlan {
 // offsets relative to lo: what one chunk of a buffer filled chunk by chunk receives.
 std::vector<ckpt::Fragment> fragments_within(std::span<const ckpt::Fragment> fragments, int64_t lo, int64_t hi);
 
+// Stage 3's guess of the group gathered after `group` (of `count`), `previous` having been gathered
+// before it (-1: none): the model walks the groups up in the forward pass and down in the backward
+// pass, so the next one in the same direction; -1 when there is no guess or it would leave the model.
+// What the engines gather or read ahead while the model computes.
+int likely_next_group(int group, int previous, int count) noexcept;
+
 }  // namespace shardkit::trainer

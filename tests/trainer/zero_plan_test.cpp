@@ -179,5 +179,16 @@ TEST(ZeroPlan, ARankOutsideTheWorldIsRefused) {
   EXPECT_THROW(ZeroPlan(table, 2, -1, 1), Error);
 }
 
+// The engines' guess of the group gathered next: on in the direction of the last move, none at either
+// end of the model or before a first move.
+TEST(ZeroPlan, TheLikelyNextGroupFollowsTheWalk) {
+  EXPECT_EQ(likely_next_group(0, -1, 5), -1);  // nothing gathered before: no direction yet
+  EXPECT_EQ(likely_next_group(2, 1, 5), 3);    // the forward pass
+  EXPECT_EQ(likely_next_group(4, 3, 5), -1);   // past the last group
+  EXPECT_EQ(likely_next_group(4, 4, 5), 3);    // the backward pass starts where the forward ended
+  EXPECT_EQ(likely_next_group(2, 3, 5), 1);
+  EXPECT_EQ(likely_next_group(0, 1, 5), -1);  // past the first group
+}
+
 }  // namespace
 }  // namespace shardkit::trainer

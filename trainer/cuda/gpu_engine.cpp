@@ -473,11 +473,10 @@ void GpuZeroEngine<T>::acquire(int group) {
   if (!prefetched_[static_cast<size_t>(group)]) gather(group);
   prefetched_[static_cast<size_t>(group)] = 0;
   CUDA_CHECK(cudaStreamWaitEvent(stream_, gathered_at_[static_cast<size_t>(group)]->get(), 0));
-  // The model walks the blocks up in the forward pass and down in the backward pass: gather the next
-  // one in the same direction while this one computes.
-  const int next = last_acquired_ < 0 ? -1 : group + (group > last_acquired_ ? 1 : -1);
+  // Gather the group likely needed next while this one computes.
+  const int next = likely_next_group(group, last_acquired_, static_cast<int>(groups_.size()));
   last_acquired_ = group;
-  if (!config_.overlap_comm || next < 0 || next >= static_cast<int>(groups_.size())) return;
+  if (!config_.overlap_comm || next < 0) return;
   if (acquired_count_[static_cast<size_t>(next)] == 0 && !prefetched_[static_cast<size_t>(next)] &&
       elements_of(plan_, groups_[static_cast<size_t>(next)]) <= config_.stage3_prefetch_bucket_size) {
     gather(next);
