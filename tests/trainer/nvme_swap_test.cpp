@@ -127,6 +127,16 @@ TEST(NvmeSwap, TwoSwapsVisitedTogetherAndRangesReadBack) {
   optimizer.start_read(a, 2, 17, 2048);  // a state after the first, into a's buffer again
   const std::span<const float> moment = optimizer.finish_read(a);
   for (int64_t i = 0; i < 2048; ++i) ASSERT_EQ(moment[static_cast<size_t>(i)], value(2, 17 + i)) << i;
+  // Past the partition's end, or a state the swap does not hold: an error, not padding or another
+  // state's bytes; the read stays usable.
+  EXPECT_EQ(error_of([&] { params.start_read(a, 0, n - 4, 5); }, ErrorKind::kInternal),
+            params.path().string() +
+                ": a range read of elements [5193, 5198) of state 0; the swap holds 1 state of 5197 elements");
+  EXPECT_EQ(error_of([&] { optimizer.start_read(a, 3, 0, 1); }, ErrorKind::kInternal),
+            optimizer.path().string() +
+                ": a range read of elements [0, 1) of state 3; the swap holds 3 states of 5197 elements");
+  params.start_read(a, 0, 0, 1);
+  EXPECT_EQ(params.finish_read(a)[0], value(7, 0));
 }
 
 // Stage 3's parameters in a GPU's 16-bit type: a swap of 2-byte elements visited with the optimizer's

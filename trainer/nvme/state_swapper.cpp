@@ -212,6 +212,13 @@ void StateSwapper::visit(std::span<const Part> parts, const std::function<void(s
 
 void StateSwapper::start_read(RangeRead& read, int state, int64_t offset, int64_t count) {
   if (read.swapper_ != nullptr) fail(ErrorKind::kInternal, path().string() + ": a range read started twice");
+  if (state < 0 || state >= states_ || offset < 0 || count < 0 || count > elements_ - offset) {
+    fail(ErrorKind::kInternal, path().string() + ": a range read of elements [" + std::to_string(offset) + ", " +
+                                   std::to_string(offset + count) + ") of state " + std::to_string(state) +
+                                   "; the swap holds " + std::to_string(states_) +
+                                   (states_ == 1 ? " state" : " states") + " of " + std::to_string(elements_) +
+                                   " elements");
+  }
   // The aligned byte range around the elements: each state is contiguous in the file.
   const int64_t A = static_cast<int64_t>(kDirectAlignment);
   const int64_t first = (state * chunk_count() * chunk_elems_ + offset) * element_bytes_;
@@ -227,8 +234,10 @@ void StateSwapper::start_read(RangeRead& read, int state, int64_t offset, int64_
   read.count_ = static_cast<size_t>(count);
   const std::lock_guard lock(mutex_);
   const IoRequest request{IoOp::kRead, read.data(), bytes, lo};
-  read.batch_ = io_->submit(std::span(&request, 1));
+  // Tracked before the submission: pieces queued by a submission that then fails are drained by
+  // ~RangeRead before the buffer they write into can go.
   read.swapper_ = this;
+  read.batch_ = io_->submit(std::span(&request, 1));
 }
 
 const std::byte* StateSwapper::finish_read_bytes(RangeRead& read, size_t element_bytes) {
@@ -238,8 +247,8 @@ const std::byte* StateSwapper::finish_read_bytes(RangeRead& read, size_t element
                                    " bytes, holds elements of " + std::to_string(element_bytes_));
   }
   const std::lock_guard lock(mutex_);
+  io_->wait(read.batch_);  // if the ring itself fails here, the read stays tracked for ~RangeRead to drain
   read.swapper_ = nullptr;
-  io_->wait(read.batch_);
   return read.data() + read.skip_;
 }
 
