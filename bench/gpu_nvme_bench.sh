@@ -14,7 +14,10 @@
 #     figures, and the parameters' swap traffic of a step (bf16, read for the forward and the
 #     backward pass, written once: 6 bytes per parameter) (PARAMS=0 skips it; PARAM_STEPS steps, 4);
 #  4. BIG=1: a GPT-2-shaped model of N_LAYER (20) blocks of width 4096 (4.24 B parameters, 51 GB of
-#     states: what the 64 GB disk of the one-GPU machine holds) with its states on NVMe.
+#     states: what the 64 GB disk of the one-GPU machine holds) with its states on NVMe; with
+#     HOST_LIMIT (a size, e.g. 128GiB) first what the memory plan says of the same model with its
+#     states in host memory (offload_optimizer cpu) on a machine of that much host memory
+#     (SHARDKIT_HOST_MEMORY): its host figure, and its refusal where it does not fit.
 # Usage: bench/gpu_nvme_bench.sh [DIR] (SK=path/to/shardkit)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -118,6 +121,15 @@ if [ "${BIG:-0}" != 0 ]; then
   echo "{\"n_layer\": $layers, \"n_head\": 32, \"n_embd\": 4096, \"vocab_size\": 50257, \"n_positions\": 1024}" > "$dir/big-model.json"
   echo "== GPT-2 shape, $layers x 4096 ($(python3 -c "print(f'{$big_bytes / 12 / 1e9:.2f}')") B parameters, $(python3 -c "print(f'{$big_bytes / 1e9:.1f}')") GB of states), stage 1, NVMe"
   mb=${BIG_MB:-4}
+  if [ -n "${HOST_LIMIT:-}" ]; then
+    echo "-- the same with offload_optimizer cpu, planned for $HOST_LIMIT of host memory:"
+    config "$dir/big-cpu.json" 1 ', "offload_optimizer": {"device": "cpu", "pin_memory": true}'
+    if SHARDKIT_HOST_MEMORY=$HOST_LIMIT timeout 600 "$sk" train --config "$dir/big-cpu.json" --model "$dir/big-model.json" \
+      --data "$dir/tokens.bin" --steps 1 --device cuda > "$dir/big-cpu.txt" 2>&1; then
+      echo "    trained: it fits $HOST_LIMIT"
+    fi
+    grep -m2 -E "memory plan|error" "$dir/big-cpu.txt" | sed 's/^/    /'
+  fi
   run big-nvme "$dir/big-model.json" 3 1 ", $swap"
   [ -f "$dir/big-nvme.row" ] && swap_traffic big-nvme "$big_bytes" "$big_bytes"
 fi
