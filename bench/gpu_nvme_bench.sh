@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ZeRO-Infinity on one GPU, in one call:
-#  1. the disk: O_DIRECT writes and reads (dd, 64 MiB blocks) of a file of the swap's size in DIR, and
+#  1. the disk: O_DIRECT writes and reads (dd, 64 MiB blocks) of a file of the swap's size in DIR, one
+#     after the other and both at once (a step's swap reads and writes are in flight together), and
 #     fio's sequential 1 MiB reads and writes at queue depth 8 where fio is installed;
 #  2. gpt2-xl (1.56 B parameters; 18.7 GB of fp32 master weights and AdamW moments) at ZeRO stage 1,
 #     bf16, micro-batch MB (8) x 1024, with the optimizer states on the GPU, in host memory
@@ -42,8 +43,14 @@ dd_write=$(python3 -c "print($count * 64 * 2**20 / ($(date +%s.%N) - $start) / 1
 start=$(date +%s.%N)
 dd if="$dir/dd.bin" of=/dev/null bs=64M iflag=direct status=none
 dd_read=$(python3 -c "print($count * 64 * 2**20 / ($(date +%s.%N) - $start) / 1e9)")
-rm -f "$dir/dd.bin"
-printf 'dd O_DIRECT: write %.2f GB/s, read %.2f GB/s (%.1f GB)\n' "$dd_write" "$dd_read" "$(python3 -c "print($count * 64 * 2**20 / 1e9)")"
+start=$(date +%s.%N)
+dd if=/dev/zero of="$dir/dd-both.bin" bs=64M count="$count" oflag=direct conv=fsync status=none &
+dd if="$dir/dd.bin" of=/dev/null bs=64M iflag=direct status=none
+wait
+dd_both=$(python3 -c "print(2 * $count * 64 * 2**20 / ($(date +%s.%N) - $start) / 1e9)")
+rm -f "$dir/dd.bin" "$dir/dd-both.bin"
+printf 'dd O_DIRECT: write %.2f GB/s, read %.2f GB/s, both at once %.2f GB/s together (%.1f GB each way)\n' \
+  "$dd_write" "$dd_read" "$dd_both" "$(python3 -c "print($count * 64 * 2**20 / 1e9)")"
 if command -v fio > /dev/null; then
   for rw in write read; do
     fio --name="$rw" --filename="$dir/fio.bin" --rw="$rw" --bs=1M --iodepth=8 --ioengine=io_uring --direct=1 \
@@ -91,12 +98,15 @@ swap='"offload_optimizer": {"device": "nvme", "nvme_path": "'$dir/swap'"}'
 param_swap='"offload_param": {"device": "nvme", "nvme_path": "'$dir/swap'"}'
 # swap_traffic <row> <bytes read> <bytes written> [what]: a step's swap traffic against the disk.
 swap_traffic() {
-  python3 - "$dir/$1.row" "$2" "$3" "$dd_read" "$dd_write" "${4:-swap}" <<'PY'
+  python3 - "$dir/$1.row" "$2" "$3" "$dd_read" "$dd_write" "$dd_both" "${4:-swap}" <<'PY'
 import json, sys
-row, rd, wr, r, w, what = json.load(open(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
-floor = rd / (r * 1e9) + wr / (w * 1e9)
+row, rd, wr = json.load(open(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3])
+r, w, both, what = float(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6]), sys.argv[7]
+serial = rd / (r * 1e9) + wr / (w * 1e9)
+together = (rd + wr) / (both * 1e9)
 print(f"    {what} traffic per step: {(rd + wr) / 1e9:.1f} GB in {row['step_s']:.2f} s = {(rd + wr) / row['step_s'] / 1e9:.2f} GB/s; "
-      f"the disk reads and writes it in {floor:.2f} s (dd): step / disk floor = {row['step_s'] / floor:.2f}")
+      f"dd moves it in {serial:.2f} s one way after the other, {together:.2f} s both at once: "
+      f"step / dd both at once = {row['step_s'] / together:.2f}")
 PY
 }
 if [ "${STAGE1:-1}" != 0 ]; then
