@@ -17,7 +17,7 @@ gpus=$(nvidia-smi --list-gpus | wc -l)
 
 step "1. Build with CUDA (build/; SHARDKIT_CUDA is on where nvcc is found)"
 command -v nvcc > /dev/null || { echo "quickstart-gpu: nvcc not on PATH" >&2; exit 1; }
-./scripts/build.sh > /dev/null
+BUILD_TARGET=shardkit ./scripts/build.sh > /dev/null
 sk=build/shardkit
 say "built $($sk --version); $gpus GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
 
