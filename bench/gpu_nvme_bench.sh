@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ZeRO-Infinity on one GPU, in one call:
 #  1. the disk: O_DIRECT writes and reads (dd, 64 MiB blocks) of a file of the swap's size in DIR, one
-#     after the other and both at once (a step's swap reads and writes are in flight together), and
-#     fio's sequential 1 MiB reads and writes at queue depth 8 where fio is installed;
+#     after the other, then both at once as a step's swap does them: 4 readers and 4 writers of a
+#     quarter each, 8 requests in flight like the swap's queue_depth (one dd keeps one); and fio's
+#     sequential 1 MiB reads and writes at queue depth 8 where fio is installed;
 #  2. gpt2-xl (1.56 B parameters; 18.7 GB of fp32 master weights and AdamW moments) at ZeRO stage 1,
 #     bf16, micro-batch MB (8) x 1024, with the optimizer states on the GPU, in host memory
 #     (offload_optimizer cpu) and in a swap file in DIR (offload_optimizer nvme, aio block_size
@@ -43,13 +44,17 @@ dd_write=$(python3 -c "print($count * 64 * 2**20 / ($(date +%s.%N) - $start) / 1
 start=$(date +%s.%N)
 dd if="$dir/dd.bin" of=/dev/null bs=64M iflag=direct status=none
 dd_read=$(python3 -c "print($count * 64 * 2**20 / ($(date +%s.%N) - $start) / 1e9)")
+part=$((count / 4))
 start=$(date +%s.%N)
-dd if=/dev/zero of="$dir/dd-both.bin" bs=64M count="$count" oflag=direct conv=fsync status=none &
-dd if="$dir/dd.bin" of=/dev/null bs=64M iflag=direct status=none
+for i in 0 1 2 3; do
+  dd if=/dev/zero of="$dir/dd-both.bin" bs=64M count="$part" seek=$((i * part)) oflag=direct conv=notrunc,fsync \
+    status=none &
+  dd if="$dir/dd.bin" of=/dev/null bs=64M count="$part" skip=$((i * part)) iflag=direct status=none &
+done
 wait
-dd_both=$(python3 -c "print(2 * $count * 64 * 2**20 / ($(date +%s.%N) - $start) / 1e9)")
+dd_both=$(python3 -c "print(8 * $part * 64 * 2**20 / ($(date +%s.%N) - $start) / 1e9)")
 rm -f "$dir/dd.bin" "$dir/dd-both.bin"
-printf 'dd O_DIRECT: write %.2f GB/s, read %.2f GB/s, both at once %.2f GB/s together (%.1f GB each way)\n' \
+printf 'dd O_DIRECT: write %.2f GB/s, read %.2f GB/s, 4 readers and 4 writers at once %.2f GB/s together (%.1f GB)\n' \
   "$dd_write" "$dd_read" "$dd_both" "$(python3 -c "print($count * 64 * 2**20 / 1e9)")"
 if command -v fio > /dev/null; then
   for rw in write read; do
@@ -105,7 +110,7 @@ r, w, both, what = float(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6]), s
 serial = rd / (r * 1e9) + wr / (w * 1e9)
 together = (rd + wr) / (both * 1e9)
 print(f"    {what} traffic per step: {(rd + wr) / 1e9:.1f} GB in {row['step_s']:.2f} s = {(rd + wr) / row['step_s'] / 1e9:.2f} GB/s; "
-      f"dd moves it in {serial:.2f} s one way after the other, {together:.2f} s both at once: "
+      f"dd moves it in {serial:.2f} s one way after the other, {together:.2f} s both at once (8 in flight): "
       f"step / dd both at once = {row['step_s'] / together:.2f}")
 PY
 }
