@@ -1,4 +1,4 @@
-// `shardkit convert reshard | consolidate | import | import-deepspeed`.
+// `shardkit convert reshard | consolidate | import | import-deepspeed | export-deepspeed`.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -8,6 +8,7 @@
 #include "cli/commands.hpp"
 #include "cli/console.hpp"
 #include "convert/consolidate.hpp"
+#include "convert/export_deepspeed.hpp"
 #include "convert/import.hpp"
 #include "convert/import_deepspeed.hpp"
 #include "convert/reshard.hpp"
@@ -44,15 +45,75 @@ convert::ConvertOptions options_from(const Common& c, Progress& progress) {
   return o;
 }
 
+// What a checkpoint for DeepSpeed is written with.
+struct DeepSpeedTargetCli {
+  std::string dtype;
+  int64_t sub_group_size = 0;
+  std::string model;
+};
+
+void add_deepspeed_target(CLI::App* app, DeepSpeedTargetCli& t) {
+  app->add_option("--dtype", t.dtype,
+                  "The DeepSpeed run's type: bf16 (the bf16_ file names), fp16 or fp32 (default: what the "
+                  "source's config enables)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app->add_option("--sub-group-size", t.sub_group_size,
+                  "Stage 3: the run's zero_optimization.sub_group_size (default: the source's config's, else "
+                  "DeepSpeed's 1e9)")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--model", t.model,
+                  "For a DeepSpeed source: a preset or model file, to check its tensors against (default: none, "
+                  "any model)");
+}
+
+int run_export_deepspeed(const std::string& source, const std::string& output, int world_size, int stage,
+                         const DeepSpeedTargetCli& t, const Common& common) {
+  convert::DeepSpeedExportRequest r;
+  r.source = source;
+  r.output = output;
+  r.world_size = world_size;
+  if (stage >= 0) r.stage = stage;
+  if (!t.dtype.empty()) r.dtype = ckpt::parse_dtype(t.dtype == "fp32" ? "f32" : t.dtype == "fp16" ? "f16" : "bf16");
+  if (t.sub_group_size > 0) r.sub_group_size = t.sub_group_size;
+  r.model = t.model;
+  Progress progress("export-deepspeed", common.quiet);
+  const convert::DeepSpeedExportResult result = convert::export_deepspeed(r, options_from(common, progress));
+  progress.finish();
+  print_line(stdout, "%s: step %lld, %d ranks, ZeRO stage %d, %s (DeepSpeed's load_checkpoint reads %s)",
+             result.tag_dir.c_str(), static_cast<long long>(result.step), result.world_size, result.stage,
+             std::string(ckpt::dtype_name(result.dtype)).c_str(), output.c_str());
+  return 0;
+}
+
 struct ReshardCli {
   Common common;
-  std::string source, output;
+  std::string source, output, to;
   int world_size = 0;
   int stage = -1;
   int compress = -1;
+  DeepSpeedTargetCli deepspeed;
 };
 
 int run_reshard(const ReshardCli& c) {
+  // A DeepSpeed folder comes out as a DeepSpeed folder unless --to says otherwise; either kind goes
+  // through one pass from source to target, never through an intermediate copy.
+  const bool from_deepspeed = convert::is_deepspeed_checkpoint(c.source);
+  const std::string to = c.to.empty() ? (from_deepspeed ? "deepspeed" : "shardkit") : c.to;
+  if (to == "deepspeed") return run_export_deepspeed(c.source, c.output, c.world_size, c.stage, c.deepspeed, c.common);
+  if (from_deepspeed) {
+    convert::DeepSpeedImportRequest r;
+    r.source = c.source;
+    r.output = c.output;
+    r.model = c.deepspeed.model;
+    r.world_size = c.world_size;
+    if (c.stage >= 0) r.stage = c.stage;
+    Progress progress("reshard", c.common.quiet);
+    const convert::DeepSpeedImportResult result = convert::import_deepspeed(r, options_from(c.common, progress));
+    progress.finish();
+    print_line(stdout, "%s: step %lld, %d ranks, ZeRO stage %d", result.step_dir.c_str(),
+               static_cast<long long>(result.step), result.world_size, result.stage);
+    return 0;
+  }
   Progress progress("reshard", c.common.quiet);
   convert::ReshardRequest r;
   r.source = c.source;
@@ -138,18 +199,29 @@ int run_import_deepspeed(const ImportDeepSpeedCli& c) {
 void add_convert_commands(CLI::App& app, Action& action) {
   CLI::App* convert = app.add_subcommand(
       "convert",
-      "Reshard checkpoints, export consolidated weights, import Hugging Face weights or DeepSpeed checkpoints");
+      "Reshard checkpoints, export consolidated weights, import Hugging Face weights, move DeepSpeed checkpoints "
+      "in and out");
   convert->require_subcommand(1);
 
   auto r = std::make_shared<ReshardCli>();
   CLI::App* reshard = convert->add_subcommand(
       "reshard",
       "Rewrite a checkpoint for another world size and/or ZeRO stage (weights, Adam moments, trainer state)");
-  reshard->add_option("CKPT", r->source, "Step directory, or run directory (follows 'latest')")->required();
+  reshard
+      ->add_option("CKPT", r->source,
+                   "Step directory, or run directory (follows 'latest'); or a DeepSpeed checkpoint folder (holding "
+                   "'latest', or a tag folder such as global_step100)")
+      ->required();
   reshard
       ->add_option("-o,--output", r->output,
-                   "New run directory (receives step-NNNNNNNN/ and 'latest'); must not exist unless --force")
+                   "New folder (a run directory, or for --to deepspeed DeepSpeed's 'latest' and global_stepN/); "
+                   "must not exist unless --force")
       ->required();
+  reshard
+      ->add_option("--to", r->to,
+                   "What to write: shardkit (a checkpoint) or deepspeed (what DeepSpeed's save_checkpoint writes "
+                   "for that many ranks and stage). Default: the source's kind")
+      ->check(CLI::IsMember({"shardkit", "deepspeed"}));
   reshard->add_option("--world-size", r->world_size, "Ranks (data-parallel world size) of the new layout")
       ->required()
       ->check(CLI::PositiveNumber);
@@ -159,8 +231,12 @@ void add_convert_commands(CLI::App& app, Action& action) {
       ->add_option("--compress", r->compress,
                    "zstd level 1-19 of the new shards, or 0 for none (default: the source's)")
       ->check(CLI::Range(0, 19));
+  add_deepspeed_target(reshard, r->deepspeed);
   add_common(reshard, r->common);
-  reshard->footer("Example: shardkit convert reshard runs/tiny -o runs/tiny-3x --world-size 3 --stage 3");
+  reshard->footer(
+      "Examples: shardkit convert reshard runs/tiny -o runs/tiny-3x --world-size 3 --stage 3\n"
+      "          shardkit convert reshard ds_run/checkpoints -o ds_run/for-8 --world-size 8 --stage 2  (DeepSpeed "
+      "to DeepSpeed)");
   reshard->callback([&action, r] { action = [r] { return run_reshard(*r); }; });
 
   auto c = std::make_shared<ConsolidateCli>();
@@ -216,8 +292,8 @@ void add_convert_commands(CLI::App& app, Action& action) {
   auto d = std::make_shared<ImportDeepSpeedCli>();
   CLI::App* import_ds = convert->add_subcommand(
       "import-deepspeed",
-      "Turn a DeepSpeed ZeRO checkpoint (stage 1-3, or ds_to_universal's universal checkpoint) of a GPT-2 or Llama "
-      "model into a checkpoint: fp32 weights, Adam moments and step; no Python needed");
+      "Turn a DeepSpeed ZeRO checkpoint (stage 1-3, or ds_to_universal's universal checkpoint) of any model into a "
+      "checkpoint: fp32 weights, Adam moments and step; no Python needed");
   import_ds
       ->add_option("DS_CKPT", d->source,
                    "DeepSpeed checkpoint folder holding 'latest' (or 'latest_universal'), or a tag folder such as "
@@ -228,9 +304,11 @@ void add_convert_commands(CLI::App& app, Action& action) {
                    "New run directory (receives step-NNNNNNNN/ and 'latest'); must not exist unless --force")
       ->required();
   import_ds->add_option("--model", d->model,
-                        "The model that was trained: a preset (" + model::preset_list() +
+                        "The model that was trained, to train or evaluate it in shardkit: a preset (" +
+                            model::preset_list() +
                             ") or a JSON model file / Hugging Face config.json (default: the config.json that Hugging "
-                            "Face's Trainer saves beside 'latest')");
+                            "Face's Trainer saves beside 'latest' when its model_type is gpt2 or llama; otherwise "
+                            "none: the checkpoint's own tensors, to reshard, consolidate and export)");
   import_ds
       ->add_option("--world-size", d->world_size,
                    "Ranks of the layout (default: the DeepSpeed run's data-parallel size; 1 for a universal "
@@ -246,6 +324,42 @@ void add_convert_commands(CLI::App& app, Action& action) {
       "Then resume: mpirun -n 2 shardkit train --config ds.json --model gpt2 --data d.bin --steps 100 "
       "--save-dir runs/ft");
   import_ds->callback([&action, d] { action = [d] { return run_import_deepspeed(*d); }; });
+
+  struct ExportDeepSpeedCli {
+    Common common;
+    std::string source, output;
+    int world_size = 0;
+    int stage = -1;
+    DeepSpeedTargetCli target;
+  };
+  auto e = std::make_shared<ExportDeepSpeedCli>();
+  CLI::App* export_ds = convert->add_subcommand(
+      "export-deepspeed",
+      "Write a checkpoint as DeepSpeed's save_checkpoint does for a run of --world-size ranks at a ZeRO stage: "
+      "DeepSpeed's load_checkpoint resumes from it with the same weights, Adam moments and step");
+  export_ds
+      ->add_option("CKPT", e->source,
+                   "Step directory, or run directory (follows 'latest'), or a DeepSpeed checkpoint folder")
+      ->required();
+  export_ds
+      ->add_option("-o,--output", e->output,
+                   "New folder: receives 'latest' and global_stepN/ (pass it to load_checkpoint); must not exist "
+                   "unless --force")
+      ->required();
+  export_ds->add_option("--world-size", e->world_size, "Data-parallel ranks of the DeepSpeed run")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  export_ds->add_option("--stage", e->stage, "ZeRO stage 1-3 of the DeepSpeed run (default: the source's, at least 1)")
+      ->check(CLI::Range(1, 3));
+  add_deepspeed_target(export_ds, e->target);
+  add_common(export_ds, e->common);
+  export_ds->footer(
+      "Example: shardkit convert export-deepspeed runs/tiny -o ds_run/checkpoints --world-size 8 --stage 3 "
+      "--dtype bf16\n"
+      "Then, in the DeepSpeed run on 8 ranks: engine.load_checkpoint('ds_run/checkpoints')");
+  export_ds->callback([&action, e] {
+    action = [e] { return run_export_deepspeed(e->source, e->output, e->world_size, e->stage, e->target, e->common); };
+  });
 }
 
 }  // namespace shardkit::cli

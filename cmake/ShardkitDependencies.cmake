@@ -10,6 +10,8 @@ if(HDF5_VERSION VERSION_LESS 1.10.3)
   message(FATAL_ERROR "shardkit needs HDF5 >= 1.10.3 (H5Dwrite_chunk); found ${HDF5_VERSION}")
 endif()
 
+find_package(ZLIB REQUIRED)  # CRC-32 of the zip archives torch.save reads
+
 # zstd: prefer its CMake package, fall back to pkg-config (older distributions).
 find_package(zstd CONFIG QUIET)
 if(TARGET zstd::libzstd_shared)

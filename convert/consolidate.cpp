@@ -85,7 +85,10 @@ std::span<const std::byte> encode(std::span<const float> values, ckpt::DType dty
 std::vector<std::string> write_safetensors(const ConsolidateRequest& request, const ConvertOptions& options,
                                            const std::filesystem::path& dir, const std::filesystem::path& source) {
   const ckpt::CheckpointReader probe(source);
-  const std::shared_ptr<const model::Model> m = model_of(probe);
+  // A model of no family (an imported DeepSpeed checkpoint) exports under its module's own names, with
+  // the Hugging Face config found beside its source when there was one.
+  const nlohmann::json& described = probe.manifest().model;
+  const std::shared_ptr<const model::Model> m = model::is_external(described) ? nullptr : model_of(probe);
   const std::vector<Item> items = export_items(probe, request.dtype, request.with_optimizer);
   std::vector<st::TensorSpec> specs;
   std::map<std::string, const Item*> by_name;
@@ -144,8 +147,12 @@ std::vector<std::string> write_safetensors(const ConsolidateRequest& request, co
     write_file_durable(dir / st::kIndexFileName, st::index_json(total_size, weight_map));
     files.emplace_back(st::kIndexFileName);
   }
-  write_file_durable(dir / "config.json", m->hf_config(torch_dtype(request.dtype)).dump(2) + "\n");
-  files.emplace_back("config.json");
+  nlohmann::json config = m ? m->hf_config(torch_dtype(request.dtype)) : described.value("hf_config", nlohmann::json());
+  if (config.is_object()) {
+    if (!m) config["torch_dtype"] = torch_dtype(request.dtype);
+    write_file_durable(dir / "config.json", config.dump(2) + "\n");
+    files.emplace_back("config.json");
+  }
   progress.finish();
   return files;
 }

@@ -48,7 +48,7 @@ class CpuModel {
 struct HfName {
   enum Kind {
     kParameter,   // `name` is the table's name for it
-    kTiedOutput,  // the output projection of a model whose head is tied to the token embedding
+    kTiedOutput,  // the output projection of a model whose head is tied to the token embedding (`name`)
     kBuffer,      // a non-parameter the file may carry (attention masks, rotary tables)
     kOptimizer,   // an Adam moment of a `consolidate --with-optimizer` export
   } kind;

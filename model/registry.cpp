@@ -70,8 +70,18 @@ std::shared_ptr<const Model> resolve_model(const std::string& model) {
   return original_family().from_json(j, model);
 }
 
+bool is_external(const nlohmann::json& manifest_model) {
+  return manifest_model.is_object() && manifest_model.value("family", nlohmann::json()) == kExternalFamily;
+}
+
 std::shared_ptr<const Model> model_from_manifest(const nlohmann::json& model, const std::string& where) {
   if (!model.is_object()) fail(ErrorKind::kCorrupt, where + ": the model is not a JSON object");
+  if (is_external(model)) {
+    fail(ErrorKind::kInvalidInput,
+         where + ": holds the tensors of a model shardkit has no family for (" + family_list() +
+             "): it can be resharded, consolidated and exported; to train or evaluate it, import it again with "
+             "--model");
+  }
   const Family& family = model.contains("family") ? family_field(model, where, ErrorKind::kCorrupt) : original_family();
   try {
     return family.from_json(model, where);

@@ -54,8 +54,16 @@ const std::vector<const Family*>& families();
 // Error(kInvalidInput) naming the presets or the file and field.
 std::shared_ptr<const Model> resolve_model(const std::string& model);
 
+// The manifest "family" of a checkpoint that holds the tensors of a model shardkit has no family for
+// (a DeepSpeed checkpoint imported without a model): its tensors carry the module's own names, and it
+// can be resharded, consolidated and exported, not trained or evaluated. Its "model" object may carry
+// the Hugging Face config.json found beside the source ("hf_config"), which exports write back.
+inline constexpr const char* kExternalFamily = "external";
+bool is_external(const nlohmann::json& manifest_model);
+
 // A manifest's "model" object; one without "family" was written before families existed and is
-// GPT-2's. Error(kCorrupt) naming `where` when it describes no valid model.
+// GPT-2's. Error(kCorrupt) naming `where` when it describes no valid model; Error(kInvalidInput) when
+// it is an external model, which no family computes.
 std::shared_ptr<const Model> model_from_manifest(const nlohmann::json& model, const std::string& where);
 
 // A Hugging Face config.json, by its model_type. Error(kInvalidInput) naming `where`.

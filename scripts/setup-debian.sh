@@ -7,6 +7,7 @@ packages=(
   build-essential cmake pkg-config git
   libhdf5-dev hdf5-tools           # serial HDF5 C API + h5dump for interop checks
   libzstd-dev                      # zstd for the HDF5 filter 32015
+  zlib1g-dev                       # CRC-32 of the torch.save archives written for DeepSpeed
   libopenmpi-dev openmpi-bin       # MPI ranks
   libcli11-dev nlohmann-json3-dev  # command line, JSON
   libgtest-dev libgmock-dev        # tests

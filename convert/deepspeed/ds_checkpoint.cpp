@@ -8,6 +8,7 @@
 #include "base/file_util.hpp"
 #include "base/json_input.hpp"
 #include "ckpt/shard_format.hpp"
+#include "convert/deepspeed/ds_layout.hpp"
 
 namespace shardkit::convert::deepspeed {
 namespace {
@@ -115,9 +116,11 @@ std::string read_tag(const std::filesystem::path& file) {
 
 DeepSpeedCheckpoint::DeepSpeedCheckpoint(const std::filesystem::path& path, std::shared_ptr<const model::Model> model)
     : model_(std::move(model)) {
-  const size_t n = model_->table().size();
-  pieces_.resize(n);
-  seen_as_.resize(n);
+  if (model_) {
+    table_ = &model_->table();
+    pieces_.resize(table_->size());
+    seen_as_.resize(table_->size());
+  }
   locate_folder(path);
   if (layout_ == SourceLayout::kUniversal) {
     open_universal();
@@ -146,11 +149,53 @@ void DeepSpeedCheckpoint::locate_folder(const std::filesystem::path& path) {
   layout_ = std::filesystem::is_directory(folder_ / "zero", ec) ? SourceLayout::kUniversal : SourceLayout::kZero12;
 }
 
+namespace {
+
+// The module's name of a parameter: wrappers (DistributedDataParallel, some trainers) prefix it with
+// "module.".
+std::string_view bare_name(std::string_view name) {
+  while (name.starts_with("module.")) name.remove_prefix(7);
+  return name;
+}
+
+}  // namespace
+
+void DeepSpeedCheckpoint::table_from_shapes(const Value& param_shapes, const std::string& where) {
+  std::vector<ckpt::TensorInfo> tensors;
+  for (const Value* group : param_shapes.items) {
+    for (auto& [name, shape] : named_shapes(*group, where)) {
+      tensors.push_back({std::string(bare_name(name)), std::move(shape), ckpt::DType::kF32});
+      if (tensors.size() > ckpt::kMaxTensors) bad(where, "param_shapes names more than a million parameters");
+    }
+  }
+  try {
+    own_table_ = ckpt::TensorTable(std::move(tensors));
+  } catch (const Error& e) {
+    bad(where, std::string("param_shapes: ") + e.what());
+  }
+  table_ = &own_table_;
+  pieces_.resize(table_->size());
+  seen_as_.resize(table_->size());
+}
+
 int DeepSpeedCheckpoint::parameter(const std::string& name, const std::vector<int64_t>& shape,
                                    const std::string& where) {
-  std::string_view bare = name;
-  // Wrappers (DistributedDataParallel, some trainers) prefix the module's names with "module.".
-  while (bare.starts_with("module.")) bare.remove_prefix(7);
+  const std::string_view bare = bare_name(name);
+  if (!model_) {
+    const int t = table_->find(bare);
+    if (t < 0) bad(where, "parameter " + quoted_excerpt(name) + " is not in the model states' param_shapes");
+    const size_t ti = static_cast<size_t>(t);
+    if (!seen_as_[ti].empty()) bad(where, "parameter " + quoted_excerpt(name) + " appears twice");
+    seen_as_[ti] = name;
+    by_source_name_[name] = t;
+    const std::vector<int64_t>& expected = (*table_)[ti].shape;
+    const bool flat_ok = shape.size() == 1 && layout_ == SourceLayout::kUniversal && shape[0] == numel_of(expected);
+    if (shape != expected && !flat_ok) {
+      bad(where, "parameter " + quoted_excerpt(name) + " has shape " + shape_text(shape) + "; param_shapes says " +
+                     shape_text(expected));
+    }
+    return t;
+  }
   const std::optional<model::HfName> c = model_->classify_hf_name(bare);
   const std::string model_name = "model " + model_->name();
   if (c && c->kind == model::HfName::kTiedOutput) {
@@ -164,6 +209,7 @@ int DeepSpeedCheckpoint::parameter(const std::string& name, const std::vector<in
                    " are both " + model_->table()[static_cast<size_t>(t)].name);
   }
   seen_as_[static_cast<size_t>(t)] = name;
+  by_source_name_[name] = t;
   const std::vector<int64_t>& expected = model_->table()[static_cast<size_t>(t)].shape;
   // The universal checkpoint of a stage 3 run stores every tensor flat.
   const bool flat_ok = shape.size() == 1 && layout_ == SourceLayout::kUniversal;
@@ -266,6 +312,7 @@ void DeepSpeedCheckpoint::open_zero() {
     }
   }
   const Value& shapes = field(ms, "param_shapes", Kind::kList, where, "");
+  if (!model_) table_from_shapes(shapes, where);
   std::optional<int64_t> optimizer_step;
   const std::string osd_key = stage_ == 3 ? "optimizer_state_dict" : "base_optimizer_state";
   const Value& base = field(*states[0], osd_key, Kind::kDict, files_[0]->path().string(), "optimizer_state_dict");
@@ -281,6 +328,87 @@ void DeepSpeedCheckpoint::open_zero() {
     map_zero12(states, shapes);
   }
   read_counters(&ms, where, optimizer_step);
+  read_run(ms, shapes, *states[0], files_[0]->path().string());
+}
+
+void DeepSpeedCheckpoint::read_run(const Value& ms, const Value& param_shapes, const Value& optimizer_state,
+                                   const std::string& optim_file) {
+  const std::string model_file =
+      (folder_ / (stage_ == 3 ? "zero_pp_rank_0_mp_rank_00_model_states.pt" : "mp_rank_00_model_states.pt")).string();
+  if (const Value* config = ms.get("ds_config"); config && config->kind == Kind::kDict) {
+    try {
+      ds_config_ = to_json(*config, model_file, "ds_config");
+    } catch (const Error&) {
+      ds_config_ = nullptr;  // a config with values JSON cannot hold is not needed to read the states
+    }
+  }
+  // Names per entry of param_shapes (stage 3: per sub-group), as the table calls them.
+  std::vector<std::vector<std::string>> entries;
+  for (const Value* group : param_shapes.items) {
+    std::vector<std::string>& names = entries.emplace_back();
+    for (const auto& [key, shape] : group->pairs) {
+      const auto it = by_source_name_.find(key->text);
+      if (it == by_source_name_.end()) fail(ErrorKind::kInternal, "parameter " + key->text + " was not mapped");
+      names.push_back((*table_)[static_cast<size_t>(it->second)].name);
+    }
+  }
+  try {
+    DeepSpeedRun run;
+    const std::string osd_key = stage_ == 3 ? "optimizer_state_dict" : "base_optimizer_state";
+    const Value& base = field(optimizer_state, osd_key, Kind::kDict, optim_file, "optimizer_state_dict");
+    const Value& groups = field(base, "param_groups", Kind::kList, optim_file, osd_key);
+    std::vector<bool> taken(entries.size(), false);
+    for (size_t g = 0; g < groups.items.size(); ++g) {
+      const Value& group = *groups.items[g];
+      const std::string path = osd_key + "['param_groups'][" + std::to_string(g) + "]";
+      if (group.kind != Kind::kDict) bad(optim_file, path + " is not a dict");
+      DeepSpeedRun::Group out;
+      out.options = nlohmann::json::object();
+      for (const auto& [key, value] : group.pairs) {
+        if (key->kind != Kind::kString) bad(optim_file, path + " has a key that is not a string");
+        if (key->text != "params") out.options[key->text] = to_json(*value, optim_file, path + "['" + key->text + "']");
+      }
+      // Stages 1 and 2 keep one flat tensor per group; stage 3 lists the group's sub-groups.
+      std::vector<int64_t> members = {static_cast<int64_t>(g)};
+      if (stage_ == 3) {
+        members.clear();
+        for (const Value* id : field(group, "params", Kind::kList, optim_file, path).items) {
+          if (id->kind != Kind::kInt) bad(optim_file, path + "['params'] holds " + id->describe());
+          members.push_back(id->integer);
+        }
+      }
+      for (int64_t k : members) {
+        if (k < 0 || k >= static_cast<int64_t>(entries.size()) || taken[static_cast<size_t>(k)]) {
+          bad(optim_file, path + " names param group " + std::to_string(k) + ", which param_shapes does not hold");
+        }
+        taken[static_cast<size_t>(k)] = true;
+        const auto& names = entries[static_cast<size_t>(k)];
+        out.params.insert(out.params.end(), names.begin(), names.end());
+      }
+      run.groups.push_back(std::move(out));
+    }
+    if (std::find(taken.begin(), taken.end(), false) != taken.end()) {
+      bad(optim_file, "a group of param_shapes belongs to no parameter group of the optimizer");
+    }
+    if (const Value* shared = ms.get("shared_params"); shared && shared->kind == Kind::kDict) {
+      for (const auto& [tied, holder] : shared->pairs) {
+        if (tied->kind != Kind::kString || holder->kind != Kind::kString)
+          bad(model_file, "shared_params holds non-names");
+        run.shared_params[std::string(bare_name(tied->text))] = std::string(bare_name(holder->text));
+      }
+    }
+    if (const Value* lr = ms.get("lr_scheduler"); lr && lr->kind != Kind::kNone) {
+      run.lr_scheduler = to_json(*lr, model_file, "lr_scheduler");
+    }
+    const Value& adam = field(base, "state", Kind::kDict, optim_file, osd_key);
+    if (!adam.pairs.empty() && adam.pairs.front().second->kind == Kind::kDict) {
+      const Value* step = adam.pairs.front().second->get("step");
+      run.step_is_tensor = !step || step->kind == Kind::kTensor;
+    }
+    run_ = std::move(run);
+  } catch (const Error& e) {
+    run_missing_ = e.what();
+  }
 }
 
 void DeepSpeedCheckpoint::map_zero12(const std::vector<const Value*>& states, const Value& param_shapes) {
@@ -288,12 +416,12 @@ void DeepSpeedCheckpoint::map_zero12(const std::vector<const Value*>& states, co
   const int64_t W = world_size_;
   for (size_t g = 0; g < param_shapes.items.size(); ++g) {
     const auto params = named_shapes(*param_shapes.items[g], model_file);
-    int64_t total = 0;
-    for (const auto& [name, shape] : params) total += numel_of(shape);
-    // DeepSpeed pads each group's flat buffer to a multiple of 2 * W and splits it into W equal parts;
-    // the saved fp32 partitions leave the padding out, the moments keep it.
-    const int64_t align = 2 * W;
-    const int64_t P = (total + align - 1) / align * align / W;
+    std::vector<int64_t> numels;
+    for (const auto& [name, shape] : params) numels.push_back(numel_of(shape));
+    // The saved fp32 partitions leave the padding out, the moments keep it.
+    const Zero12Group layout = zero12_group(numels, W);
+    const int64_t total = layout.total;
+    const int64_t P = layout.partition;
     const std::string group = "param group " + std::to_string(g);
     std::vector<const TensorRef*> fp32(static_cast<size_t>(W)), m1(fp32.size()), m2(fp32.size());
     for (int64_t r = 0; r < W; ++r) {
@@ -314,7 +442,7 @@ void DeepSpeedCheckpoint::map_zero12(const std::vector<const Value*>& states, co
       fp32[static_cast<size_t>(r)] = &parts.items[g]->tensor;
       m1[static_cast<size_t>(r)] = &tensor_field(*gs, "exp_avg", where, group);
       m2[static_cast<size_t>(r)] = &tensor_field(*gs, "exp_avg_sq", where, group);
-      const int64_t valid = std::clamp<int64_t>(total - r * P, 0, P);
+      const int64_t valid = layout.valid(r);
       const auto expect = [&](const TensorRef* t, const char* what, int64_t n) {
         if (t->shape.size() != 1 || t->numel() != n) {
           bad(where, group + ": " + what + " has shape " + shape_text(t->shape) + "; " + std::to_string(n) +
@@ -389,11 +517,10 @@ void DeepSpeedCheckpoint::map_zero3(const std::vector<const Value*>& states, con
     const auto p = named_shapes(*sub, model_file);
     params.insert(params.end(), p.begin(), p.end());
   }
-  int64_t total_parts = 0;
-  for (const auto& [name, shape] : params) {
-    total_parts += (numel_of(shape) + W - 1) / W;
-    if (total_parts > (int64_t{1} << 50)) bad(model_file, "param_shapes declares more than 2^50 elements");
-  }
+  std::vector<int64_t> numels;
+  for (const auto& [name, shape] : params) numels.push_back(numel_of(shape));
+  const Zero3Layout layout = zero3_layout(numels, W);
+  const int64_t total_parts = layout.per_rank;
   for (int64_t r = 0; r < W; ++r) {
     if (ranks[static_cast<size_t>(r)].start.back() != total_parts) {
       bad(files_[static_cast<size_t>(r)]->path().string(),
@@ -401,14 +528,14 @@ void DeepSpeedCheckpoint::map_zero3(const std::vector<const Value*>& states, con
               " elements; the parameters of " + model_file + " need " + std::to_string(total_parts) + " per rank");
     }
   }
-  int64_t off = 0;
-  for (const auto& [name, shape] : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, shape] = params[i];
     const int t = parameter(name, shape, model_file);
-    const int64_t n = numel_of(shape);
-    const int64_t part = (n + W - 1) / W;
+    const int64_t part = layout.part[i];
+    const int64_t off = layout.offset[i];
     for (int64_t r = 0; r < W; ++r) {
       const Rank& rk = ranks[static_cast<size_t>(r)];
-      const int64_t valid = std::clamp<int64_t>(n - r * part, 0, part);
+      const int64_t valid = layout.valid(i, r, numels[i]);
       for (int64_t done = 0; done < valid;) {
         const int64_t pos = off + done;
         const size_t k =
@@ -422,7 +549,6 @@ void DeepSpeedCheckpoint::map_zero3(const std::vector<const Value*>& states, con
         done += len;
       }
     }
-    off += part;
   }
 }
 
@@ -435,6 +561,29 @@ void DeepSpeedCheckpoint::open_universal() {
   }
   if (ec) bad(zero.string(), "cannot list the folder: " + ec.message());
   std::sort(dirs.begin(), dirs.end());
+  // ds_to_universal copies the model states beside zero/: they hold the run's counters and, for a
+  // checkpoint of no known model, the parameters' shapes (stage 3's universal files are flat).
+  static const std::regex kModel(R"((zero_pp_rank_0_)?mp_rank_00_model_states\.pt)");
+  const Value* counters = nullptr;
+  std::string where = zero.string();
+  for (const auto& entry : std::filesystem::directory_iterator(folder_, ec)) {
+    if (std::regex_match(entry.path().filename().string(), kModel)) {
+      files_.push_back(std::make_unique<TorchFile>(entry.path()));
+      counters = &files_.back()->root();
+      where = entry.path().string();
+      break;
+    }
+  }
+  if (!model_) {
+    const Value* shapes = counters && counters->kind == Kind::kDict ? counters->get("param_shapes") : nullptr;
+    if (!shapes || shapes->kind != Kind::kList) {
+      bad(folder_.string(),
+          "a universal checkpoint without the model states' param_shapes beside zero/: give "
+          "--model to say which model it holds");
+    }
+    table_from_shapes(*shapes, where);
+  }
+  run_missing_ = "a universal checkpoint keeps no parameter groups";
   constexpr const char* kFiles[kStateCount] = {"fp32.pt", "exp_avg.pt", "exp_avg_sq.pt"};
   std::optional<int64_t> optimizer_step;  // stage 3's universal checkpoints have no step.pt
   for (const std::filesystem::path& dir : dirs) {
@@ -448,27 +597,15 @@ void DeepSpeedCheckpoint::open_universal() {
       if (v->kind != Kind::kTensor) bad(f.path().string(), "holds " + std::string(v->describe()) + ", not a tensor");
       if (s == 0) {
         t = parameter(dir.filename().string(), v->tensor.shape, f.path().string());
-      } else if (v->tensor.numel() != model_->table()[static_cast<size_t>(t)].numel()) {
+      } else if (v->tensor.numel() != (*table_)[static_cast<size_t>(t)].numel()) {
         bad(f.path().string(), "holds " + std::to_string(v->tensor.numel()) + " elements; fp32.pt beside it holds " +
-                                   std::to_string(model_->table()[static_cast<size_t>(t)].numel()));
+                                   std::to_string((*table_)[static_cast<size_t>(t)].numel()));
       }
       add(s, t, {0, v->tensor.numel(), &f, &v->tensor, 0, dir.filename().string()});
     }
     if (!optimizer_step && std::filesystem::exists(dir / "step.pt", ec)) {
       files_.push_back(std::make_unique<TorchFile>(dir / "step.pt"));
       optimizer_step = step_value(files_.back()->root(), *files_.back(), "the step");
-    }
-  }
-  // ds_to_universal copies the model states beside zero/: they hold the run's counters.
-  static const std::regex kModel(R"((zero_pp_rank_0_)?mp_rank_00_model_states\.pt)");
-  const Value* counters = nullptr;
-  std::string where = zero.string();
-  for (const auto& entry : std::filesystem::directory_iterator(folder_, ec)) {
-    if (std::regex_match(entry.path().filename().string(), kModel)) {
-      files_.push_back(std::make_unique<TorchFile>(entry.path()));
-      counters = &files_.back()->root();
-      where = entry.path().string();
-      break;
     }
   }
   read_counters(counters, where, optimizer_step);
@@ -515,11 +652,12 @@ void DeepSpeedCheckpoint::read_counters(const Value* ms, const std::string& wher
 }
 
 void DeepSpeedCheckpoint::check_complete() const {
-  const ckpt::TensorTable& table = model_->table();
+  const ckpt::TensorTable& table = *table_;
   for (size_t t = 0; t < table.size(); ++t) {
     if (seen_as_[t].empty() && table[t].numel() > 0) {
-      bad(folder_.string(), "no parameter of the checkpoint is " + table[t].name + " of model " + model_->name() +
-                                " (is --model the model that was trained?)");
+      bad(folder_.string(), "no parameter of the checkpoint is " + table[t].name +
+                                (model_ ? " of model " + model_->name() + " (is --model the model that was trained?)"
+                                        : " (param_shapes names it)"));
     }
     for (const auto& pieces : pieces_[t]) {
       int64_t at = 0;

@@ -1,6 +1,9 @@
 // A DeepSpeed ZeRO checkpoint as a source of full tensors: the fp32 master weights and both Adam moments
-// of every parameter of a model shardkit knows, read piece by piece out of the ranks' files, and the
-// training counters. Three layouts (docs/DEEPSPEED.md describes them):
+// of every parameter, read piece by piece out of the ranks' files, the training counters, and what the
+// run needs back to resume (its parameter groups, tied parameters, scheduler and config). The tensors
+// are those of a model shardkit knows (checked against its table) or, without one, whatever the files'
+// `param_shapes` name: resharding needs only names, shapes and the layout. Three layouts
+// (docs/DEEPSPEED.md describes them):
 //   * ZeRO stage 1/2: mp_rank_00_model_states.pt (parameter names and shapes per param group, in flat
 //     order) and one [bf16_]zero_pp_rank_R_mp_rank_00_optim_states.pt per data-parallel rank (the rank's
 //     slice of each group's flat fp32 buffer and of the moments);
@@ -18,10 +21,13 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/tensor_table.hpp"
+#include "convert/deepspeed/ds_run.hpp"
 #include "convert/deepspeed/torch_file.hpp"
 #include "model/model.hpp"
 
@@ -34,10 +40,20 @@ inline constexpr int kStateCount = 3;  // fp32 master weights, exp_avg, exp_avg_
 
 class DeepSpeedCheckpoint {
  public:
-  // Finds the files, runs every pickle, and maps every tensor of `model`'s table to the pieces of the
-  // files that hold it, checking names, shapes, world sizes, partition sizes and padding against each
-  // other. Error(kInvalidInput) naming the file and what was expected otherwise.
+  // Finds the files, runs every pickle, and maps every tensor of the table to the pieces of the files
+  // that hold it, checking names, shapes, world sizes, partition sizes and padding against each other.
+  // The table is `model`'s or, when `model` is null, the parameters `param_shapes` names, in its order.
+  // Error(kInvalidInput) naming the file and what was expected otherwise.
   DeepSpeedCheckpoint(const std::filesystem::path& path, std::shared_ptr<const model::Model> model);
+
+  const ckpt::TensorTable& table() const noexcept { return *table_; }
+  // The run's parameter groups, tied parameters and scheduler state, in the table's names; nullopt
+  // (with the reason in run_missing()) where the files do not keep them (a universal checkpoint) or keep
+  // values that cannot be carried over.
+  const std::optional<DeepSpeedRun>& run() const noexcept { return run_; }
+  const std::string& run_missing() const noexcept { return run_missing_; }
+  // The config the run was saved with (`ds_config` of the model states), or null.
+  const nlohmann::json& ds_config() const noexcept { return ds_config_; }
 
   const std::filesystem::path& folder() const noexcept { return folder_; }
   SourceLayout layout() const noexcept { return layout_; }
@@ -69,12 +85,22 @@ class DeepSpeedCheckpoint {
   void map_zero12(const std::vector<const Value*>& states, const Value& param_shapes);
   void map_zero3(const std::vector<const Value*>& states, const Value& param_shapes);
   void read_counters(const Value* model_states, const std::string& where, std::optional<int64_t> optimizer_step);
+  // The table of a checkpoint of no known model: every parameter of param_shapes' groups, in order.
+  void table_from_shapes(const Value& param_shapes, const std::string& where);
+  // The groups and hyperparameters of rank 0's optimizer state, the tied parameters and the scheduler.
+  void read_run(const Value& model_states, const Value& param_shapes, const Value& optimizer_state,
+                const std::string& where);
   // Index of the table tensor a DeepSpeed parameter name stands for; its shape must be `shape`.
   int parameter(const std::string& name, const std::vector<int64_t>& shape, const std::string& where);
   void add(int state, int tensor, Piece piece);
   void check_complete() const;
 
   std::shared_ptr<const model::Model> model_;
+  ckpt::TensorTable own_table_;  // without a model
+  const ckpt::TensorTable* table_ = nullptr;
+  std::optional<DeepSpeedRun> run_;
+  std::string run_missing_;
+  nlohmann::json ds_config_;
   std::filesystem::path folder_;
   SourceLayout layout_ = SourceLayout::kZero12;
   int world_size_ = 0;
@@ -83,6 +109,7 @@ class DeepSpeedCheckpoint {
   std::vector<std::unique_ptr<TorchFile>> files_;
   std::vector<std::array<std::vector<Piece>, kStateCount>> pieces_;  // per table tensor, by begin
   std::vector<std::string> seen_as_;                                 // the name each tensor was found under
+  std::unordered_map<std::string, int> by_source_name_;              // and the reverse
 };
 
 }  // namespace shardkit::convert::deepspeed

@@ -50,7 +50,7 @@ GptConfig config_from_hf(const nlohmann::json& j, const std::string& where) {
 }
 
 std::optional<HfName> classify_hf_name(std::string_view name) {
-  if (name == "lm_head.weight") return HfName{HfName::kTiedOutput, ""};
+  if (name == "lm_head.weight") return HfName{HfName::kTiedOutput, "transformer.wte.weight"};
   if (name.starts_with("optimizer.exp_avg.") || name.starts_with("optimizer.exp_avg_sq.")) {
     return HfName{HfName::kOptimizer, ""};
   }

@@ -224,7 +224,8 @@ nlohmann::json hf_config_json(const LlamaConfig& c, const std::string& torch_dty
 
 std::optional<HfName> classify_hf_name(const LlamaConfig& c, std::string_view name) {
   if (name == "lm_head.weight") {
-    return c.tie_word_embeddings ? HfName{HfName::kTiedOutput, ""} : HfName{HfName::kParameter, std::string(name)};
+    return c.tie_word_embeddings ? HfName{HfName::kTiedOutput, "model.embed_tokens.weight"}
+                                 : HfName{HfName::kParameter, std::string(name)};
   }
   if (name.starts_with("optimizer.exp_avg.") || name.starts_with("optimizer.exp_avg_sq.")) {
     return HfName{HfName::kOptimizer, ""};

@@ -1,0 +1,39 @@
+// A file as torch.save writes it (what torch.load, and so DeepSpeed's load_checkpoint, reads): a zip
+// archive with one folder named after the file holding `data.pkl` (the pickled value), `byteorder`,
+// one record `data/<key>` per storage the value's tensors view, and `version`. The storages' bytes are
+// written afterwards, in pieces from any thread, so no tensor needs to be in memory whole.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+
+#include "convert/deepspeed/pickler.hpp"
+#include "convert/deepspeed/zip_writer.hpp"
+
+namespace shardkit::convert::deepspeed {
+
+class TorchFileWriter {
+ public:
+  // Pickles `root` and lays out the archive at `path` (written as `path`.tmp until finish()).
+  TorchFileWriter(const std::filesystem::path& path, const Value& root);
+
+  // Little-endian bytes [byte_offset, byte_offset + bytes.size()) of the storage `key`. Thread-safe.
+  void write(const std::string& key, uint64_t byte_offset, std::span<const std::byte> bytes);
+  // Every storage byte must have been written. Syncs the file and gives it its name.
+  void finish() { zip_.finish(); }
+
+  const std::filesystem::path& path() const noexcept { return zip_.path(); }
+
+ private:
+  static ZipWriter make_zip(const std::filesystem::path& path, const PickledValue& pickled,
+                            std::map<std::string, size_t>& entry_of);
+
+  PickledValue pickled_;
+  std::map<std::string, size_t> entry_of_;  // storage key -> zip entry
+  ZipWriter zip_;
+};
+
+}  // namespace shardkit::convert::deepspeed

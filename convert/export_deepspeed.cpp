@@ -1,0 +1,689 @@
+#include "convert/export_deepspeed.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <regex>
+#include <vector>
+
+#include "base/error.hpp"
+#include "base/file_util.hpp"
+#include "base/json_input.hpp"
+#include "base/thread_pool.hpp"
+#include "base/write_target.hpp"
+#include "ckpt/checkpoint_reader.hpp"
+#include "ckpt/dtype_convert.hpp"
+#include "ckpt/shard_format.hpp"
+#include "convert/deepspeed/ds_checkpoint.hpp"
+#include "convert/deepspeed/ds_layout.hpp"
+#include "convert/deepspeed/ds_run.hpp"
+#include "convert/deepspeed/torch_writer.hpp"
+#include "convert/staging.hpp"
+#include "model/registry.hpp"
+
+namespace shardkit::convert {
+namespace {
+
+namespace ds = deepspeed;
+using ds::Value;
+using ds::ValueBuilder;
+
+// The DeepSpeed release whose file layout these files follow (0.14 to 0.16 and later share it); its
+// loader checks the version of a stage 1 checkpoint.
+constexpr const char* kFormatVersion = "0.14.5";
+// DeepSpeed's default stage-3 sub-group size.
+constexpr int64_t kDefaultSubGroupSize = 1'000'000'000;
+constexpr int kFp32 = 0, kExpAvg = 1, kExpAvgSq = 2;  // the states, in the checkpoint's order
+
+// Everything an export needs from its source, whatever its format.
+struct Source {
+  std::filesystem::path path;
+  const ckpt::TensorTable* table = nullptr;
+  nlohmann::json trainer_state;
+  nlohmann::json config;  // the run's DeepSpeed config, or null
+  ds::DeepSpeedRun run;
+  int stage = 0;
+  int64_t chunk_elems = 0;  // a shardkit source's chunk size (its readers hold chunk buffers)
+  // A reader for one thread.
+  std::function<StateReadFn()> reader;
+  // Keeps what `table` and the readers point into alive.
+  std::shared_ptr<const void> keep;
+};
+
+// The parameter groups of a run shardkit trained: the two groups Hugging Face's Trainer makes (the
+// decaying weights, then the biases and norms), with the optimizer's settings from the config.
+ds::DeepSpeedRun run_of_model(const model::Model& m, const nlohmann::json& config, const nlohmann::json& state) {
+  const nlohmann::json params = config.is_object() && config.contains("optimizer") && config["optimizer"].is_object()
+                                    ? config["optimizer"].value("params", nlohmann::json::object())
+                                    : nlohmann::json::object();
+  // shardkit's defaults for a config without these settings (trainer/ds_config.hpp).
+  const double lr = params.value("lr", 1e-3);
+  const nlohmann::json betas = params.value("betas", nlohmann::json::array({0.9, 0.999}));
+  const double eps = params.value("eps", 1e-8);
+  const double weight_decay = params.value("weight_decay", 0.0);
+  ds::DeepSpeedRun run;
+  for (bool decays : {true, false}) {
+    ds::DeepSpeedRun::Group g;
+    for (size_t t = 0; t < m.table().size(); ++t) {
+      if (m.decays(static_cast<int>(t)) == decays) g.params.push_back(m.table()[t].name);
+    }
+    // The keys torch.optim.AdamW and DeepSpeed's FusedAdam read from a group; a loaded group replaces
+    // the optimizer's own whole.
+    g.options = {{"lr", lr},
+                 {"betas", betas},
+                 {"eps", eps},
+                 {"weight_decay", decays ? weight_decay : 0.0},
+                 {"bias_correction", true},
+                 {"amsgrad", false},
+                 {"foreach", nullptr},
+                 {"maximize", false},
+                 {"capturable", false},
+                 {"differentiable", false},
+                 {"fused", nullptr}};
+    if (!g.params.empty()) run.groups.push_back(std::move(g));
+  }
+  if (const std::optional<model::HfName> tied = m.classify_hf_name("lm_head.weight");
+      tied && tied->kind == model::HfName::kTiedOutput) {
+    run.shared_params["lm_head.weight"] = tied->name;
+  }
+  if (config.is_object() && config.contains("scheduler")) {
+    run.lr_scheduler = {
+        {"last_batch_iteration",
+         state.value("lr_scheduler", nlohmann::json::object()).value("last_batch_iteration", int64_t{-1})}};
+  }
+  return run;
+}
+
+Source open_shardkit(const std::filesystem::path& path) {
+  auto probe = std::make_shared<ckpt::CheckpointReader>(path);
+  const ckpt::Manifest& m = probe->manifest();
+  const std::string where = probe->step_dir().string();
+  Source s;
+  s.path = probe->step_dir();
+  s.table = &probe->tensors();
+  s.trainer_state = m.trainer_state;
+  s.config = m.config;
+  s.stage = m.layout.stage;
+  s.chunk_elems = m.chunk_elems;
+  if (m.trainer_state.contains("deepspeed")) {
+    s.run = ds::DeepSpeedRun::from_json(m.trainer_state["deepspeed"], where);
+  } else {
+    const std::shared_ptr<const model::Model> model = model::model_from_manifest(m.model, where);
+    s.run = run_of_model(*model, m.config, m.trainer_state);
+  }
+  for (const std::string_view state : {ckpt::kMasterWeights, ckpt::kExpAvg, ckpt::kExpAvgSq}) {
+    if (probe->find_state(state) < 0) {
+      fail(ErrorKind::kInvalidInput, where + ": no '" + std::string(state) +
+                                         "' state: DeepSpeed needs the fp32 "
+                                         "master weights and both Adam moments");
+    }
+  }
+  const std::array<int, 3> states = {probe->find_state(ckpt::kMasterWeights), probe->find_state(ckpt::kExpAvg),
+                                     probe->find_state(ckpt::kExpAvgSq)};
+  const std::filesystem::path step_dir = probe->step_dir();
+  s.reader = [step_dir, states]() -> StateReadFn {
+    auto reader = std::make_shared<ckpt::CheckpointReader>(step_dir);
+    return [reader, states](int state, int tensor, int64_t offset, std::span<float> out) {
+      reader->read(tensor, states[static_cast<size_t>(state)], offset, out);
+    };
+  };
+  s.keep = probe;
+  return s;
+}
+
+Source open_deepspeed(const std::filesystem::path& path, const std::string& model_name) {
+  const std::shared_ptr<const model::Model> model = model_name.empty() ? nullptr : model::resolve_model(model_name);
+  auto ckpt = std::make_shared<ds::DeepSpeedCheckpoint>(path, model);
+  Source s;
+  s.path = ckpt->folder();
+  s.table = &ckpt->table();
+  s.trainer_state = ckpt->trainer_state();
+  s.config = ckpt->ds_config();
+  s.stage = ckpt->stage();
+  if (ckpt->run()) {
+    s.run = *ckpt->run();
+  } else if (model) {
+    s.run = run_of_model(*model, s.config, s.trainer_state);
+  } else {
+    fail(ErrorKind::kInvalidInput,
+         path.string() + ": " + ckpt->run_missing() + "; give --model to take them from a model shardkit knows");
+  }
+  s.reader = [ckpt]() -> StateReadFn {
+    return
+        [ckpt](int state, int tensor, int64_t offset, std::span<float> out) { ckpt->read(state, tensor, offset, out); };
+  };
+  s.keep = ckpt;
+  return s;
+}
+
+// One storage record of an output file: runs of a state of table tensors, constants and zeros, in order.
+struct Segment {
+  int tensor = -1;  // -1: zeros; -2: `constant`
+  int64_t offset = 0;
+  int64_t length = 0;
+  float constant = 0;
+};
+struct Storage {
+  size_t file = 0;
+  std::string key;
+  int state = kFp32;
+  ckpt::DType dtype = ckpt::DType::kF32;
+  std::vector<Segment> segments;
+  std::vector<int64_t> starts;  // each segment's first element
+  int64_t numel = 0;
+  void add(Segment s) {
+    if (s.length == 0) return;
+    starts.push_back(numel);
+    numel += s.length;
+    segments.push_back(s);
+  }
+};
+
+ds::Dtype torch_dtype(ckpt::DType d) {
+  return d == ckpt::DType::kF32 ? ds::Dtype::kF32 : d == ckpt::DType::kBF16 ? ds::Dtype::kBF16 : ds::Dtype::kF16;
+}
+
+// The files of one rank (or the model states of stage 1/2), built as values with their storages.
+class Files {
+ public:
+  struct File {
+    std::filesystem::path path;
+    const Value* root = nullptr;
+  };
+  ValueBuilder b;
+  std::vector<File> files;
+  std::deque<Storage> storages;  // a deque: storages are referred to while more are added
+
+  // A new storage in file `file` and a tensor of `shape` over all of it.
+  Storage& storage(size_t file, int state, ckpt::DType dtype) {
+    Storage& s = storages.emplace_back();
+    s.file = file;
+    s.key = std::to_string(next_key_[file]++);
+    s.state = state;
+    s.dtype = dtype;
+    return s;
+  }
+  const Value* tensor(const Storage& s, const std::vector<int64_t>& shape) {
+    return b.tensor(b.storage(s.key, torch_dtype(s.dtype), s.numel), 0, shape);
+  }
+  size_t add_file(std::filesystem::path path) {
+    files.push_back({std::move(path), nullptr});
+    next_key_.push_back(0);
+    return files.size() - 1;
+  }
+
+ private:
+  std::vector<int> next_key_;
+};
+
+struct Target {
+  int world_size = 0;
+  int stage = 0;
+  ckpt::DType dtype = ckpt::DType::kF32;
+  int64_t sub_group_size = kDefaultSubGroupSize;
+};
+
+// The values every file shares.
+struct Common {
+  const Value* ds_config = nullptr;
+  const Value* version = nullptr;
+  const Value* loss_scaler = nullptr;
+  bool dynamic = false;
+  double clip_grad = 0;
+  const Value* lr_scheduler = nullptr;
+  const Value* step(Files& f, size_t file, int64_t adam_steps, bool as_tensor) const {
+    if (!as_tensor) return f.b.integer(adam_steps);
+    Storage& s = f.storage(file, kFp32, ckpt::DType::kF32);
+    s.add({-2, 0, 1, static_cast<float>(adam_steps)});
+    return f.tensor(s, {});
+  }
+};
+
+int64_t counter(const nlohmann::json& state, const char* key, int64_t fallback) {
+  const auto it = state.find(key);
+  return it != state.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
+}
+
+// The loss scaler DeepSpeed pickles: a static one of scale 1 for bf16 and fp32, the dynamic one for fp16
+// with the scale the run had reached.
+const Value* loss_scaler(ValueBuilder& b, const Target& t, const nlohmann::json& config, const nlohmann::json& state) {
+  using P = ValueBuilder::Pairs;
+  if (t.dtype != ckpt::DType::kF16) {
+    return b.object("deepspeed.runtime.fp16.loss_scaler.LossScaler",
+                    P{{b.str("cur_scale"), b.real(1.0)}, {b.str("dynamic"), b.boolean(false)}});
+  }
+  const nlohmann::json fp16 = config.is_object() ? config.value("fp16", nlohmann::json::object()) : nlohmann::json();
+  const nlohmann::json saved = state.value("loss_scaler", nlohmann::json::object());
+  const double initial = std::ldexp(1.0, fp16.value("initial_scale_power", 16));
+  const int hysteresis = fp16.value("hysteresis", 2);
+  return b.object("deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+                  P{{b.str("cur_scale"), b.real(saved.value("cur_scale", initial))},
+                    {b.str("cur_iter"), b.integer(saved.value("cur_iter", counter(state, "step", 0)))},
+                    {b.str("last_overflow_iter"), b.integer(saved.value("last_overflow_iter", int64_t{-1}))},
+                    {b.str("scale_factor"), b.real(2.0)},
+                    {b.str("scale_window"), b.integer(fp16.value("loss_scale_window", 1000))},
+                    {b.str("min_scale"), b.real(fp16.value("min_loss_scale", 1.0))},
+                    {b.str("delayed_shift"), b.integer(hysteresis)},
+                    {b.str("cur_hysteresis"), b.integer(saved.value("cur_hysteresis", hysteresis))},
+                    {b.str("consecutive_hysteresis"), b.boolean(fp16.value("consecutive_hysteresis", false))},
+                    {b.str("raise_error_at_min_scale"), b.boolean(true)},
+                    {b.str("dynamic"), b.boolean(true)},
+                    {b.str("dtype"), b.global("torch.float16")}});
+}
+
+// The parameter groups as table indices, each table tensor in exactly one.
+std::vector<std::vector<int>> group_members(const Source& src) {
+  std::vector<std::vector<int>> groups;
+  std::vector<bool> seen(src.table->size(), false);
+  const std::string where = src.path.string();
+  for (const ds::DeepSpeedRun::Group& g : src.run.groups) {
+    std::vector<int>& members = groups.emplace_back();
+    for (const std::string& name : g.params) {
+      const int t = src.table->find(name);
+      if (t < 0) {
+        fail(ErrorKind::kInvalidInput, where + ": parameter group member " + quoted_excerpt(name) + " is no tensor");
+      }
+      if (seen[static_cast<size_t>(t)]) {
+        fail(ErrorKind::kInvalidInput, where + ": " + quoted_excerpt(name) + " is in two parameter groups");
+      }
+      seen[static_cast<size_t>(t)] = true;
+      members.push_back(t);
+    }
+  }
+  for (size_t t = 0; t < seen.size(); ++t) {
+    if (!seen[t]) {
+      fail(ErrorKind::kInvalidInput, where + ": tensor " + (*src.table)[t].name + " is in no parameter group");
+    }
+  }
+  return groups;
+}
+
+// The module's weights (stage 1/2: in the run's type; stage 3: empty placeholders, the weights being
+// partitioned) with the tied names beside the tensors they share.
+const Value* module_states(Files& f, size_t file, const Source& src, const Target& t) {
+  ValueBuilder::Pairs pairs;
+  std::map<std::string, const Value*> by_name;
+  for (size_t i = 0; i < src.table->size(); ++i) {
+    const ckpt::TensorInfo& info = (*src.table)[i];
+    Storage& s = f.storage(file, kFp32, t.dtype);
+    if (t.stage < 3) s.add({static_cast<int>(i), 0, info.numel()});
+    const Value* v = f.tensor(s, t.stage < 3 ? info.shape : std::vector<int64_t>{0});
+    by_name[info.name] = v;
+    pairs.emplace_back(f.b.str(info.name), v);
+  }
+  for (const auto& [tied, holder] : src.run.shared_params.items()) {
+    const auto it = by_name.find(holder.get<std::string>());
+    if (it == by_name.end()) {
+      fail(ErrorKind::kInvalidInput,
+           src.path.string() + ": tied parameter " + quoted_excerpt(tied) + " names no tensor");
+    }
+    pairs.emplace_back(f.b.str(tied), it->second);
+  }
+  return f.b.dict(std::move(pairs), true);
+}
+
+const Value* shapes_of(Files& f, const Source& src, const std::vector<int>& members) {
+  ValueBuilder::Pairs pairs;
+  for (int m : members) {
+    const ckpt::TensorInfo& info = (*src.table)[static_cast<size_t>(m)];
+    pairs.emplace_back(f.b.str(info.name), f.b.size(info.shape));
+  }
+  return f.b.dict(std::move(pairs), true);
+}
+
+const Value* model_states(Files& f, size_t file, const Source& src, const Target& t, const Common& c,
+                          const std::vector<std::vector<int>>& shape_groups) {
+  ValueBuilder& b = f.b;
+  std::vector<const Value*> shapes;
+  for (const std::vector<int>& g : shape_groups) shapes.push_back(shapes_of(f, src, g));
+  ValueBuilder::Pairs shared;
+  for (const auto& [tied, holder] : src.run.shared_params.items()) {
+    shared.emplace_back(b.str(tied), b.str(holder.get<std::string>()));
+  }
+  const nlohmann::json& state = src.trainer_state;
+  const bool stage3 = t.stage == 3;
+  return b.dict({{"module", module_states(f, file, src, t)},
+                 {"buffer_names", b.list({})},
+                 {"optimizer", b.none()},
+                 {"param_shapes", b.list(shapes)},
+                 {"frozen_param_shapes", stage3 ? b.dict(ValueBuilder::Pairs{}, true) : b.none()},
+                 {"shared_params", b.dict(std::move(shared))},
+                 {"frozen_param_fragments", stage3 ? b.dict(ValueBuilder::Pairs{}, true) : b.none()},
+                 {"lr_scheduler", c.lr_scheduler},
+                 {"data_sampler", b.none()},
+                 {"random_ltd", b.none()},
+                 {"sparse_tensor_module_names", b.set({})},
+                 {"skipped_steps", b.integer(counter(state, "skipped_steps", 0))},
+                 {"global_steps", b.integer(counter(state, "step", 0))},
+                 {"global_samples", b.integer(counter(state, "consumed_samples", 0))},
+                 {"dp_world_size", b.integer(t.world_size)},
+                 {"mp_world_size", b.integer(1)},
+                 {"ds_config", c.ds_config},
+                 {"ds_version", c.version}});
+}
+
+const Value* group_options(ValueBuilder& b, const nlohmann::json& options, std::vector<int64_t> ids) {
+  ValueBuilder::Pairs pairs;
+  for (const auto& [key, value] : options.items()) {
+    // torch keeps Adam's betas as a tuple; a list reads the same.
+    const Value* v = ds::from_json(b, value);
+    if (key == "betas" && value.is_array()) v = b.tuple(v->items);
+    pairs.emplace_back(b.str(key), v);
+  }
+  std::vector<const Value*> params;
+  for (int64_t id : ids) params.push_back(b.integer(id));
+  pairs.emplace_back(b.str("params"), b.list(params));
+  return b.dict(std::move(pairs));
+}
+
+// Stage 1/2: rank r's optimizer states.
+const Value* zero12_optim(Files& f, size_t file, int r, const Source& src, const Target& t, const Common& c,
+                          const std::vector<std::vector<int>>& groups, const std::vector<ds::Zero12Group>& layouts) {
+  ValueBuilder& b = f.b;
+  ValueBuilder::Pairs adam;
+  std::vector<const Value*> fp32, options, paddings, counts, mappings;
+  const int64_t adam_steps = counter(src.trainer_state, "optimizer_steps", counter(src.trainer_state, "step", 0));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const ds::Zero12Group& L = layouts[g];
+    const int64_t begin = r * L.partition;
+    const int64_t valid = L.valid(r);
+    // The states of the partition's parameters, then padding (the moments keep it, fp32 does not).
+    std::array<Storage*, 3> st{};
+    for (int s : {kFp32, kExpAvg, kExpAvgSq}) st[static_cast<size_t>(s)] = &f.storage(file, s, ckpt::DType::kF32);
+    ValueBuilder::Pairs mapping;
+    for (size_t i = 0; i < groups[g].size(); ++i) {
+      const int tensor = groups[g][i];
+      const int64_t n = (*src.table)[static_cast<size_t>(tensor)].numel();
+      const int64_t lo = std::max(begin, L.offsets[i]);
+      const int64_t hi = std::min(begin + valid, L.offsets[i] + n);
+      if (lo >= hi) continue;
+      for (Storage* s : st) s->add({tensor, lo - L.offsets[i], hi - lo});
+      mapping.emplace_back(
+          b.str((*src.table)[static_cast<size_t>(tensor)].name),
+          b.object("deepspeed.utils.tensor_fragment.fragment_address",
+                   ValueBuilder::Pairs{{b.str("numel"), b.integer(hi - lo)}, {b.str("start"), b.integer(lo - begin)}}));
+    }
+    for (Storage* s : {st[1], st[2]}) s->add({-1, 0, L.partition - valid});
+    fp32.push_back(f.tensor(*st[0], {valid}));
+    adam.emplace_back(b.integer(static_cast<int64_t>(g)),
+                      b.dict({{"step", c.step(f, file, adam_steps, src.run.step_is_tensor)},
+                              {"exp_avg", f.tensor(*st[1], {L.partition})},
+                              {"exp_avg_sq", f.tensor(*st[2], {L.partition})}}));
+    options.push_back(group_options(b, src.run.groups[g].options, {static_cast<int64_t>(g)}));
+    // DeepSpeed counts a group's padding on the last rank only.
+    paddings.push_back(b.integer(r + 1 == t.world_size ? L.partition * t.world_size - L.total : 0));
+    counts.push_back(b.integer(t.world_size));
+    mappings.push_back(b.dict(std::move(mapping), true));
+  }
+  const Value* state = b.dict({
+      {"loss_scaler", c.loss_scaler},
+      {"dynamic_loss_scale", b.boolean(c.dynamic)},
+      {"overflow", b.boolean(false)},
+      {"clip_grad", b.real(c.clip_grad)},
+      {"base_optimizer_state", b.dict({{"state", b.dict(std::move(adam))}, {"param_groups", b.list(options)}})},
+      {"single_partition_of_fp32_groups", b.list(fp32)},
+      {"zero_stage", b.integer(t.stage, "deepspeed.runtime.zero.config.ZeroStageEnum")},
+      {"group_paddings", b.list(paddings)},
+      {"partition_count", b.list(counts)},
+      {"ds_version", c.version},
+      {"param_slice_mappings", b.list(mappings)},
+  });
+  return b.dict({{"optimizer_state_dict", state}, {"ds_config", c.ds_config}, {"ds_version", c.version}});
+}
+
+// Stage 3: rank r's optimizer states, one fp32 tensor and one pair of moments per sub-group.
+const Value* zero3_optim(Files& f, size_t file, int r, const Source& src, const Target& t, const Common& c,
+                         const std::vector<std::vector<int>>& sub_groups, const std::vector<int64_t>& group_of_sub,
+                         const ds::Zero3Layout& layout, const std::vector<int>& order) {
+  ValueBuilder& b = f.b;
+  ValueBuilder::Pairs adam;
+  std::vector<const Value*> fp32;
+  const int64_t adam_steps = counter(src.trainer_state, "optimizer_steps", counter(src.trainer_state, "step", 0));
+  size_t i = 0;  // position of the parameter in `order` (the layout's order)
+  for (size_t k = 0; k < sub_groups.size(); ++k) {
+    std::array<Storage*, 3> st{};
+    for (int s : {kFp32, kExpAvg, kExpAvgSq}) st[static_cast<size_t>(s)] = &f.storage(file, s, ckpt::DType::kF32);
+    for (size_t m = 0; m < sub_groups[k].size(); ++m, ++i) {
+      const int tensor = order[i];
+      const int64_t n = (*src.table)[static_cast<size_t>(tensor)].numel();
+      const int64_t valid = layout.valid(i, r, n);
+      for (Storage* s : st) {
+        s->add({tensor, r * layout.part[i], valid});
+        s->add({-1, 0, layout.part[i] - valid});
+      }
+    }
+    fp32.push_back(f.tensor(*st[0], {st[0]->numel}));
+    adam.emplace_back(b.integer(static_cast<int64_t>(k)),
+                      b.dict({{"step", c.step(f, file, adam_steps, src.run.step_is_tensor)},
+                              {"exp_avg", f.tensor(*st[1], {st[1]->numel})},
+                              {"exp_avg_sq", f.tensor(*st[2], {st[2]->numel})}}));
+  }
+  std::vector<const Value*> options;
+  for (size_t g = 0; g < src.run.groups.size(); ++g) {
+    std::vector<int64_t> ids;
+    for (size_t k = 0; k < group_of_sub.size(); ++k) {
+      if (group_of_sub[k] == static_cast<int64_t>(g)) ids.push_back(static_cast<int64_t>(k));
+    }
+    options.push_back(group_options(b, src.run.groups[g].options, ids));
+  }
+  const Value* state = b.dict({
+      {"zero_stage", b.integer(3, "deepspeed.runtime.zero.config.ZeroStageEnum")},
+      {"loss_scaler", c.loss_scaler},
+      {"dynamic_loss_scale", b.boolean(c.dynamic)},
+      {"overflow", b.boolean(false)},
+      {"partition_count", b.integer(t.world_size)},
+      {"optimizer_state_dict", b.dict({{"state", b.dict(std::move(adam))}, {"param_groups", b.list(options)}})},
+      {"fp32_flat_groups", b.list(fp32)},
+  });
+  return b.dict({{"optimizer_state_dict", state}, {"ds_config", c.ds_config}, {"ds_version", c.version}});
+}
+
+// Writes every storage of `files` from the source, in pieces on the pool's threads, then finishes them.
+void write_files(Files& files, const Source& src, const ConvertOptions& options, SharedProgress& progress) {
+  std::vector<std::unique_ptr<ds::TorchFileWriter>> writers;
+  for (Files::File& f : files.files) writers.push_back(std::make_unique<ds::TorchFileWriter>(f.path, *f.root));
+  const StreamPlan plan = plan_stream(options, 8, src.chunk_elems);
+  struct Task {
+    const Storage* storage;
+    int64_t begin;
+    int64_t length;
+  };
+  std::vector<Task> tasks;
+  for (const Storage& s : files.storages) {
+    for (int64_t at = 0; at < s.numel; at += plan.piece_elems) {
+      tasks.push_back({&s, at, std::min(plan.piece_elems, s.numel - at)});
+    }
+  }
+  std::vector<StateReadFn> readers(static_cast<size_t>(plan.threads));
+  std::vector<std::vector<float>> values(static_cast<size_t>(plan.threads));
+  std::vector<std::vector<uint16_t>> narrow(static_cast<size_t>(plan.threads));
+  ThreadPool pool(plan.threads - 1);
+  pool.parallel_for(tasks.size(), [&](size_t k, int worker) {
+    const Task& task = tasks[k];
+    const Storage& s = *task.storage;
+    StateReadFn& read = readers[static_cast<size_t>(worker)];
+    if (!read) read = src.reader();
+    std::vector<float>& v = values[static_cast<size_t>(worker)];
+    v.resize(static_cast<size_t>(task.length));
+    // The segments the piece overlaps, from the last one starting at or before it.
+    size_t seg =
+        static_cast<size_t>(std::upper_bound(s.starts.begin(), s.starts.end(), task.begin) - s.starts.begin() - 1);
+    for (int64_t done = 0; done < task.length; ++seg) {
+      const Segment& g = s.segments[seg];
+      const int64_t into = task.begin + done - s.starts[seg];
+      const int64_t n = std::min(task.length - done, g.length - into);
+      const std::span<float> out(v.data() + done, static_cast<size_t>(n));
+      if (g.tensor >= 0) {
+        read(s.state, g.tensor, g.offset + into, out);
+      } else {
+        std::fill(out.begin(), out.end(), g.tensor == -2 ? g.constant : 0.0f);
+      }
+      done += n;
+    }
+    const uint64_t at = static_cast<uint64_t>(task.begin);
+    if (s.dtype == ckpt::DType::kF32) {
+      writers[s.file]->write(s.key, at * 4, std::as_bytes(std::span<const float>(v)));
+    } else {
+      std::vector<uint16_t>& h = narrow[static_cast<size_t>(worker)];
+      h.resize(v.size());
+      s.dtype == ckpt::DType::kBF16 ? ckpt::convert_fp32_to_bf16(v, h) : ckpt::convert_fp32_to_fp16(v, h);
+      writers[s.file]->write(s.key, at * 2, std::as_bytes(std::span<const uint16_t>(h)));
+    }
+    progress.add(task.length * 4);
+  });
+  for (auto& w : writers) w->finish();
+}
+
+ckpt::DType default_dtype(const nlohmann::json& config) {
+  auto enabled = [&](const char* key) {
+    return config.is_object() && config.contains(key) && config[key].is_object() &&
+           config[key].value("enabled", false) == true;
+  };
+  return enabled("bf16") ? ckpt::DType::kBF16 : enabled("fp16") ? ckpt::DType::kF16 : ckpt::DType::kF32;
+}
+
+}  // namespace
+
+bool is_deepspeed_checkpoint(const std::filesystem::path& path) {
+  std::error_code ec;
+  std::filesystem::path folder = path;
+  if (std::filesystem::is_regular_file(path / "latest_universal", ec)) return true;
+  if (std::filesystem::is_regular_file(path / "latest", ec)) {
+    std::string tag = read_small_file(path / "latest", 4096, ErrorKind::kInvalidInput);
+    while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.back()))) tag.pop_back();
+    if (tag.empty() || tag.find('/') != std::string::npos) return false;
+    folder = path / tag;
+  }
+  if (std::filesystem::exists(folder / "manifest.json", ec)) return false;
+  if (std::filesystem::is_directory(folder / "zero", ec)) return true;
+  static const std::regex kOptim(R"((bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt)");
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+    if (std::regex_match(entry.path().filename().string(), kOptim)) return true;
+  }
+  return false;
+}
+
+DeepSpeedExportResult export_deepspeed(const DeepSpeedExportRequest& request, const ConvertOptions& options) {
+  const Source src = is_deepspeed_checkpoint(request.source) ? open_deepspeed(request.source, request.model)
+                                                             : open_shardkit(request.source);
+  Target t;
+  t.world_size = request.world_size;
+  t.stage = request.stage.value_or(std::max(src.stage, 1));
+  t.dtype = request.dtype.value_or(default_dtype(src.config));
+  if (t.world_size < 1 || t.world_size > (1 << 20)) {
+    fail(ErrorKind::kInvalidInput, "--world-size " + std::to_string(t.world_size) + ": expected 1 to 1048576 ranks");
+  }
+  if (t.stage < 1 || t.stage > 3) {
+    fail(ErrorKind::kInvalidInput,
+         "--stage " + std::to_string(t.stage) + ": DeepSpeed's ZeRO checkpoints are written for stages 1, 2 and 3");
+  }
+  const nlohmann::json zero_config = src.config.is_object() && src.config.contains("zero_optimization")
+                                         ? src.config["zero_optimization"]
+                                         : nlohmann::json::object();
+  t.sub_group_size = request.sub_group_size.value_or(
+      zero_config.is_object() && zero_config.contains("sub_group_size") && zero_config["sub_group_size"].is_number()
+          ? static_cast<int64_t>(zero_config["sub_group_size"].get<double>())
+          : kDefaultSubGroupSize);
+  if (t.sub_group_size < 1) fail(ErrorKind::kInvalidInput, "--sub-group-size must be at least 1");
+  const std::vector<std::vector<int>> groups = group_members(src);
+  const int64_t step = counter(src.trainer_state, "step", 0);
+  if (step < 0 || step > ckpt::kMaxStep) fail(ErrorKind::kInvalidInput, src.path.string() + ": a bad step count");
+  const std::string tag = "global_step" + std::to_string(step);
+
+  StagedDirectory out(request.output, {request.source, src.path}, options.force);
+  const std::filesystem::path dir = out.path() / tag;
+  make_real_directory(dir);
+  // Bytes read: the three states, and the module's weights at stages 1 and 2.
+  SharedProgress progress(options.progress, src.table->total_elements() * 4 * (t.stage < 3 ? 4 : 3));
+
+  // What every file shares: the config (with the stage written), the version, scaler, scheduler.
+  auto common = [&](Files& f) {
+    Common c;
+    nlohmann::json config = src.config.is_object() ? src.config : nlohmann::json::object();
+    config["zero_optimization"] = zero_config.is_object() ? zero_config : nlohmann::json::object();
+    config["zero_optimization"]["stage"] = t.stage;
+    c.ds_config = ds::from_json(f.b, config);
+    c.version = f.b.str(kFormatVersion);
+    c.loss_scaler = loss_scaler(f.b, t, src.config, src.trainer_state);
+    c.dynamic = t.dtype == ckpt::DType::kF16;
+    c.clip_grad = config.value("gradient_clipping", 0.0);
+    c.lr_scheduler = ds::from_json(f.b, src.run.lr_scheduler);
+    return c;
+  };
+  const std::string prefix = t.dtype == ckpt::DType::kBF16 ? "bf16_" : "";
+  auto optim_name = [&](int r) { return prefix + "zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_optim_states.pt"; };
+
+  if (t.stage < 3) {
+    std::vector<ds::Zero12Group> layouts;
+    for (const std::vector<int>& g : groups) {
+      std::vector<int64_t> numels;
+      for (int m : g) numels.push_back((*src.table)[static_cast<size_t>(m)].numel());
+      layouts.push_back(ds::zero12_group(numels, t.world_size));
+    }
+    {
+      Files f;
+      const Common c = common(f);
+      const size_t file = f.add_file(dir / "mp_rank_00_model_states.pt");
+      f.files[file].root = model_states(f, file, src, t, c, groups);
+      write_files(f, src, options, progress);
+    }
+    for (int r = 0; r < t.world_size; ++r) {
+      Files f;
+      const Common c = common(f);
+      const size_t file = f.add_file(dir / optim_name(r));
+      f.files[file].root = zero12_optim(f, file, r, src, t, c, groups, layouts);
+      write_files(f, src, options, progress);
+    }
+  } else {
+    // The parameters in group order, cut into sub-groups per group.
+    std::vector<int> order;
+    std::vector<std::vector<int>> sub_groups;
+    std::vector<int64_t> group_of_sub;
+    std::vector<int64_t> numels;
+    for (const std::vector<int>& g : groups) {
+      for (int m : g) numels.push_back((*src.table)[static_cast<size_t>(m)].numel());
+    }
+    const ds::Zero3Layout layout = ds::zero3_layout(numels, t.world_size);
+    size_t at = 0;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const std::vector<int64_t> parts(layout.part.begin() + static_cast<std::ptrdiff_t>(at),
+                                       layout.part.begin() + static_cast<std::ptrdiff_t>(at + groups[g].size()));
+      size_t i = 0;
+      for (int64_t count : ds::zero3_sub_groups(parts, t.sub_group_size)) {
+        sub_groups.emplace_back(groups[g].begin() + static_cast<std::ptrdiff_t>(i),
+                                groups[g].begin() + static_cast<std::ptrdiff_t>(i + static_cast<size_t>(count)));
+        group_of_sub.push_back(static_cast<int64_t>(g));
+        i += static_cast<size_t>(count);
+      }
+      order.insert(order.end(), groups[g].begin(), groups[g].end());
+      at += groups[g].size();
+    }
+    for (int r = 0; r < t.world_size; ++r) {
+      Files f;
+      const Common c = common(f);
+      const size_t model_file = f.add_file(dir / ("zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_model_states.pt"));
+      f.files[model_file].root = model_states(f, model_file, src, t, c, sub_groups);
+      const size_t optim_file = f.add_file(dir / optim_name(r));
+      f.files[optim_file].root = zero3_optim(f, optim_file, r, src, t, c, sub_groups, group_of_sub, layout, order);
+      write_files(f, src, options, progress);
+    }
+  }
+  fsync_directory(dir);
+  write_file_durable(out.path() / "latest", tag);
+  out.commit();
+  progress.finish();
+  DeepSpeedExportResult result;
+  result.tag_dir = request.output / tag;
+  result.world_size = t.world_size;
+  result.stage = t.stage;
+  result.dtype = t.dtype;
+  result.step = step;
+  return result;
+}
+
+}  // namespace shardkit::convert
