@@ -12,6 +12,7 @@
 #include "convert/import.hpp"
 #include "convert/import_deepspeed.hpp"
 #include "convert/reshard.hpp"
+#include "convert/source.hpp"
 #include "model/registry.hpp"
 
 namespace shardkit::cli {

@@ -14,6 +14,7 @@
 #include "ckpt/safetensors.hpp"
 #include "ckpt/shard_format.hpp"
 #include "ckpt/virtual_view.hpp"
+#include "convert/source.hpp"
 #include "convert/staging.hpp"
 #include "model/registry.hpp"
 
@@ -48,26 +49,29 @@ std::shared_ptr<const model::Model> model_of(const ckpt::CheckpointReader& reade
   return m;
 }
 
-std::vector<Item> export_items(const ckpt::CheckpointReader& reader, ckpt::DType dtype, bool with_optimizer) {
+std::vector<Item> export_items(const ckpt::TensorTable& table, int master, int exp_avg, int exp_avg_sq,
+                               ckpt::DType dtype, bool with_optimizer) {
   std::vector<Item> items;
+  for (size_t t = 0; t < table.size(); ++t) items.push_back({static_cast<int>(t), master, table[t].name, dtype});
+  if (with_optimizer) {
+    for (const auto& [state, name] : {std::pair{exp_avg, ckpt::kExpAvg}, std::pair{exp_avg_sq, ckpt::kExpAvgSq}}) {
+      for (size_t t = 0; t < table.size(); ++t) {
+        items.push_back(
+            {static_cast<int>(t), state, "optimizer." + std::string(name) + "." + table[t].name, ckpt::DType::kF32});
+      }
+    }
+  }
+  return items;
+}
+
+std::vector<Item> export_items(const ckpt::CheckpointReader& reader, ckpt::DType dtype, bool with_optimizer) {
   auto state = [&](std::string_view name) {
     const int s = reader.find_state(name);
     if (s < 0) fail(ErrorKind::kInvalidInput, reader.step_dir().string() + ": no '" + std::string(name) + "' state");
     return s;
   };
-  const int master = state(ckpt::kMasterWeights);
-  const ckpt::TensorTable& table = reader.tensors();
-  for (size_t t = 0; t < table.size(); ++t) items.push_back({static_cast<int>(t), master, table[t].name, dtype});
-  if (with_optimizer) {
-    for (std::string_view s : {ckpt::kExpAvg, ckpt::kExpAvgSq}) {
-      const int index = state(s);
-      for (size_t t = 0; t < table.size(); ++t) {
-        items.push_back(
-            {static_cast<int>(t), index, "optimizer." + std::string(s) + "." + table[t].name, ckpt::DType::kF32});
-      }
-    }
-  }
-  return items;
+  return export_items(reader.tensors(), state(ckpt::kMasterWeights), with_optimizer ? state(ckpt::kExpAvg) : -1,
+                      with_optimizer ? state(ckpt::kExpAvgSq) : -1, dtype, with_optimizer);
 }
 
 // Converts fp32 values into the output dtype's little-endian bytes.
@@ -82,26 +86,38 @@ std::span<const std::byte> encode(std::span<const float> values, ckpt::DType dty
   return std::as_bytes(std::span<const uint16_t>(scratch));
 }
 
+// Safetensors out of any source: a shardkit checkpoint, or a DeepSpeed folder read in place (the
+// replacement for DeepSpeed's zero_to_fp32, in bounded memory).
 std::vector<std::string> write_safetensors(const ConsolidateRequest& request, const ConvertOptions& options,
-                                           const std::filesystem::path& dir, const std::filesystem::path& source) {
-  const ckpt::CheckpointReader probe(source);
+                                           const std::filesystem::path& dir, const CheckpointSource& src) {
+  const ckpt::TensorTable& table = *src.table;
   // A model of no family (an imported DeepSpeed checkpoint) exports under its module's own names, with
   // the Hugging Face config found beside its source when there was one.
-  const nlohmann::json& described = probe.manifest().model;
-  const std::shared_ptr<const model::Model> m = model::is_external(described) ? nullptr : model_of(probe);
-  const std::vector<Item> items = export_items(probe, request.dtype, request.with_optimizer);
+  std::shared_ptr<const model::Model> m;
+  if (!model::is_external(src.model)) {
+    m = model::model_from_manifest(src.model, src.path.string());
+    if (!(table == m->table())) {
+      fail(ErrorKind::kInvalidInput,
+           src.path.string() + ": its tensors do not fit its model (" + m->family() + ", " + m->name() + ")");
+    }
+  }
+  if (request.with_optimizer && !src.has_moments) {
+    fail(ErrorKind::kInvalidInput, src.path.string() + ": no Adam moments to export (--with-optimizer)");
+  }
+  const std::vector<Item> items =
+      export_items(table, kSourceFp32, kSourceExpAvg, kSourceExpAvgSq, request.dtype, request.with_optimizer);
   std::vector<st::TensorSpec> specs;
   std::map<std::string, const Item*> by_name;
   for (const Item& item : items) {
-    specs.push_back({item.name, dtype_string(item.dtype), probe.tensors()[static_cast<size_t>(item.tensor)].shape});
+    specs.push_back({item.name, dtype_string(item.dtype), table[static_cast<size_t>(item.tensor)].shape});
     by_name[item.name] = &item;
   }
   const std::vector<std::vector<st::TensorSpec>> shards = st::plan_shards(specs, request.max_shard_bytes);
-  const StreamPlan plan = plan_stream(options, 64, probe.manifest().chunk_elems);
+  const StreamPlan plan = plan_stream(options, 64, src.chunk_elems);
   int64_t total = 0;
-  for (const Item& item : items) total += probe.tensors()[static_cast<size_t>(item.tensor)].numel() * 4;
+  for (const Item& item : items) total += table[static_cast<size_t>(item.tensor)].numel() * 4;
   SharedProgress progress(options.progress, total);
-  std::vector<std::unique_ptr<ckpt::CheckpointReader>> readers(static_cast<size_t>(plan.threads));
+  std::vector<StateReadFn> readers(static_cast<size_t>(plan.threads));
   std::vector<std::vector<float>> pieces(static_cast<size_t>(plan.threads));
   std::vector<std::vector<uint16_t>> scratch(static_cast<size_t>(plan.threads));
   ThreadPool pool(plan.threads - 1);
@@ -123,7 +139,7 @@ std::vector<std::string> write_safetensors(const ConsolidateRequest& request, co
     std::vector<Task> tasks;
     for (const st::TensorSpec& spec : shards[i]) {
       const Item* item = by_name.at(spec.name);
-      const int64_t n = probe.tensors()[static_cast<size_t>(item->tensor)].numel();
+      const int64_t n = table[static_cast<size_t>(item->tensor)].numel();
       for (int64_t off = 0; off < n; off += plan.piece_elems)
         tasks.push_back({item, off, std::min(plan.piece_elems, n - off)});
       weight_map[spec.name] = file;
@@ -131,11 +147,11 @@ std::vector<std::string> write_safetensors(const ConsolidateRequest& request, co
     }
     pool.parallel_for(tasks.size(), [&](size_t k, int worker) {
       const Task& task = tasks[k];
-      auto& reader = readers[static_cast<size_t>(worker)];
-      if (!reader) reader = std::make_unique<ckpt::CheckpointReader>(probe.step_dir());
+      StateReadFn& read = readers[static_cast<size_t>(worker)];
+      if (!read) read = src.reader();
       auto& piece = pieces[static_cast<size_t>(worker)];
       piece.resize(static_cast<size_t>(task.length));
-      reader->read(task.item->tensor, task.item->state, task.offset, piece);
+      read(task.item->state, task.item->tensor, task.offset, piece);
       const std::span<const std::byte> bytes = encode(piece, task.item->dtype, scratch[static_cast<size_t>(worker)]);
       writer.write(task.item->name, static_cast<uint64_t>(task.offset) * (bytes.size() / piece.size()), bytes);
       progress.add(task.length * 4);
@@ -147,7 +163,7 @@ std::vector<std::string> write_safetensors(const ConsolidateRequest& request, co
     write_file_durable(dir / st::kIndexFileName, st::index_json(total_size, weight_map));
     files.emplace_back(st::kIndexFileName);
   }
-  nlohmann::json config = m ? m->hf_config(torch_dtype(request.dtype)) : described.value("hf_config", nlohmann::json());
+  nlohmann::json config = m ? m->hf_config(torch_dtype(request.dtype)) : src.model.value("hf_config", nlohmann::json());
   if (config.is_object()) {
     if (!m) config["torch_dtype"] = torch_dtype(request.dtype);
     write_file_durable(dir / "config.json", config.dump(2) + "\n");
@@ -209,11 +225,22 @@ std::vector<std::string> write_hdf5(const ConsolidateRequest& request, const Con
 }  // namespace
 
 std::vector<std::string> consolidate(const ConsolidateRequest& request, const ConvertOptions& options) {
+  if (request.format != ExportFormat::kSafetensors && is_deepspeed_checkpoint(request.source)) {
+    fail(ErrorKind::kInvalidInput, request.source.string() +
+                                       ": a DeepSpeed checkpoint consolidates to safetensors; for HDF5, import it "
+                                       "first (convert import-deepspeed)");
+  }
+  if (request.format == ExportFormat::kSafetensors) {
+    const CheckpointSource src = open_checkpoint_source(request.source, request.model);
+    StagedDirectory out(request.output, {request.source, src.path}, options.force);
+    std::vector<std::string> files = write_safetensors(request, options, out.path(), src);
+    out.commit();
+    return files;
+  }
   StagedDirectory out(request.output, {request.source, ckpt::resolve_checkpoint(request.source)}, options.force);
   std::vector<std::string> files;
   switch (request.format) {
     case ExportFormat::kSafetensors:
-      files = write_safetensors(request, options, out.path(), request.source);
       break;
     case ExportFormat::kHdf5:
       files = write_hdf5(request, options, out.path(), request.source);

@@ -8,7 +8,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <regex>
 #include <vector>
 
 #include "base/error.hpp"
@@ -23,6 +22,7 @@
 #include "convert/deepspeed/ds_layout.hpp"
 #include "convert/deepspeed/ds_run.hpp"
 #include "convert/deepspeed/torch_writer.hpp"
+#include "convert/source.hpp"
 #include "convert/staging.hpp"
 #include "model/registry.hpp"
 
@@ -38,22 +38,7 @@ using ds::ValueBuilder;
 constexpr const char* kFormatVersion = "0.14.5";
 // DeepSpeed's default stage-3 sub-group size.
 constexpr int64_t kDefaultSubGroupSize = 1'000'000'000;
-constexpr int kFp32 = 0, kExpAvg = 1, kExpAvgSq = 2;  // the states, in the checkpoint's order
-
-// Everything an export needs from its source, whatever its format.
-struct Source {
-  std::filesystem::path path;
-  const ckpt::TensorTable* table = nullptr;
-  nlohmann::json trainer_state;
-  nlohmann::json config;  // the run's DeepSpeed config, or null
-  ds::DeepSpeedRun run;
-  int stage = 0;
-  int64_t chunk_elems = 0;  // a shardkit source's chunk size (its readers hold chunk buffers)
-  // A reader for one thread.
-  std::function<StateReadFn()> reader;
-  // Keeps what `table` and the readers point into alive.
-  std::shared_ptr<const void> keep;
-};
+constexpr int kFp32 = kSourceFp32, kExpAvg = kSourceExpAvg, kExpAvgSq = kSourceExpAvgSq;
 
 // The parameter groups of a run shardkit trained: the two groups Hugging Face's Trainer makes (the
 // decaying weights, then the biases and norms), with the optimizer's settings from the config.
@@ -99,65 +84,29 @@ ds::DeepSpeedRun run_of_model(const model::Model& m, const nlohmann::json& confi
   return run;
 }
 
-Source open_shardkit(const std::filesystem::path& path) {
-  auto probe = std::make_shared<ckpt::CheckpointReader>(path);
-  const ckpt::Manifest& m = probe->manifest();
-  const std::string where = probe->step_dir().string();
-  Source s;
-  s.path = probe->step_dir();
-  s.table = &probe->tensors();
-  s.trainer_state = m.trainer_state;
-  s.config = m.config;
-  s.stage = m.layout.stage;
-  s.chunk_elems = m.chunk_elems;
-  if (m.trainer_state.contains("deepspeed")) {
-    s.run = ds::DeepSpeedRun::from_json(m.trainer_state["deepspeed"], where);
-  } else {
-    const std::shared_ptr<const model::Model> model = model::model_from_manifest(m.model, where);
-    s.run = run_of_model(*model, m.config, m.trainer_state);
-  }
-  for (const std::string_view state : {ckpt::kMasterWeights, ckpt::kExpAvg, ckpt::kExpAvgSq}) {
-    if (probe->find_state(state) < 0) {
-      fail(ErrorKind::kInvalidInput, where + ": no '" + std::string(state) +
-                                         "' state: DeepSpeed needs the fp32 "
-                                         "master weights and both Adam moments");
-    }
-  }
-  const std::array<int, 3> states = {probe->find_state(ckpt::kMasterWeights), probe->find_state(ckpt::kExpAvg),
-                                     probe->find_state(ckpt::kExpAvgSq)};
-  const std::filesystem::path step_dir = probe->step_dir();
-  s.reader = [step_dir, states]() -> StateReadFn {
-    auto reader = std::make_shared<ckpt::CheckpointReader>(step_dir);
-    return [reader, states](int state, int tensor, int64_t offset, std::span<float> out) {
-      reader->read(tensor, states[static_cast<size_t>(state)], offset, out);
-    };
-  };
-  s.keep = probe;
-  return s;
-}
+// The source with what DeepSpeed needs back: recorded by an import, or derived from the model shardkit
+// trained.
+struct Source : CheckpointSource {
+  ds::DeepSpeedRun full_run;
+};
 
-Source open_deepspeed(const std::filesystem::path& path, const std::string& model_name) {
-  const std::shared_ptr<const model::Model> model = model_name.empty() ? nullptr : model::resolve_model(model_name);
-  auto ckpt = std::make_shared<ds::DeepSpeedCheckpoint>(path, model);
-  Source s;
-  s.path = ckpt->folder();
-  s.table = &ckpt->table();
-  s.trainer_state = ckpt->trainer_state();
-  s.config = ckpt->ds_config();
-  s.stage = ckpt->stage();
-  if (ckpt->run()) {
-    s.run = *ckpt->run();
-  } else if (model) {
-    s.run = run_of_model(*model, s.config, s.trainer_state);
-  } else {
-    fail(ErrorKind::kInvalidInput,
-         path.string() + ": " + ckpt->run_missing() + "; give --model to take them from a model shardkit knows");
+Source open_source(const std::filesystem::path& path, const std::string& model_name) {
+  Source s{open_checkpoint_source(path, model_name), {}};
+  if (!s.has_moments) {
+    fail(ErrorKind::kInvalidInput, s.path.string() +
+                                       ": holds no Adam moments; DeepSpeed resumes from the fp32 "
+                                       "master weights and both moments");
   }
-  s.reader = [ckpt]() -> StateReadFn {
-    return
-        [ckpt](int state, int tensor, int64_t offset, std::span<float> out) { ckpt->read(state, tensor, offset, out); };
-  };
-  s.keep = ckpt;
+  if (s.run) {
+    s.full_run = *s.run;
+  } else if (!model::is_external(s.model)) {
+    const std::shared_ptr<const model::Model> m = model::model_from_manifest(s.model, s.path.string());
+    s.full_run = run_of_model(*m, s.config, s.trainer_state);
+  } else {
+    fail(ErrorKind::kInvalidInput, s.run_missing +
+                                       "; give --model to take the parameter groups from a model "
+                                       "shardkit knows");
+  }
   return s;
 }
 
@@ -281,7 +230,7 @@ std::vector<std::vector<int>> group_members(const Source& src) {
   std::vector<std::vector<int>> groups;
   std::vector<bool> seen(src.table->size(), false);
   const std::string where = src.path.string();
-  for (const ds::DeepSpeedRun::Group& g : src.run.groups) {
+  for (const ds::DeepSpeedRun::Group& g : src.full_run.groups) {
     std::vector<int>& members = groups.emplace_back();
     for (const std::string& name : g.params) {
       const int t = src.table->find(name);
@@ -316,7 +265,7 @@ const Value* module_states(Files& f, size_t file, const Source& src, const Targe
     by_name[info.name] = v;
     pairs.emplace_back(f.b.str(info.name), v);
   }
-  for (const auto& [tied, holder] : src.run.shared_params.items()) {
+  for (const auto& [tied, holder] : src.full_run.shared_params.items()) {
     const auto it = by_name.find(holder.get<std::string>());
     if (it == by_name.end()) {
       fail(ErrorKind::kInvalidInput,
@@ -342,7 +291,7 @@ const Value* model_states(Files& f, size_t file, const Source& src, const Target
   std::vector<const Value*> shapes;
   for (const std::vector<int>& g : shape_groups) shapes.push_back(shapes_of(f, src, g));
   ValueBuilder::Pairs shared;
-  for (const auto& [tied, holder] : src.run.shared_params.items()) {
+  for (const auto& [tied, holder] : src.full_run.shared_params.items()) {
     shared.emplace_back(b.str(tied), b.str(holder.get<std::string>()));
   }
   const nlohmann::json& state = src.trainer_state;
@@ -411,10 +360,10 @@ const Value* zero12_optim(Files& f, size_t file, int r, const Source& src, const
     for (Storage* s : {st[1], st[2]}) s->add({-1, 0, L.partition - valid});
     fp32.push_back(f.tensor(*st[0], {valid}));
     adam.emplace_back(b.integer(static_cast<int64_t>(g)),
-                      b.dict({{"step", c.step(f, file, adam_steps, src.run.step_is_tensor)},
+                      b.dict({{"step", c.step(f, file, adam_steps, src.full_run.step_is_tensor)},
                               {"exp_avg", f.tensor(*st[1], {L.partition})},
                               {"exp_avg_sq", f.tensor(*st[2], {L.partition})}}));
-    options.push_back(group_options(b, src.run.groups[g].options, {static_cast<int64_t>(g)}));
+    options.push_back(group_options(b, src.full_run.groups[g].options, {static_cast<int64_t>(g)}));
     // DeepSpeed counts a group's padding on the last rank only.
     paddings.push_back(b.integer(r + 1 == t.world_size ? L.partition * t.world_size - L.total : 0));
     counts.push_back(b.integer(t.world_size));
@@ -459,17 +408,17 @@ const Value* zero3_optim(Files& f, size_t file, int r, const Source& src, const 
     }
     fp32.push_back(f.tensor(*st[0], {st[0]->numel}));
     adam.emplace_back(b.integer(static_cast<int64_t>(k)),
-                      b.dict({{"step", c.step(f, file, adam_steps, src.run.step_is_tensor)},
+                      b.dict({{"step", c.step(f, file, adam_steps, src.full_run.step_is_tensor)},
                               {"exp_avg", f.tensor(*st[1], {st[1]->numel})},
                               {"exp_avg_sq", f.tensor(*st[2], {st[2]->numel})}}));
   }
   std::vector<const Value*> options;
-  for (size_t g = 0; g < src.run.groups.size(); ++g) {
+  for (size_t g = 0; g < src.full_run.groups.size(); ++g) {
     std::vector<int64_t> ids;
     for (size_t k = 0; k < group_of_sub.size(); ++k) {
       if (group_of_sub[k] == static_cast<int64_t>(g)) ids.push_back(static_cast<int64_t>(k));
     }
-    options.push_back(group_options(b, src.run.groups[g].options, ids));
+    options.push_back(group_options(b, src.full_run.groups[g].options, ids));
   }
   const Value* state = b.dict({
       {"zero_stage", b.integer(3, "deepspeed.runtime.zero.config.ZeroStageEnum")},
@@ -549,28 +498,8 @@ ckpt::DType default_dtype(const nlohmann::json& config) {
 
 }  // namespace
 
-bool is_deepspeed_checkpoint(const std::filesystem::path& path) {
-  std::error_code ec;
-  std::filesystem::path folder = path;
-  if (std::filesystem::is_regular_file(path / "latest_universal", ec)) return true;
-  if (std::filesystem::is_regular_file(path / "latest", ec)) {
-    std::string tag = read_small_file(path / "latest", 4096, ErrorKind::kInvalidInput);
-    while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.back()))) tag.pop_back();
-    if (tag.empty() || tag.find('/') != std::string::npos) return false;
-    folder = path / tag;
-  }
-  if (std::filesystem::exists(folder / "manifest.json", ec)) return false;
-  if (std::filesystem::is_directory(folder / "zero", ec)) return true;
-  static const std::regex kOptim(R"((bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt)");
-  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
-    if (std::regex_match(entry.path().filename().string(), kOptim)) return true;
-  }
-  return false;
-}
-
 DeepSpeedExportResult export_deepspeed(const DeepSpeedExportRequest& request, const ConvertOptions& options) {
-  const Source src = is_deepspeed_checkpoint(request.source) ? open_deepspeed(request.source, request.model)
-                                                             : open_shardkit(request.source);
+  const Source src = open_source(request.source, request.model);
   Target t;
   t.world_size = request.world_size;
   t.stage = request.stage.value_or(std::max(src.stage, 1));
@@ -612,7 +541,7 @@ DeepSpeedExportResult export_deepspeed(const DeepSpeedExportRequest& request, co
     c.loss_scaler = loss_scaler(f.b, t, src.config, src.trainer_state);
     c.dynamic = t.dtype == ckpt::DType::kF16;
     c.clip_grad = config.value("gradient_clipping", 0.0);
-    c.lr_scheduler = ds::from_json(f.b, src.run.lr_scheduler);
+    c.lr_scheduler = ds::from_json(f.b, src.full_run.lr_scheduler);
     return c;
   };
   const std::string prefix = t.dtype == ckpt::DType::kBF16 ? "bf16_" : "";

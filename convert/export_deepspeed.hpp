@@ -41,8 +41,4 @@ struct DeepSpeedExportResult {
 
 DeepSpeedExportResult export_deepspeed(const DeepSpeedExportRequest& request, const ConvertOptions& options);
 
-// Whether `path` is a DeepSpeed checkpoint folder (a folder whose `latest` or `latest_universal` names a
-// tag folder of DeepSpeed's files, or such a tag folder) rather than a shardkit checkpoint.
-bool is_deepspeed_checkpoint(const std::filesystem::path& path);
-
 }  // namespace shardkit::convert

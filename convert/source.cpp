@@ -1,0 +1,139 @@
+#include "convert/source.hpp"
+
+#include <array>
+#include <regex>
+
+#include "base/error.hpp"
+#include "base/file_util.hpp"
+#include "base/json_input.hpp"
+#include "ckpt/checkpoint_reader.hpp"
+#include "ckpt/shard_format.hpp"
+#include "convert/deepspeed/ds_checkpoint.hpp"
+#include "model/registry.hpp"
+
+namespace shardkit::convert {
+namespace {
+
+// The config.json a Hugging Face Trainer run keeps beside its DeepSpeed checkpoint folder: in the folder
+// given, or in the one above a tag folder. Empty when there is none.
+std::filesystem::path find_hf_config(const std::filesystem::path& source) {
+  std::error_code ec;
+  for (const std::filesystem::path& dir : {source, std::filesystem::absolute(source).parent_path()}) {
+    if (std::filesystem::is_regular_file(dir / "config.json", ec)) return dir / "config.json";
+  }
+  return {};
+}
+
+bool known_model_type(const nlohmann::json& config) {
+  const auto type = config.find("model_type");
+  if (type == config.end() || !type->is_string()) return false;
+  for (const model::Family* f : model::families()) {
+    for (const std::string& t : f->hf_model_types) {
+      if (t == type->get<std::string>()) return true;
+    }
+  }
+  return false;
+}
+
+CheckpointSource open_shardkit(const std::filesystem::path& path) {
+  auto probe = std::make_shared<ckpt::CheckpointReader>(path);
+  const ckpt::Manifest& m = probe->manifest();
+  const std::string where = probe->step_dir().string();
+  CheckpointSource s;
+  s.path = probe->step_dir();
+  s.table = &probe->tensors();
+  s.trainer_state = m.trainer_state;
+  s.config = m.config;
+  s.model = m.model;
+  s.world_size = m.layout.world_size;
+  s.stage = m.layout.stage;
+  s.chunk_elems = m.chunk_elems;
+  if (m.trainer_state.contains("deepspeed")) {
+    s.run = deepspeed::DeepSpeedRun::from_json(m.trainer_state["deepspeed"], where);
+  } else {
+    s.run_missing = where + ": trained by shardkit, it records no DeepSpeed parameter groups";
+  }
+  const std::array<std::string_view, 3> names = {ckpt::kMasterWeights, ckpt::kExpAvg, ckpt::kExpAvgSq};
+  std::array<int, 3> states{};
+  for (size_t i = 0; i < names.size(); ++i) states[i] = probe->find_state(names[i]);
+  if (states[0] < 0) fail(ErrorKind::kInvalidInput, where + ": no '" + std::string(names[0]) + "' state");
+  s.has_moments = states[1] >= 0 && states[2] >= 0;
+  const std::filesystem::path step_dir = probe->step_dir();
+  s.reader = [step_dir, states, names]() -> StateReadFn {
+    auto reader = std::make_shared<ckpt::CheckpointReader>(step_dir);
+    return [reader, states, names](int state, int tensor, int64_t offset, std::span<float> out) {
+      const int index = states[static_cast<size_t>(state)];
+      if (index < 0) {
+        fail(ErrorKind::kInvalidInput,
+             reader->step_dir().string() + ": no '" + std::string(names[static_cast<size_t>(state)]) + "' state");
+      }
+      reader->read(tensor, index, offset, out);
+    };
+  };
+  s.keep = probe;
+  return s;
+}
+
+}  // namespace
+
+CheckpointSource open_deepspeed_source(const std::filesystem::path& path, const std::string& model_name) {
+  std::string name = model_name;
+  nlohmann::json hf_config;
+  if (name.empty()) {
+    if (const std::filesystem::path config = find_hf_config(path); !config.empty()) {
+      hf_config = read_json_file(config, json_limits::kConfig, ErrorKind::kInvalidInput);
+      if (known_model_type(hf_config)) name = config.string();
+    }
+  }
+  const std::shared_ptr<const model::Model> model = name.empty() ? nullptr : model::resolve_model(name);
+  auto ckpt = std::make_shared<deepspeed::DeepSpeedCheckpoint>(path, model);
+  const bool universal = ckpt->layout() == deepspeed::SourceLayout::kUniversal;
+  CheckpointSource s;
+  s.path = ckpt->folder();
+  s.deepspeed = true;
+  s.table = &ckpt->table();
+  s.trainer_state = ckpt->trainer_state();
+  s.config = ckpt->ds_config();
+  // A universal checkpoint has no world size of its own.
+  s.world_size = universal ? 1 : ckpt->world_size();
+  s.stage = universal ? 0 : ckpt->stage();
+  s.run = ckpt->run();
+  s.run_missing = ckpt->run_missing();
+  if (model) {
+    s.model = model->to_json();
+  } else {
+    s.model = {{"family", model::kExternalFamily}, {"name", ckpt->folder().filename().string()}};
+    if (hf_config.is_object()) s.model["hf_config"] = hf_config;
+  }
+  s.reader = [ckpt]() -> StateReadFn {
+    return
+        [ckpt](int state, int tensor, int64_t offset, std::span<float> out) { ckpt->read(state, tensor, offset, out); };
+  };
+  s.keep = ckpt;
+  return s;
+}
+
+bool is_deepspeed_checkpoint(const std::filesystem::path& path) {
+  std::error_code ec;
+  std::filesystem::path folder = path;
+  if (std::filesystem::is_regular_file(path / "latest_universal", ec)) return true;
+  if (std::filesystem::is_regular_file(path / "latest", ec)) {
+    std::string tag = read_small_file(path / "latest", 4096, ErrorKind::kInvalidInput);
+    while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.back()))) tag.pop_back();
+    if (tag.empty() || tag.find('/') != std::string::npos) return false;
+    folder = path / tag;
+  }
+  if (std::filesystem::exists(folder / "manifest.json", ec)) return false;
+  if (std::filesystem::is_directory(folder / "zero", ec)) return true;
+  static const std::regex kOptim(R"((bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt)");
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+    if (std::regex_match(entry.path().filename().string(), kOptim)) return true;
+  }
+  return false;
+}
+
+CheckpointSource open_checkpoint_source(const std::filesystem::path& path, const std::string& model) {
+  return is_deepspeed_checkpoint(path) ? open_deepspeed_source(path, model) : open_shardkit(path);
+}
+
+}  // namespace shardkit::convert

@@ -1,0 +1,58 @@
+// A checkpoint to convert from, whatever wrote it: a shardkit checkpoint (run or step folder) or a
+// DeepSpeed ZeRO checkpoint folder. Either way the converters see one tensor table, the training
+// counters, the run's config and a reader of the fp32 master weights and both Adam moments, so every
+// output (a shardkit checkpoint, DeepSpeed's files, consolidated weights) is one pass from any source.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/tensor_table.hpp"
+#include "convert/deepspeed/ds_run.hpp"
+#include "convert/stream.hpp"
+
+namespace shardkit::convert {
+
+// The states a source reads, by index: what every checkpoint shardkit converts holds.
+inline constexpr int kSourceFp32 = 0, kSourceExpAvg = 1, kSourceExpAvgSq = 2;
+
+struct CheckpointSource {
+  std::filesystem::path path;  // the step or tag folder read
+  bool deepspeed = false;
+  const ckpt::TensorTable* table = nullptr;
+  nlohmann::json trainer_state;  // step, consumed_samples, skipped_steps, optimizer_steps, lr_scheduler...
+  nlohmann::json config;         // the run's DeepSpeed config, or null
+  // As a manifest records it: a family's model, or {"family": "external", "hf_config": ...}.
+  nlohmann::json model;
+  int world_size = 0;
+  int stage = 0;
+  int64_t chunk_elems = 0;  // a shardkit source's chunk size: its readers hold chunk buffers
+  bool has_moments = true;  // false: the source holds the master weights only (reading a moment fails)
+  // What a DeepSpeed run needs back, where the source records it (nullopt: `run_missing` says why).
+  std::optional<deepspeed::DeepSpeedRun> run;
+  std::string run_missing;
+  // A reader of state kSourceFp32 / kSourceExpAvg / kSourceExpAvgSq for one thread.
+  std::function<StateReadFn()> reader;
+  // Keeps what `table` and the readers refer to alive.
+  std::shared_ptr<const void> keep;
+};
+
+// Whether `path` is a DeepSpeed checkpoint folder (a folder whose `latest` or `latest_universal` names a
+// tag folder of DeepSpeed's files, or such a tag folder) rather than a shardkit checkpoint.
+bool is_deepspeed_checkpoint(const std::filesystem::path& path);
+
+// Opens either kind. `model` (a preset or model file) applies to a DeepSpeed source: its tensors are
+// checked against that model's table. Without it, the Hugging Face config.json that Hugging Face's
+// Trainer keeps beside `latest` names the model when a family computes its model_type; otherwise the
+// table is the parameters the checkpoint names. Error(kInvalidInput) naming the file otherwise.
+CheckpointSource open_checkpoint_source(const std::filesystem::path& path, const std::string& model = {});
+// A DeepSpeed checkpoint folder only (its reader's errors say what is missing).
+CheckpointSource open_deepspeed_source(const std::filesystem::path& path, const std::string& model = {});
+
+}  // namespace shardkit::convert
