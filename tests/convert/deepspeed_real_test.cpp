@@ -144,9 +144,9 @@ class DeepSpeedReal : public ::testing::TestWithParam<std::string> {
         std::vector<uint32_t> got(values.size());
         std::memcpy(got.data(), values.data(), values.size() * sizeof(float));
         // Bit patterns: the import must not round, flush or reorder a single element.
-        const auto [mismatch, _] = std::mismatch(got.begin(), got.end(), want.begin());
-        EXPECT_EQ(mismatch, got.end()) << state << " " << tensor.name << " differs first at element "
-                                       << (mismatch - got.begin()) << " of " << got.size();
+        const auto first = static_cast<size_t>(std::mismatch(got.begin(), got.end(), want.begin()).first - got.begin());
+        EXPECT_EQ(first, got.size()) << state << " " << tensor.name << " differs first at element " << first << " of "
+                                     << got.size();
       }
     }
   }
