@@ -1,0 +1,208 @@
+// `convert import-deepspeed` against checkpoints that real DeepSpeed wrote (tests/data/deepspeed/, made
+// by write_deepspeed_fixtures.py; its README says with which versions): every fixture comes in at its own
+// world size and stage and at others, every value of every state bit for bit equal to what the live
+// engine held when it saved (expected.safetensors), and the counters as DeepSpeed kept them
+// (expected.json). GPT-2 and Llama fixtures name their model with the model.json beside them; the
+// fixtures of a model no family knows are imported without a model, the tensor table taken from the
+// checkpoint's param_shapes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/checkpoint_reader.hpp"
+#include "ckpt/safetensors.hpp"
+#include "convert/import_deepspeed.hpp"
+#include "tests/support/test_support.hpp"
+
+namespace shardkit {
+namespace {
+
+using testing::TempDir;
+
+const std::filesystem::path kDataDir = SHARDKIT_DEEPSPEED_DATA_DIR;
+
+// The fixture folders (those holding expected.json), sorted; empty when the data folder is missing.
+std::vector<std::string> fixture_names() {
+  std::vector<std::string> names;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(kDataDir, ec)) return names;
+  for (const auto& entry : std::filesystem::directory_iterator(kDataDir)) {
+    if (std::filesystem::exists(entry.path() / "expected.json")) names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+struct Parameter {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+class DeepSpeedReal : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    folder_ = kDataDir / GetParam();
+    expected_ = read_json(folder_ / "expected.json");
+    for (const nlohmann::json& p : expected_.at("params")) {
+      params_.push_back({p.at("name").get<std::string>(), p.at("shape").get<std::vector<int64_t>>()});
+    }
+  }
+
+  // The model to name: the fixture's model file, or none (the table comes from the checkpoint).
+  std::string model() const {
+    return expected_.at("model_file").is_null() ? std::string()
+                                                : (folder_ / expected_.at("model_file").get<std::string>()).string();
+  }
+
+  static convert::ConvertOptions options() {
+    convert::ConvertOptions o;
+    o.threads = 2;
+    o.piece_elems = 1000;  // pieces that cross the sources' partition and sub-group boundaries
+    return o;
+  }
+
+  // Imports the fixture at `world` ranks and `stage` (the source's when empty) and checks the result.
+  void import_and_compare(std::optional<int> world, std::optional<int> stage) {
+    const int want_world = world.value_or(expected_.at("world_size").get<int>());
+    const int want_stage = stage.value_or(expected_.at("stage").get<int>());
+    SCOPED_TRACE(GetParam() + " imported at " + std::to_string(want_world) + " rank(s), stage " +
+                 std::to_string(want_stage));
+    convert::DeepSpeedImportRequest r;
+    r.source = folder_;
+    r.output = work_.path() / ("w" + std::to_string(want_world) + "s" + std::to_string(want_stage));
+    r.model = model();
+    r.world_size = world;
+    r.stage = stage;
+    const convert::DeepSpeedImportResult result = convert::import_deepspeed(r, options());
+    EXPECT_EQ(result.world_size, want_world);
+    EXPECT_EQ(result.stage, want_stage);
+
+    ckpt::CheckpointReader reader(result.step_dir);
+    EXPECT_TRUE(reader.verify().ok());
+    EXPECT_EQ(reader.layout().spec().world_size, want_world);
+    EXPECT_EQ(reader.layout().spec().stage, want_stage);
+    check_counters(reader.manifest());
+    check_table(reader.tensors());
+    check_values(reader);
+  }
+
+  void check_counters(const ckpt::Manifest& manifest) const {
+    const nlohmann::json& c = expected_.at("counters");
+    const nlohmann::json& ts = manifest.trainer_state;
+    const int64_t steps = c.at("global_steps").get<int64_t>();
+    EXPECT_EQ(manifest.step, steps);
+    EXPECT_EQ(ts.at("step"), steps);
+    EXPECT_EQ(ts.at("consumed_samples"), c.at("global_samples"));
+    EXPECT_EQ(ts.at("skipped_steps"), c.at("skipped_steps"));
+    EXPECT_EQ(ts.at("optimizer_steps"), c.at("adam_step"));
+    // Without a DeepSpeed scheduler the checkpoint holds none, and the schedule continues from the step.
+    const nlohmann::json& last = c.at("last_batch_iteration");
+    EXPECT_EQ(ts.at("lr_scheduler").at("last_batch_iteration"), last.is_null() ? nlohmann::json(steps - 1) : last);
+  }
+
+  // A model family's table lists the parameters in the module's order; a table taken from the
+  // checkpoint has the same names and shapes, in an order of its own.
+  void check_table(const ckpt::TensorTable& table) const {
+    ASSERT_EQ(table.size(), params_.size());
+    std::map<std::string, std::vector<int64_t>> got;
+    for (size_t i = 0; i < table.size(); ++i) {
+      got[table[i].name] = table[i].shape;
+      if (!model().empty()) EXPECT_EQ(table[i].name, params_[i].name) << "tensor " << i;
+    }
+    for (const Parameter& p : params_) {
+      const auto it = got.find(p.name);
+      ASSERT_NE(it, got.end()) << p.name << " is not in the imported table";
+      EXPECT_EQ(it->second, p.shape) << p.name;
+    }
+  }
+
+  void check_values(ckpt::CheckpointReader& reader) const {
+    const ckpt::safetensors::Reader expected(folder_ / "expected.safetensors");
+    for (const char* state : {"fp32", "exp_avg", "exp_avg_sq"}) {
+      const int s = reader.find_state(state);
+      ASSERT_GE(s, 0) << state;
+      for (size_t t = 0; t < reader.tensors().size(); ++t) {
+        const ckpt::TensorInfo& tensor = reader.tensors()[t];
+        const ckpt::safetensors::TensorInfo* info = expected.header().find(std::string(state) + "/" + tensor.name);
+        ASSERT_NE(info, nullptr) << state << "/" << tensor.name << " is not in expected.safetensors";
+        ASSERT_EQ(info->dtype, "F32");
+        ASSERT_EQ(info->shape, tensor.shape) << tensor.name;
+        std::vector<uint32_t> want(static_cast<size_t>(tensor.numel()));
+        expected.read(*info, 0, std::as_writable_bytes(std::span<uint32_t>(want)));
+        std::vector<float> values(want.size());
+        reader.read(static_cast<int>(t), s, 0, values);
+        std::vector<uint32_t> got(values.size());
+        std::memcpy(got.data(), values.data(), values.size() * sizeof(float));
+        // Bit patterns: the import must not round, flush or reorder a single element.
+        const auto first = static_cast<size_t>(std::mismatch(got.begin(), got.end(), want.begin()).first - got.begin());
+        EXPECT_EQ(first, got.size()) << state << " " << tensor.name << " differs first at element " << first << " of "
+                                     << got.size();
+      }
+    }
+  }
+
+  std::filesystem::path folder_;
+  nlohmann::json expected_;
+  std::vector<Parameter> params_;
+  TempDir work_;
+};
+
+TEST_P(DeepSpeedReal, ComesInBitForBitAtItsOwnWorldSizeAndStage) {
+  import_and_compare({}, {});
+}
+
+TEST_P(DeepSpeedReal, ComesInBitForBitAtOtherWorldSizesAndStages) {
+  import_and_compare(3, 1);
+  import_and_compare(1, 3);
+  import_and_compare(2, 0);
+}
+
+// The fixtures' own bookkeeping: what the tests above rely on.
+TEST_P(DeepSpeedReal, FixtureIsComplete) {
+  const std::string tag = expected_.at("tag");
+  std::ifstream latest(folder_ / "latest");
+  const std::string pointer((std::istreambuf_iterator<char>(latest)), {});
+  EXPECT_EQ(pointer, tag);
+  const bool bf16 = expected_.at("dtype") == "bf16";
+  const int world = expected_.at("world_size");
+  for (int r = 0; r < world; ++r) {
+    const std::string optim =
+        std::string(bf16 ? "bf16_" : "") + "zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_optim_states.pt";
+    EXPECT_TRUE(std::filesystem::is_regular_file(folder_ / tag / optim)) << optim;
+  }
+  EXPECT_EQ(expected_.at("model_file").is_null(), expected_.at("model") == "net");
+  const ckpt::safetensors::Reader values(folder_ / "expected.safetensors");
+  EXPECT_EQ(values.header().tensors.size(), 3 * params_.size());
+}
+
+const std::vector<std::string> kFixtures = fixture_names();
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, DeepSpeedReal, ::testing::ValuesIn(kFixtures),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(DeepSpeedReal);
+
+// Without the data folder the tests above have no instances; this says so instead of passing quietly.
+TEST(DeepSpeedRealData, FixturesArePresent) {
+  if (kFixtures.empty()) {
+    GTEST_SKIP() << "no DeepSpeed fixtures in " << kDataDir
+                 << " (tests/data/deepspeed/ of the source tree; write_deepspeed_fixtures.py makes them)";
+  }
+  EXPECT_GE(kFixtures.size(), 12u);
+}
+
+}  // namespace
+}  // namespace shardkit
