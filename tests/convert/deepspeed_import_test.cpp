@@ -189,13 +189,21 @@ TEST_F(DeepSpeedImport, AnyWorldSizeAndStage) {
   round_trip("llama", "universal", 4, 2);
 }
 
-TEST_F(DeepSpeedImport, WithoutModelTheTrainersConfigJsonNamesIt) {
+TEST_F(DeepSpeedImport, WithoutModelTheConfigJsonOrTheCheckpointNamesTheTensors) {
   // Hugging Face's Trainer keeps config.json beside `latest` (checkpoint-N/); no --model needed.
   const std::filesystem::path run = work_ / "checkpoint-9";
   std::filesystem::copy(fixture("llama", "zero3"), run, std::filesystem::copy_options::recursive);
   convert::DeepSpeedImportRequest r;
   r.output = work_ / "out";
-  expect_refused(run, "", {"no config.json beside the checkpoint", "give --model"});
+  // Without one, the checkpoint's own parameters: a model of no family, which reshards and exports.
+  r.source = run;
+  {
+    const convert::DeepSpeedImportResult result = convert::import_deepspeed(r, options());
+    ckpt::CheckpointReader reader(result.step_dir);
+    EXPECT_EQ(reader.manifest().model["family"], "external");
+    EXPECT_EQ(reader.tensors().size(), model::resolve_model("llama-tiny")->table().size());
+    std::filesystem::remove_all(r.output);
+  }
   std::ofstream(run / "config.json") << model::resolve_model("llama-tiny")->hf_config("float32").dump();
   for (const std::filesystem::path& source : {run, run / "global_step9"}) {
     r.source = source;

@@ -188,8 +188,8 @@ TEST_P(DeepSpeedReal, FixtureIsComplete) {
 const std::vector<std::string> kFixtures = fixture_names();
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DeepSpeedReal, ::testing::ValuesIn(kFixtures),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
+                         [](const ::testing::TestParamInfo<std::string>& param) {
+                           std::string name = param.param;
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;
                          });

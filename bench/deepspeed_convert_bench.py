@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""shardkit's DeepSpeed converters beside DeepSpeed's own tools, on one checkpoint, in one process tree.
+
+A real DeepSpeed engine (Hugging Face's GPT2LMHeadModel at gpt2-xl's shape by default, bf16, ZeRO
+stage 1, one GPU, torch.optim.AdamW with Hugging Face Trainer's two parameter groups) trains one step
+and saves with `engine.save_checkpoint`. Then, each timed from start to exit, with the peak resident
+memory of its whole process tree (sampled every 20 ms, worker processes included):
+
+  ds_to_universal   DeepSpeed's route to another world size or stage (`load_universal`)
+  reshard           shardkit convert reshard DS -o OUT --world-size 8 --stage 3 --to deepspeed
+                    (DeepSpeed's files for 8 ranks at ZeRO-3, durable)
+  zero_to_fp32      DeepSpeed's consolidation (convert_zero_checkpoint_to_fp32_state_dict)
+  consolidate       shardkit convert consolidate DS -o OUT (fp32 safetensors, durable)
+  import            shardkit convert import-deepspeed DS -o OUT (a shardkit checkpoint, for reference)
+
+Outputs go to --out-root (default: the work folder), one at a time, removed after each measurement.
+Prints one `RESULT {json}` line per tool and a table. Needs torch, transformers, psutil and DeepSpeed
+importable (PYTHONPATH), and a GPU for the save.
+
+  PYTHONPATH=<deepspeed site> DS_ACCELERATOR=cuda TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 \\
+      python3 bench/deepspeed_convert_bench.py --shardkit build-gpu/shardkit --work /tmp/dsbench
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+SHAPES = {  # n_layer, n_embd, n_head
+    "gpt2": (12, 768, 12),
+    "gpt2-xl": (48, 1600, 25),
+}
+
+
+def result(**kw):
+    print("RESULT " + json.dumps(kw), flush=True)
+
+
+def tree_bytes(path):
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    total = 0
+    for root, _, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
+
+
+def remove(path):
+    if os.path.isfile(path):
+        os.remove(path)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def measured(name, cmd, out, env=None):
+    """Runs cmd; returns seconds and the peak summed RSS of it and its descendants."""
+    import psutil
+
+    remove(out)
+    subprocess.run(["sync"], check=False)
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    root = psutil.Process(proc.pid)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            rss = root.memory_info().rss + sum(c.memory_info().rss for c in root.children(recursive=True))
+            peak = max(peak, rss)
+        except psutil.Error:
+            pass
+        time.sleep(0.02)
+    seconds = time.perf_counter() - start
+    output = proc.stdout.read()
+    row = dict(tool=name, seconds=round(seconds, 2), peak_rss_gb=round(peak / 1e9, 3), rc=proc.returncode,
+               output_gb=round(tree_bytes(out) / 1e9, 2) if os.path.exists(out) else 0, command=" ".join(cmd))
+    if proc.returncode != 0:
+        row["tail"] = output[-2000:]
+    result(**row)
+    remove(out)
+    return row
+
+
+def save(args):
+    """One DeepSpeed training step and save_checkpoint, in this process (rank 0 of 1)."""
+    import torch
+    import deepspeed
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    deepspeed.init_distributed(dist_backend="nccl")
+    layers, width, heads = SHAPES[args.model]
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=50257,
+                                       n_positions=1024)).cuda()
+    no_decay = ("bias", "ln_")
+    named = list(model.named_parameters())
+    groups = [{"params": [p for n, p in named if not any(k in n for k in no_decay)], "weight_decay": 0.1},
+              {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+              "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": True,
+              "steps_per_print": 10**9}
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+    ids = torch.randint(0, 50257, (2, 1024), device="cuda")
+    loss = engine(input_ids=ids, labels=ids).loss
+    engine.backward(loss)
+    engine.step()
+    start = time.perf_counter()
+    engine.save_checkpoint(args.ckpt)
+    seconds = time.perf_counter() - start
+    params = sum(p.numel() for p in model.parameters())
+    result(tool="save_checkpoint", seconds=round(seconds, 2), params=params,
+           output_gb=round(tree_bytes(args.ckpt) / 1e9, 2), torch=torch.__version__, deepspeed=deepspeed.__version__)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shardkit", required=True)
+    ap.add_argument("--work", required=True, help="folder for the DeepSpeed checkpoint")
+    ap.add_argument("--out-root", default="", help="folder for the outputs (default: --work)")
+    ap.add_argument("--model", default="gpt2-xl", choices=sorted(SHAPES))
+    ap.add_argument("--only-save", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--ckpt", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.only_save:
+        return save(args)
+    os.makedirs(args.work, exist_ok=True)
+    out_root = args.out_root or args.work
+    ckpt = os.path.join(args.work, "ds")
+    shutil.rmtree(ckpt, ignore_errors=True)
+    # The save runs in a process of its own, so that its GPU and host memory is gone before the tools run.
+    rc = subprocess.run([sys.executable, __file__, "--only-save", "--ckpt", ckpt, "--model", args.model,
+                         "--shardkit", args.shardkit, "--work", args.work]).returncode
+    if rc != 0:
+        sys.exit(rc)
+    tag = open(os.path.join(ckpt, "latest")).read().strip()
+    sk = os.path.abspath(args.shardkit)
+    py = sys.executable
+    rows = [
+        measured("ds_to_universal", [py, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                                     os.path.join(ckpt, tag), "--output_folder", os.path.join(out_root, "universal"),
+                                     "--num_extract_workers", "4", "--num_merge_workers", "4",
+                                     "--inject_missing_state"], os.path.join(out_root, "universal")),
+        measured("reshard", [sk, "convert", "reshard", ckpt, "-o", os.path.join(out_root, "reshard"), "--world-size",
+                             "8", "--stage", "3", "--to", "deepspeed", "-q"], os.path.join(out_root, "reshard")),
+        measured("zero_to_fp32", [py, "-c", "import sys; from deepspeed.utils.zero_to_fp32 import "
+                                  "convert_zero_checkpoint_to_fp32_state_dict as c; c(sys.argv[1], sys.argv[2])",
+                                  ckpt, os.path.join(out_root, "zero_to_fp32.bin")],
+                 os.path.join(out_root, "zero_to_fp32.bin")),
+        measured("consolidate", [sk, "convert", "consolidate", ckpt, "-o", os.path.join(out_root, "safetensors"),
+                                 "-q"], os.path.join(out_root, "safetensors")),
+        measured("import", [sk, "convert", "import-deepspeed", ckpt, "-o", os.path.join(out_root, "shardkit"), "-q"],
+                 os.path.join(out_root, "shardkit")),
+    ]
+    print("\n| tool | seconds | peak RSS (GB) | output (GB) |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['tool']} | {r['seconds']} | {r['peak_rss_gb']} | {r['output_gb']} |")
+    if any(r["rc"] != 0 for r in rows):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
