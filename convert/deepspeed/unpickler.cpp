@@ -105,7 +105,11 @@ namespace {
 enum class Role {
   kOrderedDict,       // collections.OrderedDict(): an empty dict
   kRebuildTensor,     // torch._utils._rebuild_tensor_v2(storage, offset, size, stride, ...)
-  kRebuildParameter,  // torch._utils._rebuild_parameter(tensor, requires_grad, hooks)
+  kRebuildParameter,  // torch._utils._rebuild_parameter(tensor, requires_grad, hooks[, state]) (torch 2.x
+                      // writes _rebuild_parameter_with_state, with the state, for a Parameter with attributes)
+  kRebuildFromType,   // torch._tensor._rebuild_from_type_v2(func, type, args, state): torch 2.x's form of a
+                      // tensor that carries Python attributes
+  kTensorType,        // torch.Tensor, torch.nn.parameter.Parameter: only as _rebuild_from_type_v2's type
   kSize,              // torch.Size(tuple)
   kSet,               // set(list) / frozenset(list)
   kGetattr,           // getattr(ZeroStageEnum, "member"): how Python 3.11 pickles an Enum member
@@ -126,6 +130,10 @@ constexpr Known kKnown[] = {
     {"collections", "OrderedDict", Role::kOrderedDict},
     {"torch._utils", "_rebuild_tensor_v2", Role::kRebuildTensor},
     {"torch._utils", "_rebuild_parameter", Role::kRebuildParameter},
+    {"torch._utils", "_rebuild_parameter_with_state", Role::kRebuildParameter},
+    {"torch._tensor", "_rebuild_from_type_v2", Role::kRebuildFromType},
+    {"torch", "Tensor", Role::kTensorType},
+    {"torch.nn.parameter", "Parameter", Role::kTensorType},
     {"torch", "Size", Role::kSize},
     {"torch", "DoubleStorage", Role::kStorageType, Dtype::kF64},
     {"torch", "FloatStorage", Role::kStorageType, Dtype::kF32},
@@ -245,7 +253,7 @@ class Machine {
     return v;
   }
   Value* global(std::string_view module, std::string_view name);
-  Value* reduce(Value* callable, Value* args);
+  Value* reduce(const Value* callable, const Value* args);
   Value* rebuild_tensor(const Value& args);
   Value* persistent(const Value* pid);
   void build(Value* target, const Value* state);
@@ -334,7 +342,7 @@ Value* Machine::rebuild_tensor(const Value& args) {
   return v;
 }
 
-Value* Machine::reduce(Value* callable, Value* args) {
+Value* Machine::reduce(const Value* callable, const Value* args) {
   if (callable->kind != Value::Kind::kGlobal) refuse(std::string("REDUCE calls ") + callable->describe());
   if (args->kind != Value::Kind::kTuple) refuse("REDUCE with arguments that are not a tuple");
   const Known& k = known(callable);
@@ -346,8 +354,28 @@ Value* Machine::reduce(Value* callable, Value* args) {
     case Role::kRebuildTensor:
       return rebuild_tensor(*args);
     case Role::kRebuildParameter:
+      // The requires_grad flag, the hooks and a Parameter's attribute state say nothing about its values.
       if (a.empty() || a[0]->kind != Value::Kind::kTensor) refuse("_rebuild_parameter called without a tensor");
       return const_cast<Value*>(a[0]);
+    case Role::kRebuildFromType: {
+      // (func, type, args, state): func(*args) rebuilds the tensor, type is the class to cast it to, and
+      // state the Python attributes to set on it (DeepSpeed's ds_* bookkeeping), which are dropped. Only
+      // the tensor rebuild functions are applied, once: func cannot be _rebuild_from_type_v2 itself.
+      if (a.size() != 4 || a[0]->kind != Value::Kind::kGlobal || a[1]->kind != Value::Kind::kGlobal ||
+          a[2]->kind != Value::Kind::kTuple) {
+        refuse("_rebuild_from_type_v2 called without (function, type, arguments, state)");
+      }
+      const Role func = known(a[0]).role;
+      if (func != Role::kRebuildTensor && func != Role::kRebuildParameter) {
+        refuse("_rebuild_from_type_v2 applies " + quoted_excerpt(a[0]->text) +
+               "; only torch's tensor rebuild functions are read");
+      }
+      if (known(a[1]).role != Role::kTensorType) {
+        refuse("_rebuild_from_type_v2 makes a " + quoted_excerpt(a[1]->text) +
+               "; only torch.Tensor and torch.nn.parameter.Parameter are read");
+      }
+      return reduce(a[0], a[2]);
+    }
     case Role::kSize: {
       if (a.size() != 1 || a[0]->kind != Value::Kind::kTuple) refuse("torch.Size called without a tuple");
       Value* v = make(Value::Kind::kTuple);
@@ -379,6 +407,7 @@ Value* Machine::reduce(Value* callable, Value* args) {
       }
       return integer(a[0]->integer);
     case Role::kStorageType:
+    case Role::kTensorType:
     case Role::kClass:
     case Role::kConstant:
       break;
