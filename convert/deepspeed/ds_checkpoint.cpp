@@ -102,11 +102,16 @@ int64_t step_value(const Value& v, const TorchFile& file, const std::string& wha
 }
 
 // A tag read from `latest`: one folder name inside the checkpoint folder, nothing that leads elsewhere.
+// Its content is never printed: only a tag that passes these checks is quoted later.
 std::string read_tag(const std::filesystem::path& file) {
   std::string tag = read_small_file(file, 4096, ErrorKind::kInvalidInput);
   while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.back()))) tag.pop_back();
   while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.front()))) tag.erase(tag.begin());
-  if (tag.empty() || tag == "." || tag == ".." || tag.find_first_of(std::string("/\\\0", 3)) != std::string::npos) {
+  // Printable ASCII up to a file name's length: what DeepSpeed's tags (global_step<N>, or the user's
+  // own) are.
+  const bool printable = std::all_of(tag.begin(), tag.end(), [](char c) { return c > ' ' && c < 0x7f; });
+  if (tag.empty() || tag.size() > 255 || !printable || tag == "." || tag == ".." ||
+      tag.find_first_of("/\\") != std::string::npos) {
     bad(file.string(), "does not name a tag folder (expected one folder name, such as global_step100)");
   }
   return tag;
@@ -135,10 +140,13 @@ void DeepSpeedCheckpoint::locate_folder(const std::filesystem::path& path) {
   if (!std::filesystem::is_directory(path, ec)) {
     bad(path.string(), "not a folder (expected a DeepSpeed checkpoint folder holding 'latest', or a tag folder)");
   }
+  root_ = path;
   folder_ = path;
   for (const char* pointer : {"latest", "latest_universal"}) {
     if (std::filesystem::exists(path / pointer, ec)) {
+      require_inside(path / pointer);  // a link to a file elsewhere is not read at all
       folder_ = path / read_tag(path / pointer);
+      require_inside(folder_);
       if (!std::filesystem::is_directory(folder_, ec)) {
         bad((path / pointer).string(),
             "names " + quoted_excerpt(folder_.filename().string()) + ", which is not a folder beside it");
@@ -176,6 +184,11 @@ void DeepSpeedCheckpoint::table_from_shapes(const Value& param_shapes, const std
   table_ = &own_table_;
   pieces_.resize(table_->size());
   seen_as_.resize(table_->size());
+}
+
+void DeepSpeedCheckpoint::require_inside(const std::filesystem::path& entry) const {
+  // Whoever made the checkpoint chose its links; the folder the user named may itself be one.
+  require_within_folder(root_, entry, ErrorKind::kInvalidInput);
 }
 
 int DeepSpeedCheckpoint::parameter(const std::string& name, const std::vector<int64_t>& shape,
@@ -234,6 +247,7 @@ void DeepSpeedCheckpoint::open_zero() {
     const std::string name = entry.path().filename().string();
     std::smatch m;
     if (std::regex_match(name, m, kOptim) || std::regex_match(name, m, kModel)) {
+      require_inside(entry.path());
       if (m[3].str() != "00") bad(entry.path().string(), "tensor or pipeline parallelism (mp_rank > 0) is not read");
       if (m[2].length() > 6) bad(entry.path().string(), "a rank number out of range");
       const int rank = m[2].matched ? std::stoi(m[2].str()) : -1;
@@ -264,7 +278,7 @@ void DeepSpeedCheckpoint::open_zero() {
   // Every rank's optimizer state; they must agree on the stage and the world size.
   std::vector<const Value*> states;
   for (const auto& [rank, file] : optim) {
-    files_.push_back(std::make_unique<TorchFile>(file));
+    files_.push_back(std::make_unique<TorchFile>(file, &parse_budget_));
     const TorchFile& f = *files_.back();
     const std::string where = f.path().string();
     const Value& sd = field(f.root(), "optimizer_state_dict", Kind::kDict, where, "");
@@ -295,7 +309,7 @@ void DeepSpeedCheckpoint::open_zero() {
     bad((folder_ / (stage_ == 3 ? "zero_pp_rank_0_mp_rank_00_model_states.pt" : "mp_rank_00_model_states.pt")).string(),
         "missing: it names the parameters of a stage " + std::to_string(stage_) + " checkpoint");
   }
-  files_.push_back(std::make_unique<TorchFile>(model.at(model_rank)));
+  files_.push_back(std::make_unique<TorchFile>(model.at(model_rank), &parse_budget_));
   const TorchFile& mf = *files_.back();
   const std::string where = mf.path().string();
   const Value& ms = mf.root();
@@ -556,8 +570,12 @@ void DeepSpeedCheckpoint::open_universal() {
   const std::filesystem::path zero = folder_ / "zero";
   std::vector<std::filesystem::path> dirs;
   std::error_code ec;
+  require_inside(zero);
   for (const auto& entry : std::filesystem::directory_iterator(zero, ec)) {
-    if (entry.is_directory(ec)) dirs.push_back(entry.path());
+    if (entry.is_directory(ec)) {
+      require_inside(entry.path());
+      dirs.push_back(entry.path());
+    }
   }
   if (ec) bad(zero.string(), "cannot list the folder: " + ec.message());
   std::sort(dirs.begin(), dirs.end());
@@ -568,7 +586,8 @@ void DeepSpeedCheckpoint::open_universal() {
   std::string where = zero.string();
   for (const auto& entry : std::filesystem::directory_iterator(folder_, ec)) {
     if (std::regex_match(entry.path().filename().string(), kModel)) {
-      files_.push_back(std::make_unique<TorchFile>(entry.path()));
+      require_inside(entry.path());
+      files_.push_back(std::make_unique<TorchFile>(entry.path(), &parse_budget_));
       counters = &files_.back()->root();
       where = entry.path().string();
       break;
@@ -589,7 +608,8 @@ void DeepSpeedCheckpoint::open_universal() {
   for (const std::filesystem::path& dir : dirs) {
     int t = -1;
     for (int s = 0; s < kStateCount; ++s) {
-      files_.push_back(std::make_unique<TorchFile>(dir / kFiles[s]));
+      require_inside(dir / kFiles[s]);
+      files_.push_back(std::make_unique<TorchFile>(dir / kFiles[s], &parse_budget_));
       const TorchFile& f = *files_.back();
       // Stage 1/2: {'param': tensor in its shape, 'cat_dim': ...}; stage 3: the flat tensor itself.
       const Value* v = &f.root();
@@ -604,7 +624,8 @@ void DeepSpeedCheckpoint::open_universal() {
       add(s, t, {0, v->tensor.numel(), &f, &v->tensor, 0, dir.filename().string()});
     }
     if (!optimizer_step && std::filesystem::exists(dir / "step.pt", ec)) {
-      files_.push_back(std::make_unique<TorchFile>(dir / "step.pt"));
+      require_inside(dir / "step.pt");
+      files_.push_back(std::make_unique<TorchFile>(dir / "step.pt", &parse_budget_));
       optimizer_step = step_value(files_.back()->root(), *files_.back(), "the step");
     }
   }

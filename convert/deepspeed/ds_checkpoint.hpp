@@ -80,6 +80,8 @@ class DeepSpeedCheckpoint {
   };
 
   void locate_folder(const std::filesystem::path& path);
+  // Error(kInvalidInput) when `entry` leads out of the folder the user named through a symbolic link.
+  void require_inside(const std::filesystem::path& entry) const;
   void open_zero();
   void open_universal();
   void map_zero12(const std::vector<const Value*>& states, const Value& param_shapes);
@@ -101,11 +103,13 @@ class DeepSpeedCheckpoint {
   std::optional<DeepSpeedRun> run_;
   std::string run_missing_;
   nlohmann::json ds_config_;
+  std::filesystem::path root_;  // the folder the user named: nothing is read outside it
   std::filesystem::path folder_;
   SourceLayout layout_ = SourceLayout::kZero12;
   int world_size_ = 0;
   int stage_ = 0;
   nlohmann::json trainer_state_;
+  ParseBudget parse_budget_;  // the memory all files' pickles may take together
   std::vector<std::unique_ptr<TorchFile>> files_;
   std::vector<std::array<std::vector<Piece>, kStateCount>> pieces_;  // per table tensor, by begin
   std::vector<std::string> seen_as_;                                 // the name each tensor was found under

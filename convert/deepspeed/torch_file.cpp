@@ -14,7 +14,7 @@ constexpr int64_t kReadElems = int64_t{1} << 18;
 
 }  // namespace
 
-TorchFile::TorchFile(const std::filesystem::path& path) : zip_(path) {
+TorchFile::TorchFile(const std::filesystem::path& path, ParseBudget* budget) : zip_(path) {
   const std::string where = path.string();
   if (zip_.entries().empty()) fail(ErrorKind::kInvalidInput, where + ": an empty zip archive, not a torch.save file");
   // torch.save puts every record in one folder named after the file; its reader takes the folder of
@@ -34,7 +34,7 @@ TorchFile::TorchFile(const std::filesystem::path& path) : zip_(path) {
       fail(ErrorKind::kInvalidInput, where + ": tensors are stored big-endian; only little-endian files are read");
     }
   }
-  pickle_ = unpickle(zip_.read_all(*pickle, kMaxPickleBytes), where);
+  pickle_ = unpickle(zip_.read_all(*pickle, kMaxPickleBytes), where, budget);
 }
 
 const ZipEntry& TorchFile::storage_entry(const TensorRef& tensor, const std::string& what) const {

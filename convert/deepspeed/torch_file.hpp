@@ -18,9 +18,10 @@ inline constexpr uint64_t kMaxPickleBytes = uint64_t{32} << 20;
 
 class TorchFile {
  public:
-  // Opens the archive, checks its records (version, byte order) and runs data.pkl.
+  // Opens the archive, checks its records (version, byte order) and runs data.pkl, charging what it
+  // builds to `budget` when given (the checkpoint's, shared by all its files).
   // Error(kInvalidInput) naming the file when it is not a torch.save archive or its pickle is refused.
-  explicit TorchFile(const std::filesystem::path& path);
+  explicit TorchFile(const std::filesystem::path& path, ParseBudget* budget = nullptr);
 
   const std::filesystem::path& path() const noexcept { return zip_.path(); }
   const Value& root() const noexcept { return pickle_.root(); }

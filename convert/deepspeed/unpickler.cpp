@@ -1,8 +1,10 @@
 #include "convert/deepspeed/unpickler.hpp"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstring>
+#include <limits>
 #include <unordered_map>
 
 #include "base/error.hpp"
@@ -38,7 +40,9 @@ const char* dtype_name(Dtype dtype) noexcept {
 
 int64_t TensorRef::numel() const noexcept {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) return std::numeric_limits<int64_t>::max();
+  }
   return n;
 }
 
@@ -46,12 +50,45 @@ bool TensorRef::contiguous() const noexcept {
   int64_t expected = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     if (shape[i] != 1 && stride[i] != expected) return false;
-    expected *= shape[i];
+    if (__builtin_mul_overflow(expected, shape[i], &expected)) return false;
   }
   return true;
 }
 
+// Keys in sorted order, one entry per key: the value of its last pair.
+struct Value::KeyIndex {
+  std::vector<std::pair<std::string_view, const Value*>> text;
+  std::vector<std::pair<int64_t, const Value*>> integer;
+};
+
+namespace {
+
+// Dicts up to this size are scanned: most of a checkpoint's dicts are small, and an index costs more.
+constexpr size_t kIndexAbove = 8;
+
+template <typename K>
+const Value* find_key(const std::vector<std::pair<K, const Value*>>& sorted, const K& key) {
+  const auto it = std::lower_bound(sorted.begin(), sorted.end(), key,
+                                   [](const std::pair<K, const Value*>& e, const K& k) { return e.first < k; });
+  return it != sorted.end() && it->first == key ? it->second : nullptr;
+}
+
+// Sorts (key, value) entries listed in pair order and keeps the last value of each key.
+template <typename K>
+void sort_keep_last(std::vector<std::pair<K, const Value*>>& entries) {
+  std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  size_t out = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (i + 1 < entries.size() && entries[i + 1].first == entries[i].first) continue;
+    entries[out++] = entries[i];
+  }
+  entries.resize(out);
+}
+
+}  // namespace
+
 const Value* Value::get(std::string_view key) const {
+  if (index) return find_key(index->text, key);
   for (size_t i = pairs.size(); i-- > 0;) {
     if (pairs[i].first->kind == Kind::kString && pairs[i].first->text == key) return pairs[i].second;
   }
@@ -59,10 +96,20 @@ const Value* Value::get(std::string_view key) const {
 }
 
 const Value* Value::get(int64_t key) const {
+  if (index) return find_key(index->integer, key);
   for (size_t i = pairs.size(); i-- > 0;) {
     if (pairs[i].first->kind == Kind::kInt && pairs[i].first->integer == key) return pairs[i].second;
   }
   return nullptr;
+}
+
+void ParseBudget::charge(uint64_t bytes, const std::string& where) {
+  const uint64_t total = used_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  if (total > limit_) {
+    fail(ErrorKind::kInvalidInput, where + ": the pickles of this checkpoint's files need more than " +
+                                       std::to_string(limit_ >> 20) +
+                                       " MiB of memory together (is it a real DeepSpeed checkpoint?)");
+  }
 }
 
 const char* Value::describe() const {
@@ -105,7 +152,11 @@ namespace {
 enum class Role {
   kOrderedDict,       // collections.OrderedDict(): an empty dict
   kRebuildTensor,     // torch._utils._rebuild_tensor_v2(storage, offset, size, stride, ...)
-  kRebuildParameter,  // torch._utils._rebuild_parameter(tensor, requires_grad, hooks)
+  kRebuildParameter,  // torch._utils._rebuild_parameter(tensor, requires_grad, hooks[, state]) (torch 2.x
+                      // writes _rebuild_parameter_with_state, with the state, for a Parameter with attributes)
+  kRebuildFromType,   // torch._tensor._rebuild_from_type_v2(func, type, args, state): torch 2.x's form of a
+                      // tensor that carries Python attributes
+  kTensorType,        // torch.Tensor, torch.nn.parameter.Parameter: only as _rebuild_from_type_v2's type
   kSize,              // torch.Size(tuple)
   kSet,               // set(list) / frozenset(list)
   kGetattr,           // getattr(ZeroStageEnum, "member"): how Python 3.11 pickles an Enum member
@@ -126,6 +177,10 @@ constexpr Known kKnown[] = {
     {"collections", "OrderedDict", Role::kOrderedDict},
     {"torch._utils", "_rebuild_tensor_v2", Role::kRebuildTensor},
     {"torch._utils", "_rebuild_parameter", Role::kRebuildParameter},
+    {"torch._utils", "_rebuild_parameter_with_state", Role::kRebuildParameter},
+    {"torch._tensor", "_rebuild_from_type_v2", Role::kRebuildFromType},
+    {"torch", "Tensor", Role::kTensorType},
+    {"torch.nn.parameter", "Parameter", Role::kTensorType},
     {"torch", "Size", Role::kSize},
     {"torch", "DoubleStorage", Role::kStorageType, Dtype::kF64},
     {"torch", "FloatStorage", Role::kStorageType, Dtype::kF32},
@@ -158,12 +213,24 @@ constexpr Known kKnown[] = {
 constexpr std::pair<std::string_view, int64_t> kStageMembers[] = {
     {"disabled", 0}, {"optimizer_states", 1}, {"gradients", 2}, {"weights", 3}, {"max_stage", 3}};
 
+// Bytes of bookkeeping charged per memo entry and per storage record (hash map nodes).
+constexpr uint64_t kMapNodeBytes = 64;
+// Charges reach the checkpoint's budget in steps of this many bytes (fewer atomic operations).
+constexpr uint64_t kBudgetStep = uint64_t{1} << 20;
+
 class Machine {
  public:
-  Machine(std::string_view data, const std::string& where, std::deque<Value>& arena)
-      : data_(data), where_(where), arena_(arena) {}
+  Machine(std::string_view data, const std::string& where, std::deque<Value>& arena, ParseBudget* budget)
+      : data_(data),
+        where_(where),
+        arena_(arena),
+        budget_(budget),
+        limit_(std::clamp<uint64_t>(data.size() * kPickleMemoryPerByte, kMinPickleMemory, kMaxPickleMemory)) {}
 
   const Value* run();
+  // Indexes the keys of every large dict and object; charges the rest to the budget. Returns the bytes
+  // charged in all.
+  uint64_t finish();
 
  private:
   [[noreturn]] void refuse(const std::string& what) const {
@@ -194,8 +261,38 @@ class Machine {
     pos_ = end + 1;
     return s;
   }
+  // Every allocation the pickle asks for is charged here first, so that a crafted one is refused
+  // before its memory is taken.
+  void charge(uint64_t bytes) {
+    used_ += bytes;
+    if (used_ > limit_) {
+      refuse("the parsed pickle needs more than " + std::to_string(limit_ >> 20) + " MiB of memory (" +
+             std::to_string(kPickleMemoryPerByte) + " bytes per byte of its " + std::to_string(data_.size()) +
+             " bytes; real DeepSpeed files need under 40)");
+    }
+    if (budget_ && used_ - flushed_ >= kBudgetStep) {
+      budget_->charge(used_ - flushed_, where_);
+      flushed_ = used_;
+    }
+  }
+  // Makes room for `more` slots in `v`, charging the capacity it grows by.
+  template <typename T>
+  void grow(std::vector<T>& v, size_t more) {
+    if (v.capacity() - v.size() >= more) return;
+    const size_t want = std::max(v.size() + more, 2 * v.capacity());
+    charge((want - v.capacity()) * sizeof(T));
+    v.reserve(want);
+  }
+  void set_text(Value* v, std::string_view text) {
+    charge(text.size());
+    v->text = std::string(text);
+  }
+  void add_items(Value* v, const std::vector<const Value*>& items) {
+    grow(v->items, items.size());
+    v->items.insert(v->items.end(), items.begin(), items.end());
+  }
   Value* make(Value::Kind kind) {
-    if (arena_.size() >= kMaxValues) refuse("the pickle makes more than " + std::to_string(kMaxValues) + " objects");
+    charge(sizeof(Value));
     Value& v = arena_.emplace_back();
     v.kind = kind;
     return &v;
@@ -226,6 +323,7 @@ class Machine {
   }
   void memo_put(uint64_t index) {
     if (index >= kMaxMemo) refuse("memo index " + std::to_string(index) + " is past the bound");
+    if (!memo_.count(index)) charge(kMapNodeBytes);
     memo_[index] = top();
     if (memo_.size() > kMaxMemo) refuse("the memo grows past its bound");
   }
@@ -239,24 +337,28 @@ class Machine {
     v->integer = i;
     return v;
   }
-  Value* tuple(std::vector<Value*> items) {
+  Value* tuple(const std::vector<Value*>& items) {
     Value* v = make(Value::Kind::kTuple);
+    grow(v->items, items.size());
     v->items.assign(items.begin(), items.end());
     return v;
   }
   Value* global(std::string_view module, std::string_view name);
-  Value* reduce(Value* callable, Value* args);
+  Value* reduce(const Value* callable, const Value* args);
+  void index_keys(Value* v);
   Value* rebuild_tensor(const Value& args);
   Value* persistent(const Value* pid);
   void build(Value* target, const Value* state);
   void set_item(Value* dict, Value* key, Value* value) {
     if (dict->kind != Value::Kind::kDict) refuse(std::string("SETITEM on ") + dict->describe());
+    grow(dict->pairs, 1);
     dict->pairs.emplace_back(key, value);
   }
   void append(Value* list, Value* item) {
     if (list->kind != Value::Kind::kList && list->kind != Value::Kind::kSet) {
       refuse(std::string("APPEND on ") + list->describe());
     }
+    grow(list->items, 1);
     list->items.push_back(item);
   }
   const Known& known(const Value* v) const { return kKnown[static_cast<size_t>(v->integer)]; }
@@ -264,6 +366,10 @@ class Machine {
   std::string_view data_;
   const std::string& where_;
   std::deque<Value>& arena_;
+  ParseBudget* budget_;
+  const uint64_t limit_;  // bytes this pickle may charge
+  uint64_t used_ = 0;     // bytes charged for this pickle
+  uint64_t flushed_ = 0;  // of which passed on to budget_
   size_t pos_ = 0;
   size_t op_at_ = 0;
   std::vector<Value*> stack_;
@@ -276,7 +382,7 @@ Value* Machine::global(std::string_view module, std::string_view name) {
   for (size_t i = 0; i < std::size(kKnown); ++i) {
     if (kKnown[i].module == module && kKnown[i].name == name) {
       Value* v = make(Value::Kind::kGlobal);
-      v->text = std::string(module) + "." + std::string(name);
+      set_text(v, std::string(module) + "." + std::string(name));
       v->integer = static_cast<int64_t>(i);  // index into kKnown
       return v;
     }
@@ -301,11 +407,16 @@ Value* Machine::rebuild_tensor(const Value& args) {
     refuse("a tensor whose size and stride are not tuples of one length (at most 64)");
   }
   t.offset = offset->integer;
-  // The last element the view reaches must lie inside the storage; products are bounded by it, so
-  // nothing overflows.
+  // The last element the view reaches must lie inside the storage; with each step bounded by it,
+  // nothing there overflows. A stride of 0 reaches no further however large the size, so the element
+  // count is bounded on its own (with and without the empty dimensions: contiguous() multiplies the
+  // sizes of the others).
+  constexpr int64_t kMaxElements = int64_t{1} << 62;
   const int64_t limit = t.storage->numel;
   int64_t last = t.offset;
   int64_t numel = 1;
+  int64_t nonempty = 1;  // product of the sizes other than 0
+  charge(2 * size->items.size() * sizeof(int64_t));
   for (size_t i = 0; i < size->items.size(); ++i) {
     const Value* d = size->items[i];
     const Value* s = stride->items[i];
@@ -315,6 +426,9 @@ Value* Machine::rebuild_tensor(const Value& args) {
     t.shape.push_back(d->integer);
     t.stride.push_back(s->integer);
     if (d->integer == 0) numel = 0;
+    if (d->integer != 0 && (__builtin_mul_overflow(nonempty, d->integer, &nonempty) || nonempty > kMaxElements)) {
+      refuse("a tensor of more than 2^62 elements");
+    }
   }
   if (numel != 0) {
     for (size_t i = 0; i < t.shape.size(); ++i) {
@@ -334,7 +448,7 @@ Value* Machine::rebuild_tensor(const Value& args) {
   return v;
 }
 
-Value* Machine::reduce(Value* callable, Value* args) {
+Value* Machine::reduce(const Value* callable, const Value* args) {
   if (callable->kind != Value::Kind::kGlobal) refuse(std::string("REDUCE calls ") + callable->describe());
   if (args->kind != Value::Kind::kTuple) refuse("REDUCE with arguments that are not a tuple");
   const Known& k = known(callable);
@@ -346,18 +460,38 @@ Value* Machine::reduce(Value* callable, Value* args) {
     case Role::kRebuildTensor:
       return rebuild_tensor(*args);
     case Role::kRebuildParameter:
+      // The requires_grad flag, the hooks and a Parameter's attribute state say nothing about its values.
       if (a.empty() || a[0]->kind != Value::Kind::kTensor) refuse("_rebuild_parameter called without a tensor");
       return const_cast<Value*>(a[0]);
+    case Role::kRebuildFromType: {
+      // (func, type, args, state): func(*args) rebuilds the tensor, type is the class to cast it to, and
+      // state the Python attributes to set on it (DeepSpeed's ds_* bookkeeping), which are dropped. Only
+      // the tensor rebuild functions are applied, once: func cannot be _rebuild_from_type_v2 itself.
+      if (a.size() != 4 || a[0]->kind != Value::Kind::kGlobal || a[1]->kind != Value::Kind::kGlobal ||
+          a[2]->kind != Value::Kind::kTuple) {
+        refuse("_rebuild_from_type_v2 called without (function, type, arguments, state)");
+      }
+      const Role func = known(a[0]).role;
+      if (func != Role::kRebuildTensor && func != Role::kRebuildParameter) {
+        refuse("_rebuild_from_type_v2 applies " + quoted_excerpt(a[0]->text) +
+               "; only torch's tensor rebuild functions are read");
+      }
+      if (known(a[1]).role != Role::kTensorType) {
+        refuse("_rebuild_from_type_v2 makes a " + quoted_excerpt(a[1]->text) +
+               "; only torch.Tensor and torch.nn.parameter.Parameter are read");
+      }
+      return reduce(a[0], a[2]);
+    }
     case Role::kSize: {
       if (a.size() != 1 || a[0]->kind != Value::Kind::kTuple) refuse("torch.Size called without a tuple");
       Value* v = make(Value::Kind::kTuple);
-      v->items = a[0]->items;
+      add_items(v, a[0]->items);
       return v;
     }
     case Role::kSet: {
       Value* v = make(Value::Kind::kSet);
       if (a.size() == 1 && (a[0]->kind == Value::Kind::kList || a[0]->kind == Value::Kind::kTuple)) {
-        v->items = a[0]->items;
+        add_items(v, a[0]->items);
       } else if (!a.empty()) {
         refuse("set called with something other than a list");
       }
@@ -379,6 +513,7 @@ Value* Machine::reduce(Value* callable, Value* args) {
       }
       return integer(a[0]->integer);
     case Role::kStorageType:
+    case Role::kTensorType:
     case Role::kClass:
     case Role::kConstant:
       break;
@@ -400,6 +535,7 @@ Value* Machine::persistent(const Value* pid) {
     refuse("a storage key " + quoted_excerpt(key) + " that is not a short alphanumeric name");
   }
   Value* v = make(Value::Kind::kStorage);
+  charge(key.size() + kMapNodeBytes);
   v->storage = {key, known(pid->items[1]).dtype, pid->items[4]->integer};
   // One storage record, one element type and size, however many tensors view it.
   const auto [it, fresh] = storages_.emplace(key, &v->storage);
@@ -415,6 +551,7 @@ void Machine::build(Value* target, const Value* state) {
   if (state->kind == Value::Kind::kNone) return;
   if (state->kind != Value::Kind::kDict) refuse("BUILD with a state that is not a dict");
   if (target->kind == Value::Kind::kObject) {
+    grow(target->pairs, state->pairs.size());
     target->pairs.insert(target->pairs.end(), state->pairs.begin(), state->pairs.end());
   } else if (target->kind != Value::Kind::kDict) {
     // A state dict's OrderedDict gets its `_metadata` attribute this way; nothing else is built.
@@ -501,6 +638,7 @@ const Value* Machine::run() {
       case 'l': {  // LIST
         Value* v = make(Value::Kind::kList);
         const std::vector<Value*> items = pop_mark();
+        grow(v->items, items.size());
         v->items.assign(items.begin(), items.end());
         push(v);
         break;
@@ -523,6 +661,7 @@ const Value* Machine::run() {
       case 0x91: {  // FROZENSET
         Value* v = make(Value::Kind::kSet);
         const std::vector<Value*> items = pop_mark();
+        grow(v->items, items.size());
         v->items.assign(items.begin(), items.end());
         push(v);
         break;
@@ -560,7 +699,7 @@ const Value* Machine::run() {
         const bool unicode = op == 'X' || op == 0x8c || op == 0x8d;
         const size_t width = (op == 0x8c || op == 'C') ? 1 : (op == 0x8d || op == 0x8e) ? 8 : 4;
         Value* v = make(unicode ? Value::Kind::kString : Value::Kind::kBytes);
-        v->text = std::string(bytes(le(width)));
+        set_text(v, bytes(le(width)));
         push(v);
         break;
       }
@@ -614,7 +753,7 @@ const Value* Machine::run() {
         }
         if (args->kind != Value::Kind::kTuple) refuse("NEWOBJ with arguments that are not a tuple");
         Value* v = make(Value::Kind::kObject);
-        v->text = cls->text;
+        set_text(v, cls->text);
         push(v);
         break;
       }
@@ -636,12 +775,38 @@ const Value* Machine::run() {
   }
 }
 
+void Machine::index_keys(Value* v) {
+  auto index = std::make_shared<Value::KeyIndex>();
+  for (const auto& [key, value] : v->pairs) {
+    if (key->kind == Value::Kind::kString) index->text.emplace_back(key->text, value);
+    if (key->kind == Value::Kind::kInt) index->integer.emplace_back(key->integer, value);
+  }
+  charge(sizeof(Value::KeyIndex) + index->text.size() * sizeof(index->text[0]) +
+         index->integer.size() * sizeof(index->integer[0]));
+  sort_keep_last(index->text);
+  sort_keep_last(index->integer);
+  v->index = std::move(index);
+}
+
+uint64_t Machine::finish() {
+  op_at_ = pos_;
+  for (Value& v : arena_) {
+    if ((v.kind == Value::Kind::kDict || v.kind == Value::Kind::kObject) && v.pairs.size() > kIndexAbove) {
+      index_keys(&v);
+    }
+  }
+  if (budget_ && used_ > flushed_) budget_->charge(used_ - flushed_, where_);
+  flushed_ = used_;
+  return used_;
+}
+
 }  // namespace
 
-Pickle unpickle(std::string_view data, const std::string& where) {
+Pickle unpickle(std::string_view data, const std::string& where, ParseBudget* budget) {
   Pickle p;
-  Machine m(data, where, *p.arena_);
+  Machine m(data, where, *p.arena_, budget);
   p.root_ = m.run();
+  p.memory_ = m.finish();
   return p;
 }
 

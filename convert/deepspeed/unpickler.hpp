@@ -9,10 +9,11 @@
 // module and name, e.g. "os.system"), an opcode these files never contain, a memo index never
 // stored, a length past the end of the data, a stack deeper than kMaxStack. The machine is a loop over
 // the bytes (no recursion), every object lives in an arena owned by the result (a crafted pickle that
-// makes a list contain itself leaks nothing), and the number of objects is bounded by the number of
-// bytes read.
+// makes a list contain itself leaks nothing), and the memory of everything it builds is charged as it
+// grows against a bound per file (kMaxPickleMemory) and, through a ParseBudget, per checkpoint.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -42,6 +43,8 @@ struct TensorRef {
   int64_t offset = 0;  // elements
   std::vector<int64_t> shape;
   std::vector<int64_t> stride;
+  // The unpickler refuses a view whose element count (or that of its non-empty dimensions) passes 2^62,
+  // so these never overflow; for a TensorRef made otherwise numel saturates at INT64_MAX.
   int64_t numel() const noexcept;
   // Row-major without gaps (what torch.save writes for every tensor DeepSpeed saves).
   bool contiguous() const noexcept;
@@ -73,6 +76,10 @@ struct Value {
   std::vector<std::pair<const Value*, const Value*>> pairs;  // dict (in order), object attributes
   StorageRef storage;
   TensorRef tensor;
+  // Keys sorted for lookup, built by unpickle() for dicts and objects of more than a few pairs, so that
+  // looking up every group of a million-group state dict costs O(n log n), not O(n^2).
+  struct KeyIndex;
+  std::shared_ptr<const KeyIndex> index;
 
   // The value under string key `key` of a dict or an object's attributes (the last one when a crafted
   // pickle gives it twice), or nullptr.
@@ -84,25 +91,61 @@ struct Value {
 };
 
 // The result of unpickling: the root value and the arena that owns every value.
+class ParseBudget;
+
 class Pickle {
  public:
   const Value& root() const { return *root_; }
+  // Bytes charged for its values.
+  uint64_t memory() const noexcept { return memory_; }
 
  private:
-  friend Pickle unpickle(std::string_view data, const std::string& where);
+  friend Pickle unpickle(std::string_view data, const std::string& where, ParseBudget* budget);
   // Values point at each other: the arena lives on the heap so that moving a Pickle moves no value.
   std::unique_ptr<std::deque<Value>> arena_ = std::make_unique<std::deque<Value>>();
   const Value* root_ = nullptr;
+  uint64_t memory_ = 0;
 };
 
 inline constexpr size_t kMaxStack = size_t{1} << 20;
 inline constexpr size_t kMaxMemo = size_t{1} << 20;
 inline constexpr size_t kMaxMarks = 4096;
-// Objects made, all kinds together: a real DeepSpeed data.pkl makes a few per tensor (thousands); the
-// bound caps what a crafted one of repeated one-byte instructions can allocate (about 0.25 GB).
-inline constexpr size_t kMaxValues = size_t{1} << 20;
+// Memory of one parsed pickle: every value made (sizeof(Value)), the bytes of its strings, the slots of
+// its containers (as their capacity grows), tensor shapes, storage records, memo entries and key
+// indexes, charged as they are made. The bound is kPickleMemoryPerByte bytes per byte of pickle, at
+// least kMinPickleMemory and at most kMaxPickleMemory: real DeepSpeed files charge 34 to 38 bytes per
+// byte (a gpt2-sized model states file: 6 kB of pickle, 0.2 MB), while a crafted one can make each
+// byte cost far more (a one-byte EMPTY_DICT makes a Value, a 7-byte call of torch.Size copies a tuple
+// of any length).
+inline constexpr uint64_t kPickleMemoryPerByte = 64;
+inline constexpr uint64_t kMinPickleMemory = uint64_t{64} << 20;
+inline constexpr uint64_t kMaxPickleMemory = uint64_t{1} << 30;
+// The same, summed over the files of one checkpoint (ParseBudget's default): thousands of ranks' real
+// files, not thousands of files each near the per-file bound.
+inline constexpr uint64_t kMaxCheckpointPickleMemory = uint64_t{4} << 30;
 
-// Runs the pickle in `data` (protocols 2 to 5). `where` names the file for messages.
-Pickle unpickle(std::string_view data, const std::string& where);
+// A memory budget shared by the pickles of one checkpoint (DeepSpeedCheckpoint holds one and passes it
+// to every TorchFile it opens): each unpickle() charges what it builds, in steps of 1 MiB, so many files
+// each under kMaxPickleMemory cannot add up without limit. Charges are never given back: one budget
+// per checkpoint opened. Thread-safe.
+class ParseBudget {
+ public:
+  explicit ParseBudget(uint64_t limit_bytes = kMaxCheckpointPickleMemory) noexcept : limit_(limit_bytes) {}
+  ParseBudget(const ParseBudget&) = delete;
+  ParseBudget& operator=(const ParseBudget&) = delete;
+
+  // Adds `bytes`; Error(kInvalidInput) "<where>: ..." once the total passes the limit.
+  void charge(uint64_t bytes, const std::string& where);
+  uint64_t used() const noexcept { return used_.load(std::memory_order_relaxed); }
+  uint64_t limit() const noexcept { return limit_; }
+
+ private:
+  const uint64_t limit_;
+  std::atomic<uint64_t> used_{0};
+};
+
+// Runs the pickle in `data` (protocols 2 to 5). `where` names the file for messages. What it builds is
+// charged against the per-file bound above and, when given, `budget`.
+Pickle unpickle(std::string_view data, const std::string& where, ParseBudget* budget = nullptr);
 
 }  // namespace shardkit::convert::deepspeed

@@ -171,8 +171,8 @@ const ZipEntry* ZipReader::find(std::string_view name) const {
 void ZipReader::read(const ZipEntry& entry, uint64_t offset, std::span<std::byte> out) const {
   if (offset > entry.size || out.size() > entry.size - offset) {
     fail(ErrorKind::kInvalidInput, path_.string() + ": entry " + quoted_excerpt(entry.name) + " holds " +
-                                       std::to_string(entry.size) + " bytes; bytes " + std::to_string(offset) + ".." +
-                                       std::to_string(offset + out.size()) + " were expected");
+                                       std::to_string(entry.size) + " bytes; " + std::to_string(out.size()) +
+                                       " bytes at " + std::to_string(offset) + " were expected");
   }
   if (out.empty()) return;
   const FileDescriptor file = open_input_file(path_, ErrorKind::kInvalidInput);

@@ -353,6 +353,76 @@ TEST_F(DeepSpeedImport, MissingAndMismatchedRankFilesAreRefused) {
   expect_refused(stage3, "gpt2-tiny", {"zero_pp_rank_0_mp_rank_00_model_states.pt", "missing"});
 }
 
+TEST_F(DeepSpeedImport, LinksLeadingOutOfTheFolderAreRefused) {
+  namespace fs = std::filesystem;
+  const fs::path outside = work_ / "outside";
+  fs::create_directories(outside);
+  const auto copy_run = [&](const std::string& layout, const std::string& name) {
+    const fs::path to = work_ / name;
+    fs::copy(fixture("gpt2", layout), to, fs::copy_options::recursive);
+    return to;
+  };
+  // The tag folder that `latest` names is a link to a folder elsewhere.
+  const fs::path run = copy_run("zero3", "tag-link");
+  fs::rename(run / "global_step9", outside / "global_step9");
+  fs::create_directory_symlink(outside / "global_step9", run / "global_step9");
+  expect_refused(run, "gpt2-tiny", {(run / "global_step9").string(), "leads out of"});
+  // A rank file that is a link to a file elsewhere.
+  const fs::path tag = copy_tag("gpt2", "zero3");
+  const fs::path rank = tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt";
+  fs::rename(rank, outside / rank.filename());
+  fs::create_symlink(outside / rank.filename(), rank);
+  expect_refused(tag, "gpt2-tiny", {rank.string(), "leads out of"});
+  // A link that stays inside the folder is followed, and the folder named may itself be a link.
+  fs::rename(outside / rank.filename(), tag / "kept.pt");
+  fs::remove(rank);
+  fs::create_symlink("kept.pt", rank);
+  fs::create_directory_symlink(tag, work_ / "named-link");
+  const fs::path named = work_ / "named-link";
+  convert::DeepSpeedImportRequest r;
+  r.source = named;
+  r.output = work_ / "linked-import";
+  r.model = "gpt2-tiny";
+  EXPECT_NO_THROW(convert::import_deepspeed(r, options()));
+  // A universal checkpoint's files and parameter folders.
+  const fs::path uni = copy_run("universal", "uni-file");
+  const fs::path param = uni / "global_step9_universal" / "zero" / "transformer.wte.weight";
+  fs::rename(param / "exp_avg.pt", outside / "exp_avg.pt");
+  fs::create_symlink(outside / "exp_avg.pt", param / "exp_avg.pt");
+  expect_refused(uni, "gpt2-tiny", {(param / "exp_avg.pt").string(), "leads out of"});
+  const fs::path uni2 = copy_run("universal", "uni-dir");
+  const fs::path param2 = uni2 / "global_step9_universal" / "zero" / "transformer.wpe.weight";
+  fs::rename(param2, outside / "wpe");
+  fs::create_directory_symlink(outside / "wpe", param2);
+  expect_refused(uni2, "gpt2-tiny", {param2.string(), "leads out of"});
+}
+
+TEST_F(DeepSpeedImport, LatestIsNeverFollowedOutsideNorPrinted) {
+  namespace fs = std::filesystem;
+  const fs::path run = work_ / "run";
+  fs::copy(fixture("gpt2", "zero3"), run, fs::copy_options::recursive);
+  // `latest` as a link to a file elsewhere (here one that names the right tag): not read.
+  const fs::path secret = work_ / "secret.txt";
+  std::ofstream(secret) << "global_step9";
+  fs::remove(run / "latest");
+  fs::create_symlink(secret, run / "latest");
+  expect_refused(run, "gpt2-tiny", {(run / "latest").string(), "leads out of"});
+  // Content that is no tag is not quoted.
+  fs::remove(run / "latest");
+  std::ofstream(run / "latest") << "password: hunter2 (do not share)";
+  convert::DeepSpeedImportRequest r;
+  r.source = run;
+  r.output = work_ / "refused";
+  r.model = "gpt2-tiny";
+  try {
+    convert::import_deepspeed(r, options());
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not name a tag folder"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("hunter2"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(DeepSpeedImport, ParametersMustBeTheModels) {
   expect_refused(fixture("gpt2", "zero2"), "llama-tiny",
                  {"mp_rank_00_model_states.pt", "unknown parameter 'transformer.wte.weight'"});

@@ -24,7 +24,7 @@ namespace {
 
 using testing::TempDir;
 
-const std::filesystem::path kDataDir = SHARDKIT_DEEPSPEED_DATA_DIR;
+const std::filesystem::path kDataDir = std::filesystem::path(SHARDKIT_TEST_DATA_DIR) / "deepspeed";
 
 // The fixture folders (those holding expected.json), sorted; empty when the data folder is missing.
 std::vector<std::string> fixture_names() {
@@ -117,7 +117,9 @@ class DeepSpeedReal : public ::testing::TestWithParam<std::string> {
     std::map<std::string, std::vector<int64_t>> got;
     for (size_t i = 0; i < table.size(); ++i) {
       got[table[i].name] = table[i].shape;
-      if (!model().empty()) EXPECT_EQ(table[i].name, params_[i].name) << "tensor " << i;
+      if (!model().empty()) {
+        EXPECT_EQ(table[i].name, params_[i].name) << "tensor " << i;
+      }
     }
     for (const Parameter& p : params_) {
       const auto it = got.find(p.name);
