@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <utility>
 
@@ -146,6 +147,19 @@ FileDescriptor open_input_file(const std::filesystem::path& path, ErrorKind kind
   const int flags = ::fcntl(fd.get(), F_GETFL);
   if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) fail_errno(path.string() + ": fcntl", errno);
   return fd;
+}
+
+void require_within_folder(const std::filesystem::path& folder, const std::filesystem::path& entry, ErrorKind kind) {
+  std::error_code ec;
+  const std::filesystem::path root = std::filesystem::canonical(folder, ec);
+  if (ec) return;  // the folder's own problems are reported by whoever reads it
+  const std::filesystem::path target = std::filesystem::canonical(entry, ec);
+  if (ec) return;
+  // Component by component: /a/bc is not inside /a/b.
+  const auto [r, t] = std::mismatch(root.begin(), root.end(), target.begin(), target.end());
+  if (r == root.end()) return;
+  fail(kind, entry.string() + ": leads out of " + folder.string() + " through a symbolic link (to " + target.string() +
+                 "); links inside an input folder are followed only within it (copy the file into the folder)");
 }
 
 std::string read_small_file(const std::filesystem::path& path, size_t max_bytes, ErrorKind kind) {

@@ -65,6 +65,16 @@ void write_file_durable(const std::filesystem::path& path, std::string_view cont
 // resume then moves past it like any damaged one).
 FileDescriptor open_input_file(const std::filesystem::path& path, ErrorKind kind = ErrorKind::kInvalidInput);
 
+// Error(`kind`) when `entry`, a path inside the input folder `folder` (a weights folder's shard or
+// config.json, a checkpoint's manifest or shard), leads out of `folder` once symbolic links and `..`
+// are resolved: "<entry>: leads out of <folder> through a symbolic link (to <target>) ...". Whoever
+// made the folder chose its links, and one leading out would bring bytes from elsewhere on this
+// machine into the result. `folder` itself may be a link (the user named it), and links that stay
+// inside it are followed. An entry that does not resolve (missing, a dangling link) passes: opening it
+// then reports it, and nothing outside is read. Does not defend against a folder changed meanwhile.
+void require_within_folder(const std::filesystem::path& folder, const std::filesystem::path& entry,
+                           ErrorKind kind = ErrorKind::kInvalidInput);
+
 // Reads a whole input file (open_input_file) of at most `max_bytes`; a larger one is Error(`kind`)
 // before anything is allocated for it.
 std::string read_small_file(const std::filesystem::path& path, size_t max_bytes, ErrorKind kind = ErrorKind::kCorrupt);
