@@ -35,6 +35,7 @@ void require_physical_memory(const std::string& what, std::span<const MemoryPart
   std::string detail;
   for (const MemoryPart& part : parts) {
     const double bytes = part.bytes * node_ranks;
+    if (bytes <= 0) continue;  // a part that is elsewhere (on NVMe, or shared with another)
     total += bytes;
     detail += (detail.empty() ? "" : ", ") + part.name + " " + format_bytes(bytes);
   }

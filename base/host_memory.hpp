@@ -35,7 +35,8 @@ struct MemoryPart {
 
 // Error(kInvalidInput) "<what> needs <total> (<part> <bytes>, ...[, on <n> ranks]), more than this
 // machine's <physical> of memory" when `parts`, held by each of the `node_ranks` processes of this
-// machine, exceed its physical memory. The figures in the message are the machine's totals.
+// machine, exceed its physical memory. The figures in the message are the machine's totals; parts of
+// 0 bytes are left out of it.
 void require_physical_memory(const std::string& what, std::span<const MemoryPart> parts, int node_ranks = 1);
 
 }  // namespace shardkit
