@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "base/error.hpp"
+#include "base/file_util.hpp"
 #include "base/thread_pool.hpp"
 #include "ckpt/run_dir.hpp"
 
@@ -42,6 +43,8 @@ ShardReader& CheckpointReader::shard(int rank) {
     expect.states = manifest_.states;
     expect.bytes = record.bytes;
     expect.digest = record.digest;
+    // A shard that is a link out of the step directory would bring in a file from elsewhere.
+    require_within_folder(step_dir_, step_dir_ / record.file, ErrorKind::kCorrupt);
     slot = std::make_unique<ShardReader>(step_dir_ / record.file, expect);
   }
   return *slot;

@@ -168,6 +168,7 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
 
 Manifest read_manifest(const std::filesystem::path& step_dir) {
   const std::filesystem::path path = step_dir / kManifestFileName;
+  require_within_folder(step_dir, path, ErrorKind::kCorrupt);
   return parse_manifest(read_small_file(path, kMaxManifestBytes), path.string());
 }
 

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.hpp"
+#include "base/file_util.hpp"
 #include "base/json_input.hpp"
 #include "ckpt/dtype_convert.hpp"
 #include "model/registry.hpp"
@@ -13,14 +14,20 @@ namespace shardkit::model {
 namespace {
 
 // The safetensors files of `path`: the file itself, or a folder's model.safetensors, or the shards its
-// index names (each a plain file name in the folder).
+// index names (each a plain file name in the folder). What the user named may be a link; what lies in
+// the folder may not lead out of it (require_within_folder).
 std::vector<std::filesystem::path> weight_files(const std::filesystem::path& path) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(path, ec)) return {path};
   if (!std::filesystem::is_directory(path, ec))
     fail(ErrorKind::kInvalidInput, path.string() + ": no such file or folder");
+  const auto inside = [&](std::filesystem::path file) {
+    require_within_folder(path, file);
+    return file;
+  };
   const std::filesystem::path index = path / ckpt::safetensors::kIndexFileName;
   if (std::filesystem::exists(index, ec)) {
+    require_within_folder(path, index);
     const nlohmann::json j = read_json_file(index, json_limits::kHfIndex, ErrorKind::kInvalidInput);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
       fail(ErrorKind::kInvalidInput, index.string() + ": no \"weight_map\" object");
@@ -34,11 +41,11 @@ std::vector<std::filesystem::path> weight_files(const std::filesystem::path& pat
       names.insert(file.get<std::string>());
     }
     std::vector<std::filesystem::path> files;
-    for (const std::string& n : names) files.push_back(path / n);
+    for (const std::string& n : names) files.push_back(inside(path / n));
     return files;
   }
   if (std::filesystem::exists(path / ckpt::safetensors::kSingleFileName, ec))
-    return {path / ckpt::safetensors::kSingleFileName};
+    return {inside(path / ckpt::safetensors::kSingleFileName)};
   fail(ErrorKind::kInvalidInput, path.string() + ": holds neither model.safetensors nor model.safetensors.index.json");
 }
 
@@ -49,6 +56,7 @@ std::filesystem::path config_file(const std::filesystem::path& path) {
   if (!std::filesystem::exists(file, ec)) {
     fail(ErrorKind::kInvalidInput, file.string() + ": missing (the model's config.json must accompany the weights)");
   }
+  require_within_folder(file.parent_path(), file);
   return file;
 }
 

@@ -1,6 +1,6 @@
 // Pretrained weights of any family in Hugging Face's safetensors layout — one file, or a folder with
 // model.safetensors or model.safetensors.index.json and its shards, plus config.json — read as fp32
-// tensors of shardkit's table, in any piece. Used by `convert import` and `train --init-from`.
+// tensors of shardkit's table, in any piece. Used by `convert import`, `train --init-from` and `eval`.
 #pragma once
 
 #include <filesystem>
@@ -22,7 +22,8 @@ class HfWeights {
  public:
   // Opens and validates everything up front: config.json (in the folder, or beside the file) names the
   // family; every file's header; names that fit the family (a tied output projection and buffers are
-  // skipped); each table tensor present once with its shape and an F32, BF16 or F16 dtype.
+  // skipped); each table tensor present once with its shape and an F32, BF16 or F16 dtype; no file of
+  // the folder leading out of it through a symbolic link (`path` itself may be one).
   // Error(kInvalidInput) naming the file and tensor otherwise.
   explicit HfWeights(const std::filesystem::path& path);
   ~HfWeights();

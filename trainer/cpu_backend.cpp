@@ -6,6 +6,7 @@
 
 #include "base/error.hpp"
 #include "base/fault.hpp"
+#include "base/host_memory.hpp"
 #include "model/cpu/gemm.hpp"
 #include "model/cpu/ops.hpp"
 #include "trainer/backend.hpp"
@@ -25,6 +26,23 @@ nvme::SwapFactory nvme_swaps(const BackendOptions& o) {
                                        std::to_string(z.stage) + " keeps every parameter on every rank)");
   }
   return nvme::swap_factory(*o.config, false, sizeof(float), *o.comm, o.log);
+}
+
+// --model and the config decide what a rank allocates: a model larger than the machine must be refused
+// with its figures before the allocation, not end in std::bad_alloc (or the out-of-memory killer)
+// after it. Every rank of the node holds its share (eval checks its weights the same way).
+void require_training_memory(const BackendOptions& o) {
+  const ZeroConfig& z = o.config->zero;
+  const MemoryReport held = ZeroEngine::planned_memory(o.model->table(), z, o.comm->size(), o.comm->rank());
+  const MemoryPart parts[] = {{"parameters", static_cast<double>(held.parameters)},
+                              {"gradients", static_cast<double>(held.gradients)},
+                              {"optimizer states", static_cast<double>(held.optimizer_states)},
+                              {"activations", o.model->cpu_activation_bytes(o.micro_batch, o.seq_len)}};
+  require_physical_memory("model " + o.model->name() + " at ZeRO stage " + std::to_string(z.stage) + " on " +
+                              std::to_string(o.comm->size()) + (o.comm->size() == 1 ? " rank" : " ranks") +
+                              ": training with a micro-batch of " + std::to_string(o.micro_batch) + " x " +
+                              std::to_string(o.seq_len) + " tokens",
+                          parts, o.comm->node_place().size);
 }
 
 class CpuBackend final : public Backend {
@@ -134,6 +152,7 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
+  require_training_memory(options);
   return std::make_unique<CpuBackend>(options);
 }
 

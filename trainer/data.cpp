@@ -15,6 +15,7 @@
 
 #include "base/error.hpp"
 #include "base/file_util.hpp"
+#include "base/json_input.hpp"
 #include "trainer/philox.hpp"
 
 namespace shardkit::trainer {
@@ -108,13 +109,14 @@ class NpyHeaderParser {
         seen_shape = true;
       } else {
         pos_ = key_at;
-        error("unexpected or repeated key '" + key + "' (expected 'descr', 'fortran_order' and 'shape' once each)");
+        error("unexpected or repeated key " + quoted_excerpt(key) +
+              " (expected 'descr', 'fortran_order' and 'shape' once each)");
       }
       skip_space();
       if (peek() == ',') {
         ++pos_;
       } else if (peek() != '}') {
-        error("expected ',' or '}' after the value of '" + key + "'");
+        error("expected ',' or '}' after the value of " + quoted_excerpt(key));
       }
     }
     ++pos_;
@@ -213,9 +215,13 @@ class NpyHeaderParser {
   fail(ErrorKind::kInvalidInput, file_error_prefix(path) + ".npy token file " + what);
 }
 
+// The shape as Python writes it, cut after a few dimensions: a crafted header can hold thousands, and
+// a message stays one short line.
 std::string shape_text(const std::vector<int64_t>& shape) {
+  constexpr size_t kShown = 4;
   std::string text = "(";
-  for (size_t d = 0; d < shape.size(); ++d) text += (d > 0 ? ", " : "") + std::to_string(shape[d]);
+  for (size_t d = 0; d < shape.size() && d < kShown; ++d) text += (d > 0 ? ", " : "") + std::to_string(shape[d]);
+  if (shape.size() > kShown) return text + ", ... " + std::to_string(shape.size()) + " dimensions)";
   return text + (shape.size() == 1 ? ",)" : ")");
 }
 
@@ -253,7 +259,7 @@ std::pair<std::string, int64_t> npy_header_text(const FileDescriptor& fd, int64_
 int npy_bytes_per_token(const std::filesystem::path& path, const std::string& descr) {
   if (descr == "<u2") return 2;
   if (descr == "<u4") return 4;
-  npy_fail(path, "has dtype '" + descr + "', expected '<u2' or '<u4' (little-endian uint16 or uint32)");
+  npy_fail(path, "has dtype " + quoted_excerpt(descr) + ", expected '<u2' or '<u4' (little-endian uint16 or uint32)");
 }
 
 // The number of elements of `shape`, or -1 when it exceeds `limit`. Checked before each product, so

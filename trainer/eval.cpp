@@ -5,12 +5,11 @@
 #include <thread>
 
 #include "base/error.hpp"
-#include "base/text_format.hpp"
+#include "base/host_memory.hpp"
 #include "base/thread_pool.hpp"
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/shard_format.hpp"
 #include "model/cpu/gemm.hpp"
-#include "model/cpu/host_memory.hpp"
 #include "model/hf_weights.hpp"
 #include "model/registry.hpp"
 #include "trainer/data.hpp"
@@ -22,19 +21,12 @@ namespace {
 constexpr int kBatch = 8;  // windows scored per forward pass (fewer where a GPU has no room for them)
 
 // The manifest's model config decides what evaluate allocates: a crafted one must be refused before
-// the allocation, not by the out-of-memory killer after it.
+// the allocation, not by the out-of-memory killer after it. DenseParams holds values and gradients
+// of every parameter, on each rank of the node.
 void require_memory_for(const model::Model& m, int seq_len, int node_ranks, const std::string& where) {
-  // DenseParams holds values and gradients of every parameter, on each rank of the node.
-  const double weights = 2.0 * static_cast<double>(m.table().total_elements()) * sizeof(float) * node_ranks;
-  const double activations = m.cpu_activation_bytes(kBatch, seq_len) * node_ranks;
-  const double machine = model::cpu::physical_memory_bytes();
-  if (weights + activations > machine) {
-    fail(ErrorKind::kInvalidInput,
-         where + ": evaluating its model needs " + format_bytes(weights + activations) + " (weights " +
-             format_bytes(weights) + ", activations " + format_bytes(activations) +
-             (node_ranks > 1 ? ", on " + std::to_string(node_ranks) + " ranks" : std::string()) +
-             "), more than this machine's " + format_bytes(machine) + " of memory");
-  }
+  const MemoryPart parts[] = {{"weights", 2.0 * static_cast<double>(m.table().total_elements()) * sizeof(float)},
+                              {"activations", m.cpu_activation_bytes(kBatch, seq_len)}};
+  require_physical_memory(where + ": evaluating its model", parts, node_ranks);
 }
 
 // The CPU's scorer: every parameter in fp32 (DenseParams) and the family's CPU model.

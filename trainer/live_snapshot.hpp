@@ -12,8 +12,8 @@
 
 #include "base/clock.hpp"
 #include "base/error.hpp"
+#include "base/host_memory.hpp"
 #include "base/text_format.hpp"
-#include "model/cpu/host_memory.hpp"
 #include "trainer/backend.hpp"
 
 namespace shardkit::trainer {
@@ -101,9 +101,9 @@ inline bool snapshot_copies_states(const BackendOptions& options, int64_t bytes_
       break;
   }
   const int ranks_on_node = options.comm->node_place().size;
-  const double available = model::cpu::available_memory_bytes();
+  const double available = available_memory_bytes();
   const bool fits = host_copy_fits(bytes_per_rank, ranks_on_node, static_cast<int64_t>(available),
-                                   static_cast<int64_t>(model::cpu::physical_memory_bytes()));
+                                   static_cast<int64_t>(physical_memory_bytes()));
   if (options.comm->allreduce_max(fits ? 0.0 : 1.0) == 0.0) {
     log(copy);
     return true;

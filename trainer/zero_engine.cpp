@@ -10,6 +10,53 @@
 
 namespace shardkit::trainer {
 
+namespace {
+
+// Elements of each buffer a rank's engine keeps for the whole run, by stage and by what is swapped to
+// NVMe: the constructor allocates these, and planned_memory counts them before anything is allocated.
+struct BufferSizes {
+  size_t params_full = 0, grads_full = 0, grad_part = 0;
+  size_t states = 0;  // each of master, exp_avg and exp_avg_sq (none where they are swapped)
+  size_t params_part = 0;
+};
+
+BufferSizes buffer_sizes(const ZeroPlan& plan, bool optimizer_swapped, bool params_swapped) {
+  const auto flat = static_cast<size_t>(plan.owned_size());
+  const auto full = static_cast<size_t>(plan.replicated_size());
+  BufferSizes n;
+  if (plan.stage() != 3) n.params_full = full;  // stage 3 gathers each group when the model needs it
+  if (plan.stage() <= 1) n.grads_full = full;
+  if (plan.stage() >= 1) n.grad_part = flat;
+  if (plan.stage() == 0) {
+    n.states = full;
+  } else if (!optimizer_swapped) {
+    n.states = flat;
+  }
+  // Stage 3 with the master weights on disk: the parameters the gathers read from stay in memory.
+  if (plan.stage() == 3 && optimizer_swapped && !params_swapped) n.params_part = flat;
+  return n;
+}
+
+// The report of buffers of `n` elements. At stage 3 without NVMe offload the master weights are the
+// parameters the groups are gathered from: the report names them as parameters too, unless
+// `allocations` asks for each buffer once (what the memory check adds up).
+MemoryReport bytes_of(const BufferSizes& n, int stage, bool params_swapped, bool allocations = false) {
+  const auto bytes = [](size_t elements) { return static_cast<int64_t>(elements * sizeof(float)); };
+  MemoryReport r;
+  if (stage != 3) {
+    r.parameters = bytes(n.params_full);
+  } else if (n.params_part > 0) {
+    r.parameters = bytes(n.params_part);
+  } else if (!params_swapped && !allocations) {
+    r.parameters = bytes(n.states);
+  }
+  r.gradients = bytes(stage <= 1 ? n.grads_full : n.grad_part);
+  r.optimizer_states = 3 * bytes(n.states);
+  return r;
+}
+
+}  // namespace
+
 ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups,
                        const std::vector<bool>& decays, const ZeroConfig& config, ckpt::DType wire,
                        comm::MpiCollective& comm, const nvme::SwapFactory& swap)
@@ -19,27 +66,6 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::Tensor
       wire_(comm.size() > 1 ? wire : ckpt::DType::kF32),  // one rank sends nothing, so rounds nothing
       comm_(comm),
       plan_(table, comm.size(), comm.rank(), config.stage) {
-  const size_t flat = static_cast<size_t>(plan_.owned_size());
-  const size_t full = static_cast<size_t>(plan_.replicated_size());
-  switch (stage()) {
-    case 0:
-      params_full_.resize(full);
-      grads_full_.resize(full);
-      master_.resize(full);
-      exp_avg_.resize(full);
-      exp_avg_sq_.resize(full);
-      break;
-    case 1:
-    case 2:
-      params_full_.resize(full);
-      if (stage() == 1) grads_full_.resize(full);
-      grad_part_.resize(flat);
-      break;
-    default:
-      grad_part_.resize(flat);
-      gathered_.resize(table.size());
-      break;
-  }
   if (stage() == 0) {
     if (swap) {
       fail(ErrorKind::kInvalidInput,
@@ -47,33 +73,36 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::Tensor
            "partition)");
     }
   } else if (swap) {
-    nvme::Swaps swaps = swap(static_cast<int64_t>(flat));
+    nvme::Swaps swaps = swap(plan_.owned_size());
     swap_ = std::move(swaps.optimizer);
     param_swap_ = std::move(swaps.params);
   }
-  if (stage() != 0 && !swap_) {
-    master_.resize(flat);
-    exp_avg_.resize(flat);
-    exp_avg_sq_.resize(flat);
-  }
-  if (stage() == 3 && swap_ && !param_swap_) params_part_.resize(flat);
+  const BufferSizes n = buffer_sizes(plan_, swap_ != nullptr, param_swap_ != nullptr);
+  params_full_.resize(n.params_full);
+  grads_full_.resize(n.grads_full);
+  grad_part_.resize(n.grad_part);
+  master_.resize(n.states);
+  exp_avg_.resize(n.states);
+  exp_avg_sq_.resize(n.states);
+  params_part_.resize(n.params_part);
+  if (stage() == 3) gathered_.resize(table.size());
   acquired_count_.assign(groups_.size(), 0);
   if (stage() >= 2) grad_buffers_.resize(table.size());
   no_decay_ = no_decay_ranges(plan_.optimizer_fragments(), decays);
 }
 
+MemoryReport ZeroEngine::planned_memory(const ckpt::TensorTable& table, const ZeroConfig& config, int world_size,
+                                        int rank) {
+  const ZeroPlan plan(table, world_size, rank, config.stage);
+  const bool optimizer_swapped = config.stage != 0 && config.offload_optimizer.device == "nvme";
+  const bool params_swapped = config.stage == 3 && config.offload_param.device == "nvme";
+  return bytes_of(buffer_sizes(plan, optimizer_swapped, params_swapped), config.stage, params_swapped, true);
+}
+
 MemoryReport ZeroEngine::memory() const noexcept {
-  auto bytes = [](const LargeVector<float>& v) { return static_cast<int64_t>(v.size() * sizeof(float)); };
-  MemoryReport r;
-  // Stage 3 keeps no replicated parameters: the fp32 partition is what the model's groups are
-  // gathered from.
-  if (stage() != 3) {
-    r.parameters = bytes(params_full_);
-  } else if (!param_swap_) {
-    r.parameters = bytes(swap_ ? params_part_ : master_);
-  }
-  r.gradients = stage() <= 1 ? bytes(grads_full_) : bytes(grad_part_);
-  r.optimizer_states = bytes(master_) + bytes(exp_avg_) + bytes(exp_avg_sq_);
+  const BufferSizes held{params_full_.size(), grads_full_.size(), grad_part_.size(), master_.size(),
+                         params_part_.size()};
+  MemoryReport r = bytes_of(held, stage(), param_swap_ != nullptr);
   r.nvme_parameters = param_swap_ ? param_swap_->file_bytes() : 0;
   r.nvme_optimizer_states = swap_ ? swap_->file_bytes() : 0;
   return r;

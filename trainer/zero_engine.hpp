@@ -57,6 +57,12 @@ class ZeroEngine final : public model::ParameterStore {
   const ckpt::Layout& layout() const noexcept { return plan_.layout(); }
   int stage() const noexcept { return plan_.stage(); }
   MemoryReport memory() const noexcept;
+  // What rank `rank` of `world_size` will allocate with `config` (NVMe offload as it asks), before
+  // anything is: memory()'s figures, except that each buffer counts once (at stage 3 without NVMe,
+  // memory() names the master weights as the parameters too). The trainer checks these against the
+  // machine's memory.
+  static MemoryReport planned_memory(const ckpt::TensorTable& table, const ZeroConfig& config, int world_size,
+                                     int rank);
 
   // Fills every parameter element this rank keeps master weights for: init(tensor, offset, out)
   // writes elements [offset, offset + out.size()) of the tensor. Moments start at zero.

@@ -150,6 +150,98 @@ TEST(UntrustedInput, SymbolicLinksToRegularFilesStayAllowed) {
   EXPECT_EQ(trainer::load_ds_config(dir / "link.json", 1, {}).train_batch_size, 4);
 }
 
+// ---- Links inside input folders stay inside them -------------------------------------------------
+
+// A Hugging Face folder of gpt2-tiny as save_pretrained writes it (config.json, model.safetensors;
+// zero weights are enough to be read).
+void write_hf_folder(const std::filesystem::path& dir, const std::string& weights_name = "model.safetensors") {
+  std::filesystem::create_directories(dir);
+  const std::shared_ptr<const model::Model> m = model::resolve_model("gpt2-tiny");
+  write(dir / "config.json", m->hf_config("float32").dump());
+  std::vector<ckpt::safetensors::TensorSpec> specs;
+  for (const ckpt::TensorInfo& t : m->table().tensors()) specs.push_back({t.name, "F32", t.shape});
+  ckpt::safetensors::Writer writer(dir / weights_name, specs, {});
+  writer.finish();
+}
+
+TEST(UntrustedInput, WeightsFolderFilesLinkedFromOutsideItAreRefused) {
+  const TempDir dir;
+  write_hf_folder(dir / "outside");
+  // model.safetensors a link to weights elsewhere on the machine: they would be imported.
+  std::filesystem::create_directories(dir / "single");
+  write(dir / "single" / "config.json", read_small_file(dir / "outside" / "config.json", 1 << 20));
+  std::filesystem::create_symlink(dir / "outside" / "model.safetensors", dir / "single" / "model.safetensors");
+  ASSERT_NO_THROW(model::HfWeights(dir / "outside"));
+  expect_refused([&] { model::HfWeights weights(dir / "single"); }, (dir / "single" / "model.safetensors").string(),
+                 "leads out of " + (dir / "single").string() + " through a symbolic link");
+  // A shard named by the index, through a relative link.
+  std::filesystem::create_directories(dir / "sharded");
+  write(dir / "sharded" / "config.json", read_small_file(dir / "outside" / "config.json", 1 << 20));
+  nlohmann::json index = {{"metadata", nlohmann::json::object()}, {"weight_map", nlohmann::json::object()}};
+  const std::shared_ptr<const model::Model> tiny = model::resolve_model("gpt2-tiny");
+  for (const ckpt::TensorInfo& t : tiny->table().tensors()) {
+    index["weight_map"][t.name] = "model-00001-of-00001.safetensors";
+  }
+  write(dir / "sharded" / "model.safetensors.index.json", index.dump());
+  std::filesystem::create_symlink("../outside/model.safetensors", dir / "sharded" / "model-00001-of-00001.safetensors");
+  expect_refused([&] { model::HfWeights weights(dir / "sharded"); }, "model-00001-of-00001.safetensors",
+                 "leads out of");
+  // The index and config.json, read from elsewhere through a link, are refused the same way.
+  std::filesystem::remove(dir / "sharded" / "model-00001-of-00001.safetensors");
+  std::filesystem::copy_file(dir / "outside" / "model.safetensors",
+                             dir / "sharded" / "model-00001-of-00001.safetensors");
+  ASSERT_NO_THROW(model::HfWeights(dir / "sharded"));
+  std::filesystem::rename(dir / "sharded" / "model.safetensors.index.json", dir / "index.json");
+  std::filesystem::create_symlink(dir / "index.json", dir / "sharded" / "model.safetensors.index.json");
+  expect_refused([&] { model::HfWeights weights(dir / "sharded"); }, "model.safetensors.index.json", "leads out of");
+  std::filesystem::remove(dir / "single" / "config.json");
+  std::filesystem::create_symlink(dir / "outside" / "config.json", dir / "single" / "config.json");
+  expect_refused([&] { model::HfWeights weights(dir / "single"); }, "config.json", "leads out of");
+}
+
+TEST(UntrustedInput, LinksWithinAWeightsFolderAndTheFolderNamedStayAllowed) {
+  const TempDir dir;
+  write_hf_folder(dir / "hf", "weights.safetensors");
+  std::filesystem::create_symlink("weights.safetensors", dir / "hf" / "model.safetensors");
+  std::filesystem::create_directory_symlink(dir / "hf", dir / "alias");
+  for (const char* name : {"hf", "alias"}) {
+    EXPECT_NO_THROW(model::HfWeights(dir / name)) << name;
+    EXPECT_NO_THROW(model::HfWeights(dir / name / "model.safetensors")) << name;
+  }
+  // A file the user names is theirs to link: its config.json is beside the link.
+  std::filesystem::create_directories(dir / "mine");
+  std::filesystem::copy_file(dir / "hf" / "config.json", dir / "mine" / "config.json");
+  std::filesystem::create_symlink(dir / "hf" / "weights.safetensors", dir / "mine" / "gpt2.safetensors");
+  EXPECT_NO_THROW(model::HfWeights(dir / "mine" / "gpt2.safetensors"));
+}
+
+TEST(UntrustedInput, CheckpointFilesLinkedFromOutsideTheStepDirectoryAreRefused) {
+  const TempDir dir;
+  const ckpt::TensorTable table({{"w", {64}, ckpt::DType::kF32}});
+  const std::filesystem::path source = testing::write_synthetic_checkpoint(dir / "a", table, {1, 1, 16}, {}, 7);
+  // A step directory of another run whose shard is a link to the first run's: its bytes match the
+  // copied manifest, so only the link gives it away.
+  const std::filesystem::path step = dir / "b" / source.filename();
+  std::filesystem::create_directories(step);
+  std::filesystem::copy_file(source / ckpt::kManifestFileName, step / ckpt::kManifestFileName);
+  std::filesystem::create_symlink(source / ckpt::shard_file_name(0, 1), step / ckpt::shard_file_name(0, 1));
+  std::vector<float> out(64);
+  expect_refused(
+      [&] {
+        ckpt::CheckpointReader reader(step);
+        reader.read(0, 0, 0, out);
+      },
+      ckpt::shard_file_name(0, 1), "leads out of " + step.string());
+  // The manifest too.
+  std::filesystem::remove(step / ckpt::kManifestFileName);
+  std::filesystem::create_symlink(source / ckpt::kManifestFileName, step / ckpt::kManifestFileName);
+  expect_refused([&] { ckpt::CheckpointReader reader(step); }, std::string(ckpt::kManifestFileName), "leads out of");
+  // A whole step directory named through a link is the user's choice.
+  std::filesystem::create_directory_symlink(source, dir / "alias");
+  ckpt::CheckpointReader reader(dir / "alias");
+  EXPECT_NO_THROW(reader.read(0, 0, 0, out));
+}
+
 // ---- JSON: depth, size and value count bounded before parsing ------------------------------------
 
 std::string nested(size_t levels) {

@@ -74,7 +74,7 @@ TEST(BadInput, EachIsRefusedWithOneLineNamingTheProblem) {
        "train_batch_size 10 != train_micro_batch_size_per_gpu 3"},
       {"micro-batch larger than the machine",
        train + path("huge_batch.json") + " --model gpt2-tiny --data " + data + " --steps 1", 2,
-       "a batch of 1073741824 x 64 tokens", "of activations, more than this machine's"},
+       "micro-batch of 1073741824 x 64 tokens needs", "activations 1.83 PB), more than this machine's"},
       {"missing data", train + tiny + " --model gpt2-tiny --data " + path("none.bin") + " --steps 1", 2, "none.bin",
        "no such file"},
       {"odd-length data", train + tiny + " --model gpt2-tiny --data " + path("odd.bin") + " --steps 1", 2, "odd.bin",
@@ -229,6 +229,27 @@ TEST(BadInput, CheckpointNumbersBeyondTheirRangesAreRefused) {
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
   EXPECT_NE(r.err.find("step-00000001: evaluating its model needs"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("of memory"), std::string::npos) << r.err;
+}
+
+// `train --model` of a model whose parameters, gradients and optimizer states exceed the machine used
+// to end in std::bad_alloc (or the out-of-memory killer) after the allocation: train checked the
+// activations only. (SHARDKIT_HOST_MEMORY makes this machine a 1 GiB one, so gpt2's 2.5 GB at stage 2
+// exceed it on any machine, and the old behaviour was a run that went on.)
+TEST(BadInput, TrainRefusesAModelLargerThanTheMachineBeforeAllocatingIt) {
+  testing::TempDir dir;
+  const std::string data = write_text_tokens(dir).string();
+  write(dir / "one.json", R"({"train_batch_size": 1, "train_micro_batch_size_per_gpu": 1,
+                              "zero_optimization": {"stage": 2}})");
+  const Result r =
+      run("train --config " + (dir / "one.json").string() + " --model gpt2 --seq-len 16 --data " + data + " --steps 1",
+          "timeout -s KILL 120", "SHARDKIT_HOST_MEMORY=1GiB");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  for (const char* says : {"model gpt2 at ZeRO stage 2 on 1 rank: training with a micro-batch of 1 x 16 tokens needs",
+                           "(parameters 497.76 MB, gradients 497.76 MB, optimizer states 1.49 GB, activations",
+                           "more than this machine's 1.07 GB of memory"}) {
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+  }
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 #include <numbers>
 
 #include "base/error.hpp"
-#include "model/cpu/host_memory.hpp"
+#include "base/host_memory.hpp"
 #include "model/llama/config.hpp"
 #include "model/llama/model.hpp"
 #include "model/registry.hpp"
@@ -20,21 +20,21 @@ namespace {
 // SHARDKIT_HOST_MEMORY replaces the kernel's figures (for machines that add memory as it is used);
 // unset, they come back; a value that is not a size is refused naming the variable.
 TEST(HostMemory, TheOverrideReplacesWhatTheKernelSays) {
-  const double physical = model::cpu::physical_memory_bytes();
+  const double physical = physical_memory_bytes();
   ASSERT_GT(physical, 0.0);
-  ASSERT_EQ(::setenv(model::cpu::kHostMemoryVariable, "256GiB", 1), 0);
-  EXPECT_EQ(model::cpu::physical_memory_bytes(), 256.0 * (1 << 30));
-  EXPECT_EQ(model::cpu::available_memory_bytes(), 256.0 * (1 << 30));
-  ASSERT_EQ(::setenv(model::cpu::kHostMemoryVariable, "lots", 1), 0);
+  ASSERT_EQ(::setenv(kHostMemoryVariable, "256GiB", 1), 0);
+  EXPECT_EQ(physical_memory_bytes(), 256.0 * (1 << 30));
+  EXPECT_EQ(available_memory_bytes(), 256.0 * (1 << 30));
+  ASSERT_EQ(::setenv(kHostMemoryVariable, "lots", 1), 0);
   try {
-    model::cpu::available_memory_bytes();
+    available_memory_bytes();
     ADD_FAILURE() << "'lots' accepted";
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()), "SHARDKIT_HOST_MEMORY: 'lots' is not a size (examples: 4096, 64MiB, 1GiB, 5GB)");
   }
-  ASSERT_EQ(::unsetenv(model::cpu::kHostMemoryVariable), 0);
-  EXPECT_EQ(model::cpu::physical_memory_bytes(), physical);
-  EXPECT_LE(model::cpu::available_memory_bytes(), physical);
+  ASSERT_EQ(::unsetenv(kHostMemoryVariable), 0);
+  EXPECT_EQ(physical_memory_bytes(), physical);
+  EXPECT_LE(available_memory_bytes(), physical);
 }
 
 void expect_error(ErrorKind kind, const std::function<void()>& f, const std::string& fragment) {

@@ -395,6 +395,34 @@ TEST(TokenFile, RejectsMalformedNpyFilesNamingThem) {
   refused(whole.substr(0, 40), "declares a header of 118 bytes but the file has 40 bytes");
 }
 
+// A header may be 64 KiB of anything: a 60 KB key, dtype or a shape of thousands of dimensions used to
+// be printed whole. Each message names the file and stays one short line.
+TEST(TokenFile, LongHeaderValuesAreCutShortInMessages) {
+  ScratchDir dir;
+  const std::string data = id_bytes(counting_tokens(50));
+  const std::string huge(60'000, 'k');
+  std::string many = "(1";
+  for (int i = 0; i < 10'000; ++i) many += ", 1";
+  many += ")";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{'" + huge + "': 1, }", "unexpected or repeated key 'kkkk"},
+      {"{'descr': '<u2' '" + huge + "': 1, }", "expected ',' or '}' after the value of 'descr'"},
+      {npy_dict(huge, "(50,)"), "has dtype 'kkkk"},
+      {npy_dict("<u2", many), "has shape (1, 1, 1, 1, ... 10001 dimensions), expected 1-D"},
+  };
+  int index = 0;
+  for (const auto& [dict, detail] : cases) {
+    const auto path = dir / ("long" + std::to_string(index++) + ".npy");
+    write_string(path, npy_bytes(dict, data, 2));
+    expect_invalid_input([&] { TokenFile f(path); }, path, detail);
+    try {
+      TokenFile f(path);
+    } catch (const Error& e) {
+      EXPECT_LT(std::string(e.what()).size(), path.string().size() + 400) << e.what();
+    }
+  }
+}
+
 TEST(TokenFile, RejectsMalformedLlmcLlama3FilesNamingThem) {
   ScratchDir dir;
   const std::vector<uint32_t> ids(50, 128000);

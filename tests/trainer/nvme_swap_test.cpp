@@ -3,11 +3,19 @@
 // is one line naming the path and what was expected.
 #include "trainer/nvme/state_swapper.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/error.hpp"
@@ -260,6 +268,72 @@ TEST(NvmeSwap, ALiveRunsFileIsRefusedAndAKilledRunsFileReplaced) {
                      [&](const std::string& l) { notices.push_back(l); });
   ASSERT_FALSE(notices.empty());
   EXPECT_NE(notices[0].find("was left by a run that ended without removing it: replaced"), std::string::npos);
+}
+
+// nvme_path may be shared with others: what they leave where a rank's swap file goes is refused in
+// one line, never followed, waited on or removed. A FIFO used to block the open forever (here a
+// helper thread opens its other end after a while, so that a regression fails instead of hanging), a
+// directory ended in "filesystem error", a link in an error about the open.
+TEST(NvmeSwap, WhatIsInTheWayOfTheSwapFileIsRefusedNotFollowedOrWaitedOn) {
+  testing::TempDir dir;
+  const auto swap_at = [&](const std::string& name) {
+    StateSwapper(small_chunks(dir.path(), 3), name, 100, 3, "optimizer states", ignore);
+  };
+  const auto in_the_way = [&](const std::string& name, const std::string& what) {
+    return (dir / name).string() + ": " + what +
+           " is in the way of this rank's swap file (expected no entry of that name in nvme_path; remove it or choose "
+           "another nvme_path)";
+  };
+  ASSERT_EQ(::mkfifo((dir / "fifo.swap").c_str(), 0600), 0);
+  std::atomic<bool> done = false, rescued = false;
+  std::thread rescuer([&] {
+    for (int i = 0; i < 100 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (done) return;
+    rescued = true;
+    const int fd = ::open((dir / "fifo.swap").c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+  });
+  const std::string fifo_error = error_of([&] { swap_at("fifo.swap"); });
+  done = true;
+  rescuer.join();
+  EXPECT_FALSE(rescued) << "the open waited for a writer";
+  EXPECT_EQ(fifo_error, in_the_way("fifo.swap", "a FIFO"));
+
+  std::filesystem::create_directories(dir / "dir.swap");
+  std::ofstream(dir / "dir.swap" / "theirs") << "kept";
+  EXPECT_EQ(error_of([&] { swap_at("dir.swap"); }), in_the_way("dir.swap", "a directory"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "dir.swap" / "theirs"));
+
+  std::ofstream(dir / "victim") << "kept";
+  std::filesystem::create_symlink(dir / "victim", dir / "link.swap");
+  EXPECT_EQ(error_of([&] { swap_at("link.swap"); }), in_the_way("link.swap", "a symbolic link"));
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "link.swap"));
+  EXPECT_EQ(std::filesystem::file_size(dir / "victim"), 4u);
+}
+
+// buffer_count and aio.block_size come from the config: their product is checked before anything is
+// allocated (it used to end in std::bad_alloc, or fill the machine), overflow included.
+TEST(NvmeSwap, BounceBuffersBeyondTheMemoryAvailableAreRefusedBeforeAllocation) {
+  testing::TempDir dir;
+  ASSERT_EQ(::setenv("SHARDKIT_HOST_MEMORY", "64MiB", 1), 0);
+  SwapOptions many = small_chunks(dir.path(), 32);
+  many.chunk_bytes = 1 << 20;  // 32 buffers of 3 MiB: 96 MiB
+  const std::string e = error_of([&] { StateSwapper(many, "s", 1000, 3, "optimizer states", ignore); });
+  EXPECT_EQ(e,
+            "NVMe swap of the optimizer states: 32 buffers (buffer_count) of 3 x 1048576 bytes (aio.block_size) "
+            "need 100.66 MB, more than the 67.11 MB of memory available (SHARDKIT_HOST_MEMORY overrides what the "
+            "kernel says); lower buffer_count or aio.block_size");
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "refused before the swap file was made";
+  many.buffer_count = 16;  // 48 MiB fit
+  EXPECT_NO_THROW(StateSwapper(many, "s", 1000, 3, "optimizer states", ignore));
+  ASSERT_EQ(::unsetenv("SHARDKIT_HOST_MEMORY"), 0);
+
+  SwapOptions wrapping = small_chunks(dir.path(), std::numeric_limits<int>::max());
+  wrapping.chunk_bytes = int64_t{1} << 40;
+  EXPECT_NE(error_of([&] { StateSwapper::need(wrapping, 1000, 3, "optimizer states"); })
+                .find("2147483647 buffers (buffer_count) of 3 x 1099511627776 bytes (aio.block_size) need more than "
+                      "2^63 bytes"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "base/error.hpp"
+#include "base/host_memory.hpp"
 #include "base/text_format.hpp"
-#include "model/cpu/host_memory.hpp"
 #include "trainer/cuda/gpu_model.hpp"
 
 namespace shardkit::trainer::cuda {
@@ -89,7 +89,7 @@ MemoryPlan check_memory_plan(const model::Model& model, const ZeroConfig& zero, 
   size_t free = 0, total = 0;
   CUDA_CHECK(cudaMemGetInfo(&free, &total));
   plan.free_before = static_cast<int64_t>(free);
-  const double host_free = model::cpu::available_memory_bytes();
+  const double host_free = available_memory_bytes();
   const auto fits = [&](const MemoryPlan& p) {
     return p.device() <= static_cast<int64_t>(free) && static_cast<double>(p.host()) * node_ranks <= host_free;
   };
@@ -133,7 +133,7 @@ MemoryPlan check_memory_plan(const model::Model& model, const ZeroConfig& zero, 
   }
   fail(ErrorKind::kIo, what + bytes(plan.host()) + " of host memory per rank (" + std::to_string(node_ranks) +
                            " rank(s) on this node), more than the " + format_bytes(host_free) + " available (" +
-                           model::cpu::kHostMemoryVariable + " overrides what the kernel says)" + advice);
+                           kHostMemoryVariable + " overrides what the kernel says)" + advice);
 }
 
 #define SHARDKIT_INSTANTIATE(T)                                                                          \

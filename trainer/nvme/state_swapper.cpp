@@ -4,6 +4,8 @@
 #include <optional>
 
 #include "base/error.hpp"
+#include "base/host_memory.hpp"
+#include "base/text_format.hpp"
 
 namespace shardkit::trainer::nvme {
 namespace {
@@ -42,6 +44,32 @@ int checked_states(int states) {
          "NVMe swap: " + std::to_string(states) + " states per file, expected 1 to " + std::to_string(kMaxStates));
   }
   return states;
+}
+
+// Three is the least a pipeline needs: one chunk read ahead, one computed, one written behind.
+int buffer_count(const SwapOptions& o) {
+  return std::max(3, o.buffer_count);
+}
+
+// The bounce buffers' bytes: buffer_count buffers, each a chunk of every state. Both figures come from
+// the config, so the product is checked for overflow and against the memory available before
+// anything is allocated: beyond it the allocation would end in std::bad_alloc, or in the
+// out-of-memory killer once the pages are touched.
+void require_buffer_memory(const SwapOptions& o, int states, int element_bytes, const std::string& contents) {
+  const int64_t chunk_bytes = checked_chunk_elems(o, element_bytes) * element_bytes;
+  const int count = buffer_count(o);
+  int64_t per_buffer = 0, total = 0;
+  const bool overflow = __builtin_mul_overflow(chunk_bytes, int64_t{states}, &per_buffer) ||
+                        __builtin_mul_overflow(per_buffer, int64_t{count}, &total);
+  const double available = available_memory_bytes();
+  if (!overflow && static_cast<double>(total) <= available) return;
+  fail(ErrorKind::kInvalidInput,
+       "NVMe swap of the " + contents + ": " + std::to_string(count) + " buffers (buffer_count) of " +
+           std::to_string(states) + " x " + std::to_string(chunk_bytes) + " bytes (aio.block_size" +
+           (element_bytes == 4 ? "" : ", at 16 bits") + ") need " +
+           (overflow ? std::string("more than 2^63 bytes") : format_bytes(static_cast<double>(total))) +
+           ", more than the " + format_bytes(available) + " of memory available (" + kHostMemoryVariable +
+           " overrides what the kernel says); lower buffer_count or aio.block_size");
 }
 
 }  // namespace
@@ -128,6 +156,7 @@ RangeRead::~RangeRead() {
 
 SwapNeed StateSwapper::need(const SwapOptions& options, int64_t elements, int states, const std::string& contents,
                             int element_bytes) {
+  require_buffer_memory(options, checked_states(states), element_bytes, contents);
   return {options.dir,
           file_size(elements, checked_states(states), checked_chunk_elems(options, element_bytes), element_bytes),
           "the " + contents + " of this rank's " + std::to_string(elements) + "-element partition (" +
@@ -144,8 +173,7 @@ StateSwapper::StateSwapper(const SwapOptions& options, const std::string& file_n
       file_(options.dir, file_name, need(options, elements, states, contents, element_bytes).bytes,
             need(options, elements, states, contents, element_bytes).what, notice),
       io_(open_async_io(file_.fd(), file_.path(), options.queue_depth, static_cast<size_t>(options.chunk_bytes))) {
-  // Three is the least a pipeline needs: one chunk read ahead, one computed, one written behind.
-  const int count = std::max(3, options.buffer_count);
+  const int count = buffer_count(options);  // within the memory available (need() checked)
   for (int i = 0; i < count; ++i) buffers_.emplace_back(static_cast<size_t>(states_ * chunk_elems_ * element_bytes_));
 }
 

@@ -91,12 +91,14 @@ class StateSwapper {
   // A swap file named `file_name` in options.dir for `elements` elements of each of `states` states
   // (1 to kMaxStates), of `element_bytes` bytes each (4: fp32; 2: 16-bit, whose chunks must stay
   // aligned for O_DIRECT, so aio.block_size a multiple of 2 * kDirectAlignment), holding this rank's
-  // `contents` (named in errors); errors as SwapFile's. Its contents are undefined until a kWrite
-  // visit has filled them.
+  // `contents` (named in errors); errors as need()'s and SwapFile's. Its contents are undefined until a
+  // kWrite visit has filled them.
   StateSwapper(const SwapOptions& options, const std::string& file_name, int64_t elements, int states,
                const std::string& contents, const std::function<void(const std::string&)>& notice,
                int element_bytes = 4);
   // What such a swap file takes in options.dir, for check_node_free_space before any rank creates one.
+  // Its settings are checked first: Error(kInvalidInput) for a chunk size that breaks O_DIRECT, or
+  // bounce buffers (buffer_count x a chunk of every state) beyond the memory available.
   static SwapNeed need(const SwapOptions& options, int64_t elements, int states, const std::string& contents,
                        int element_bytes = 4);
 

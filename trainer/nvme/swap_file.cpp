@@ -60,13 +60,43 @@ std::map<uint64_t, FileSystemUse> use_by_file_system(std::span<const SwapNeed> n
   return out;
 }
 
-// O_EXCL: a file of this name is either a live run's (locked) or a killed run's (replaced).
+// What is in the way of a swap file, for the error that refuses it; empty for a regular file.
+std::string obstacle(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return {};
+  if (S_ISLNK(st.st_mode)) return "a symbolic link";
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "a device";
+  return {};
+}
+
+// Opens an entry of nvme_path that must be a regular file of shardkit's: O_NOFOLLOW so that a link
+// planted there is never followed, O_NONBLOCK so that a FIFO never blocks the open, and fstat(2) to
+// refuse anything but a regular file (the entry can change between a look and the open).
+FileDescriptor open_swap_entry(const std::filesystem::path& path, int flags) {
+  FileDescriptor fd(path, flags | O_NOFOLLOW | O_NONBLOCK);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) fail_errno(path.string() + ": fstat", errno);
+  if (!S_ISREG(st.st_mode)) {
+    fail(ErrorKind::kInvalidInput, path.string() + ": not a regular file where the swap file goes (expected none)");
+  }
+  // The swap's I/O waits for each transfer: back to blocking mode.
+  const int status = ::fcntl(fd.get(), F_GETFL);
+  if (status < 0 || ::fcntl(fd.get(), F_SETFL, status & ~O_NONBLOCK) != 0) fail_errno(path.string() + ": fcntl", errno);
+  return fd;
+}
+
+// O_EXCL: a file of this name is either a live run's (locked) or a killed run's (replaced). Anything
+// else found there (a directory, a FIFO, a link, a device: nvme_path may be shared with others) is
+// refused, never opened, followed or removed.
 FileDescriptor create_locked(const std::filesystem::path& path, const std::function<void(const std::string&)>& notice) {
   for (int attempt = 0;; ++attempt) {
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
     if (fd >= 0) {
       ::close(fd);
-      FileDescriptor out(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+      FileDescriptor out = open_swap_entry(path, O_RDWR);
       if (::flock(out.get(), LOCK_EX | LOCK_NB) != 0) fail_errno(path.string() + ": flock", errno);
       return out;
     }
@@ -74,8 +104,13 @@ FileDescriptor create_locked(const std::filesystem::path& path, const std::funct
       const int e = errno;
       fail(ErrorKind::kIo, path.string() + ": cannot create the swap file: " + std::strerror(e));
     }
+    if (const std::string what = obstacle(path); !what.empty()) {
+      fail(ErrorKind::kInvalidInput, path.string() + ": " + what +
+                                         " is in the way of this rank's swap file (expected no entry of that name "
+                                         "in nvme_path; remove it or choose another nvme_path)");
+    }
     {
-      FileDescriptor old(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+      const FileDescriptor old = open_swap_entry(path, O_RDONLY);
       if (::flock(old.get(), LOCK_EX | LOCK_NB) != 0) {
         fail(ErrorKind::kInvalidInput, path.string() +
                                            ": in use by a running shardkit job (its swap file is locked); "
@@ -83,7 +118,7 @@ FileDescriptor create_locked(const std::filesystem::path& path, const std::funct
       }
     }
     notice("notice: " + path.string() + " was left by a run that ended without removing it: replaced");
-    std::filesystem::remove(path);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) fail_errno(path.string() + ": cannot remove it", errno);
   }
 }
 

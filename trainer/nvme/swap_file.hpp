@@ -36,9 +36,10 @@ class SwapFile {
   // Creates `dir`/`name` with `bytes` bytes allocated. One-line errors naming the path and what was
   // expected: `dir` missing, not a directory or not writable, no room for `bytes` bytes (`what_needs`
   // says what they are for; check_node_free_space checks up front for the node's ranks together), `name`
-  // held by a live run (its lock is taken). A file of
-  // that name that no live process holds is left over from a run that was killed: it is replaced, and
-  // `notice` says so. `notice` also says when the file system refuses O_DIRECT.
+  // held by a live run (its lock is taken), or anything but a regular file at `name` (a directory, a
+  // FIFO, a symbolic link, a device: never opened, followed or removed). A file of that name that no
+  // live process holds is left over from a run that was killed: it is replaced, and `notice` says so.
+  // `notice` also says when the file system refuses O_DIRECT.
   SwapFile(const std::filesystem::path& dir, const std::string& name, int64_t bytes, const std::string& what_needs,
            const std::function<void(const std::string&)>& notice);
   // Removes the file (its blocks are freed once the descriptor closes).
