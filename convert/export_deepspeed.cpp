@@ -496,6 +496,23 @@ ckpt::DType default_dtype(const nlohmann::json& config) {
   return enabled("bf16") ? ckpt::DType::kBF16 : enabled("fp16") ? ckpt::DType::kF16 : ckpt::DType::kF32;
 }
 
+// Hugging Face's Trainer keeps its own files beside DeepSpeed's in `checkpoint-N/` (trainer_state.json,
+// config.json, the scheduler's and RNG states, tokenizer files, the weights it saved): they do not
+// depend on the world size, so the output gets a copy of each and the Trainer resumes from it. Only
+// regular files of the folder itself: DeepSpeed's tag folders are what is rewritten.
+void carry_trainer_files(const std::filesystem::path& source, const std::filesystem::path& out) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(source / "trainer_state.json", ec)) return;
+  for (const auto& entry : std::filesystem::directory_iterator(source)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "latest" || name == "latest_universal" || !entry.is_regular_file(ec) || entry.is_symlink(ec)) continue;
+    std::filesystem::copy_file(entry.path(), out / name, ec);
+    if (ec) fail(ErrorKind::kIo, entry.path().string() + ": cannot copy into the output: " + ec.message());
+    fsync_path(out / name);
+  }
+  fsync_directory(out);
+}
+
 }  // namespace
 
 DeepSpeedExportResult export_deepspeed(const DeepSpeedExportRequest& request, const ConvertOptions& options) {
@@ -604,6 +621,7 @@ DeepSpeedExportResult export_deepspeed(const DeepSpeedExportRequest& request, co
   }
   fsync_directory(dir);
   write_file_durable(out.path() / "latest", tag);
+  carry_trainer_files(request.source, out.path());
   out.commit();
   progress.finish();
   DeepSpeedExportResult result;

@@ -5,7 +5,9 @@
 // model states (the 16-bit or fp32 module weights, param_shapes, counters) and every rank's optimizer
 // states. The source is a shardkit checkpoint or a DeepSpeed checkpoint folder (any stage and world
 // size, any model); values are streamed from it in pieces on several threads, so memory stays bounded
-// whatever the model's size. The files are laid out by convert/deepspeed/ds_layout.
+// whatever the model's size. The files are laid out by convert/deepspeed/ds_layout. A Hugging Face
+// Trainer's `checkpoint-N/` folder (DeepSpeed's files beside trainer_state.json) comes out as such a
+// folder: the Trainer's own files are copied beside the new DeepSpeed ones.
 #pragma once
 
 #include <cstdint>

@@ -17,6 +17,7 @@
 #include "convert/consolidate.hpp"
 #include "convert/deepspeed/unpickler.hpp"
 #include "convert/deepspeed/zip_reader.hpp"
+#include "convert/export_deepspeed.hpp"
 #include "convert/import_deepspeed.hpp"
 #include "model/registry.hpp"
 #include "tests/support/test_support.hpp"
@@ -234,6 +235,51 @@ TEST_F(DeepSpeedImport, AnOutputOverlappingTheSourceIsRefusedAndTheSourceSurvive
   }
   EXPECT_TRUE(std::filesystem::exists(tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt"));
   EXPECT_FALSE(std::filesystem::exists(tag / "out"));
+}
+
+// What DeepSpeed -> DeepSpeed and shardkit -> DeepSpeed refuse: each in one line naming the problem,
+// before anything is written, leaving no output and no staging folder.
+TEST_F(DeepSpeedImport, ExportsRefuseBadInputAndLeaveNothingBehind) {
+  auto expect_export_refused = [&](const std::filesystem::path& source, int world, std::optional<int> stage,
+                                   const std::filesystem::path& output, const std::vector<std::string>& fragments) {
+    convert::DeepSpeedExportRequest e;
+    e.source = source;
+    e.output = output;
+    e.world_size = world;
+    e.stage = stage;
+    try {
+      convert::export_deepspeed(e, options());
+      ADD_FAILURE() << "exported " << source;
+    } catch (const Error& err) {
+      EXPECT_EQ(err.kind(), ErrorKind::kInvalidInput) << err.what();
+      const std::string what = err.what();
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+      for (const std::string& f : fragments) EXPECT_NE(what.find(f), std::string::npos) << f << " in: " << what;
+    }
+    for (const auto& entry : std::filesystem::directory_iterator(work_)) {
+      EXPECT_EQ(entry.path().filename().string().find("refused"), std::string::npos) << entry.path();
+    }
+  };
+  // A pickle naming any other global.
+  expect_export_refused(fixture("gpt2", "evil"), 2, 3, work_ / "refused", {"'posix.system'"});
+  EXPECT_FALSE(std::filesystem::exists(fixture("gpt2", "pwned")));
+  // A missing rank.
+  const std::filesystem::path holed = copy_tag("gpt2", "zero2");
+  std::filesystem::remove(holed / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt");
+  std::filesystem::remove(holed / "zero_pp_rank_0_mp_rank_00_optim_states.pt");
+  expect_export_refused(holed, 2, 2, work_ / "refused", {"zero_pp_rank_0_mp_rank_00_optim_states.pt", "missing"});
+  // World size 0, stage 0 (DeepSpeed writes no ZeRO files for it).
+  expect_export_refused(fixture("gpt2", "zero2"), 0, 2, work_ / "refused", {"--world-size 0"});
+  expect_export_refused(fixture("gpt2", "zero2"), 2, 0, work_ / "refused", {"--stage 0"});
+  // An output that exists is left as it was.
+  std::filesystem::create_directories(work_ / "taken");
+  std::ofstream(work_ / "taken" / "mine.txt") << "keep";
+  expect_export_refused(fixture("gpt2", "zero2"), 2, 3, work_ / "taken", {"exists"});
+  std::ifstream kept(work_ / "taken" / "mine.txt");
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(kept)), {}), "keep");
+  // An output inside its source.
+  expect_export_refused(fixture("gpt2", "zero2"), 1, 1, fixture("gpt2", "zero2") / "refused-out", {});
+  EXPECT_FALSE(std::filesystem::exists(fixture("gpt2", "zero2") / "refused-out"));
 }
 
 TEST_F(DeepSpeedImport, APickleCallingAnyOtherGlobalIsRefusedByName) {
