@@ -235,9 +235,8 @@ void add_convert_commands(CLI::App& app, Action& action) {
   add_deepspeed_target(reshard, r->deepspeed);
   add_common(reshard, r->common);
   reshard->footer(
-      "Examples: shardkit convert reshard runs/tiny -o runs/tiny-3x --world-size 3 --stage 3\n"
-      "          shardkit convert reshard ds_run/checkpoints -o ds_run/for-8 --world-size 8 --stage 2  (DeepSpeed "
-      "to DeepSpeed)");
+      "Example: shardkit convert reshard runs/tiny -o runs/tiny-3x --world-size 3 --stage 3\n"
+      "DeepSpeed to DeepSpeed: shardkit convert reshard ds_run/checkpoints -o ds_run/for-8 --world-size 8 --stage 2");
   reshard->callback([&action, r] { action = [r] { return run_reshard(*r); }; });
 
   auto c = std::make_shared<ConsolidateCli>();
