@@ -91,7 +91,7 @@ int64_t step_value(const Value& v, const TorchFile& file, const std::string& wha
   } else if (v.kind == Kind::kTensor && v.tensor.numel() == 1) {
     float f = 0;
     file.read(v.tensor, 0, std::span<float>(&f, 1), what);
-    step = f;
+    step = static_cast<double>(f);
   } else {
     bad(file.path().string(), what + " is " + v.describe() + ", not a step count");
   }
