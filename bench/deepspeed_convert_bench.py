@@ -14,7 +14,9 @@ memory of its whole process tree (sampled every 20 ms, worker processes included
   import            shardkit convert import-deepspeed DS -o OUT (a shardkit checkpoint, for reference)
 
 Outputs go to --out-root (default: the work folder), one at a time, removed after each measurement.
-Prints one `RESULT {json}` line per tool and a table. Needs torch, transformers, psutil and DeepSpeed
+--tools picks some of them; --baseline-shardkit OLD adds `import` by another shardkit binary (the
+previous release), and --rounds N runs the two imports N times each, alternately (the figure is the
+median). Prints one `RESULT {json}` line per run and a table. Needs torch, transformers, psutil and DeepSpeed
 importable (PYTHONPATH), and a GPU for the save.
 
   PYTHONPATH=<deepspeed site> DS_ACCELERATOR=cuda TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 \\
@@ -125,6 +127,10 @@ def main():
     ap.add_argument("--work", required=True, help="folder for the DeepSpeed checkpoint")
     ap.add_argument("--out-root", default="", help="folder for the outputs (default: --work)")
     ap.add_argument("--model", default="gpt2-xl", choices=sorted(SHAPES))
+    ap.add_argument("--tools", default="ds_to_universal,reshard,zero_to_fp32,consolidate,import")
+    ap.add_argument("--baseline-shardkit", default="", help="another shardkit binary whose import to time alike")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of each import, alternately")
+    ap.add_argument("--import-model", default="", help="--model for the imports (a baseline may need one)")
     ap.add_argument("--only-save", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--ckpt", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -142,22 +148,38 @@ def main():
     tag = open(os.path.join(ckpt, "latest")).read().strip()
     sk = os.path.abspath(args.shardkit)
     py = sys.executable
-    rows = [
-        measured("ds_to_universal", [py, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
-                                     os.path.join(ckpt, tag), "--output_folder", os.path.join(out_root, "universal"),
-                                     "--num_extract_workers", "4", "--num_merge_workers", "4",
-                                     "--inject_missing_state"], os.path.join(out_root, "universal")),
-        measured("reshard", [sk, "convert", "reshard", ckpt, "-o", os.path.join(out_root, "reshard"), "--world-size",
-                             "8", "--stage", "3", "--to", "deepspeed", "-q"], os.path.join(out_root, "reshard")),
-        measured("zero_to_fp32", [py, "-c", "import sys; from deepspeed.utils.zero_to_fp32 import "
-                                  "convert_zero_checkpoint_to_fp32_state_dict as c; c(sys.argv[1], sys.argv[2])",
-                                  ckpt, os.path.join(out_root, "zero_to_fp32.bin")],
-                 os.path.join(out_root, "zero_to_fp32.bin")),
-        measured("consolidate", [sk, "convert", "consolidate", ckpt, "-o", os.path.join(out_root, "safetensors"),
-                                 "-q"], os.path.join(out_root, "safetensors")),
-        measured("import", [sk, "convert", "import-deepspeed", ckpt, "-o", os.path.join(out_root, "shardkit"), "-q"],
-                 os.path.join(out_root, "shardkit")),
-    ]
+    tools = {
+        "ds_to_universal": lambda: measured(
+            "ds_to_universal", [py, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                                os.path.join(ckpt, tag), "--output_folder", os.path.join(out_root, "universal"),
+                                "--num_extract_workers", "4", "--num_merge_workers", "4", "--inject_missing_state"],
+            os.path.join(out_root, "universal")),
+        "reshard": lambda: measured(
+            "reshard", [sk, "convert", "reshard", ckpt, "-o", os.path.join(out_root, "reshard"), "--world-size", "8",
+                        "--stage", "3", "--to", "deepspeed", "-q"], os.path.join(out_root, "reshard")),
+        "zero_to_fp32": lambda: measured(
+            "zero_to_fp32", [py, "-c", "import sys; from deepspeed.utils.zero_to_fp32 import "
+                             "convert_zero_checkpoint_to_fp32_state_dict as c; c(sys.argv[1], sys.argv[2])", ckpt,
+                             os.path.join(out_root, "zero_to_fp32.bin")], os.path.join(out_root, "zero_to_fp32.bin")),
+        "consolidate": lambda: measured(
+            "consolidate", [sk, "convert", "consolidate", ckpt, "-o", os.path.join(out_root, "safetensors"), "-q"],
+            os.path.join(out_root, "safetensors")),
+    }
+    rows = [tools[t]() for t in args.tools.split(",") if t in tools]
+    if "import" in args.tools.split(","):
+        binaries = [("import", sk)]
+        if args.baseline_shardkit:
+            binaries.append(("import (baseline)", os.path.abspath(args.baseline_shardkit)))
+        runs = {name: [] for name, _ in binaries}
+        for _ in range(args.rounds):
+            for name, binary in binaries:
+                out = os.path.join(out_root, "shardkit")
+                model = ["--model", args.import_model] if args.import_model else []
+                runs[name].append(measured(name, [binary, "convert", "import-deepspeed", ckpt, "-o", out, "-q"] + model,
+                                           out))
+        for name, got in runs.items():
+            got.sort(key=lambda r: r["seconds"])
+            rows.append(dict(got[len(got) // 2], tool=name + (f" (median of {len(got)})" if len(got) > 1 else "")))
     print("\n| tool | seconds | peak RSS (GB) | output (GB) |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['tool']} | {r['seconds']} | {r['peak_rss_gb']} | {r['output_gb']} |")
