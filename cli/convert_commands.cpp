@@ -51,6 +51,7 @@ struct DeepSpeedTargetCli {
   std::string dtype;
   int64_t sub_group_size = 0;
   std::string model;
+  bool universal = false;
 };
 
 void add_deepspeed_target(CLI::App* app, DeepSpeedTargetCli& t) {
@@ -77,6 +78,7 @@ int run_export_deepspeed(const std::string& source, const std::string& output, i
   if (!t.dtype.empty()) r.dtype = ckpt::parse_dtype(t.dtype == "fp32" ? "f32" : t.dtype == "fp16" ? "f16" : "bf16");
   if (t.sub_group_size > 0) r.sub_group_size = t.sub_group_size;
   r.model = t.model;
+  r.universal = t.universal;
   Progress progress("export-deepspeed", common.quiet);
   const convert::DeepSpeedExportResult result = convert::export_deepspeed(r, options_from(common, progress));
   progress.finish();
@@ -352,6 +354,9 @@ void add_convert_commands(CLI::App& app, Action& action) {
   export_ds->add_option("--stage", e->stage, "ZeRO stage 1-3 of the DeepSpeed run (default: the source's, at least 1)")
       ->check(CLI::Range(1, 3));
   add_deepspeed_target(export_ds, e->target);
+  export_ds->add_flag("--universal", e->target.universal,
+                      "Write ds_to_universal's layout instead (latest_universal, zero/<parameter>/), for "
+                      "load_universal at stage 1 or 2");
   add_common(export_ds, e->common);
   export_ds->footer(
       "Example: shardkit convert export-deepspeed runs/tiny -o ds_run/checkpoints --world-size 8 --stage 3 "

@@ -496,6 +496,58 @@ ckpt::DType default_dtype(const nlohmann::json& config) {
   return enabled("bf16") ? ckpt::DType::kBF16 : enabled("fp16") ? ckpt::DType::kF16 : ckpt::DType::kF32;
 }
 
+// The universal layout of ds_to_universal, as DeepSpeed's load_universal reads it at stages 1 and 2:
+// zero/<parameter>/{fp32,exp_avg,exp_avg_sq}.pt holding {'param': the full tensor, 'cat_dim': 0} and
+// step.pt the step, zero/optimizer_state.pt the optimizer's global state and its parameter groups, and
+// the model states beside zero/ (their counters; the module is not read).
+void write_universal(const std::filesystem::path& dir, const Source& src, const Target& t,
+                     const std::function<Common(Files&)>& common, const std::vector<std::vector<int>>& groups,
+                     const ConvertOptions& options, SharedProgress& progress) {
+  {
+    Files f;
+    const Common c = common(f);
+    const size_t model_file = f.add_file(dir / "mp_rank_00_model_states.pt");
+    f.files[model_file].root = model_states(f, model_file, src, t, c, groups);
+    ValueBuilder& b = f.b;
+    std::vector<const Value*> options_list;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      options_list.push_back(group_options(b, src.full_run.groups[g].options, {static_cast<int64_t>(g)}));
+    }
+    std::vector<const Value*> counts(groups.size(), b.integer(t.world_size));
+    const size_t optim_file = f.add_file(dir / "zero" / "optimizer_state.pt");
+    f.files[optim_file].root =
+        b.dict({{"loss_scaler", c.loss_scaler},
+                {"dynamic_loss_scale", b.boolean(c.dynamic)},
+                {"overflow", b.boolean(false)},
+                {"clip_grad", b.real(c.clip_grad)},
+                {"zero_stage", b.integer(t.stage, "deepspeed.runtime.zero.config.ZeroStageEnum")},
+                {"partition_count", b.list(counts)},
+                {"ds_version", c.version},
+                {"param_groups", b.list(options_list)}});
+    write_files(f, src, options, progress);
+  }
+  const int64_t adam_steps = counter(src.trainer_state, "optimizer_steps", counter(src.trainer_state, "step", 0));
+  constexpr const char* kNames[] = {"fp32.pt", "exp_avg.pt", "exp_avg_sq.pt"};
+  for (size_t i = 0; i < src.table->size(); ++i) {
+    const ckpt::TensorInfo& info = (*src.table)[i];
+    const std::filesystem::path folder = dir / "zero" / info.name;
+    make_real_directory(folder);
+    Files f;
+    const Common c = common(f);
+    for (int state : {kFp32, kExpAvg, kExpAvgSq}) {
+      const size_t file = f.add_file(folder / kNames[state]);
+      Storage& s = f.storage(file, state, ckpt::DType::kF32);
+      s.add({static_cast<int>(i), 0, info.numel()});
+      f.files[file].root = f.b.dict({{"param", f.tensor(s, info.shape)}, {"cat_dim", f.b.integer(0)}});
+    }
+    const size_t step_file = f.add_file(folder / "step.pt");
+    f.files[step_file].root = c.step(f, step_file, adam_steps, src.full_run.step_is_tensor);
+    write_files(f, src, options, progress);
+    fsync_directory(folder);
+  }
+  fsync_directory(dir / "zero");
+}
+
 // Hugging Face's Trainer keeps its own files beside DeepSpeed's in `checkpoint-N/` (trainer_state.json,
 // config.json, the scheduler's and RNG states, tokenizer files, the weights it saved): they do not
 // depend on the world size, so the output gets a copy of each and the Trainer resumes from it. Only
@@ -539,7 +591,13 @@ DeepSpeedExportResult export_deepspeed(const DeepSpeedExportRequest& request, co
   const std::vector<std::vector<int>> groups = group_members(src);
   const int64_t step = counter(src.trainer_state, "step", 0);
   if (step < 0 || step > ckpt::kMaxStep) fail(ErrorKind::kInvalidInput, src.path.string() + ": a bad step count");
-  const std::string tag = "global_step" + std::to_string(step);
+  const std::string tag = "global_step" + std::to_string(step) + (request.universal ? "_universal" : "");
+  if (request.universal && t.stage == 3) {
+    fail(ErrorKind::kInvalidInput,
+         "--universal --stage 3: DeepSpeed's load_universal reads another file format at stage 3 and only the "
+         "first parameter group there; reshard straight to the run's world size instead (it loads with "
+         "load_checkpoint)");
+  }
 
   StagedDirectory out(request.output, {request.source, src.path}, options.force);
   const std::filesystem::path dir = out.path() / tag;
@@ -564,7 +622,10 @@ DeepSpeedExportResult export_deepspeed(const DeepSpeedExportRequest& request, co
   const std::string prefix = t.dtype == ckpt::DType::kBF16 ? "bf16_" : "";
   auto optim_name = [&](int r) { return prefix + "zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_optim_states.pt"; };
 
-  if (t.stage < 3) {
+  if (request.universal) {
+    make_real_directory(dir / "zero");
+    write_universal(dir, src, t, common, groups, options, progress);
+  } else if (t.stage < 3) {
     std::vector<ds::Zero12Group> layouts;
     for (const std::vector<int>& g : groups) {
       std::vector<int64_t> numels;
@@ -620,7 +681,7 @@ DeepSpeedExportResult export_deepspeed(const DeepSpeedExportRequest& request, co
     }
   }
   fsync_directory(dir);
-  write_file_durable(out.path() / "latest", tag);
+  write_file_durable(out.path() / (request.universal ? "latest_universal" : "latest"), tag);
   carry_trainer_files(request.source, out.path());
   out.commit();
   progress.finish();

@@ -31,6 +31,10 @@ struct DeepSpeedExportRequest {
   std::optional<int64_t> sub_group_size;
   // For a DeepSpeed source, as `import-deepspeed --model` (empty: the tensors the checkpoint names).
   std::string model;
+  // Instead of a run's files, the universal layout of ds_to_universal (`latest_universal` and
+  // global_step<N>_universal/ with zero/<parameter>/), for load_universal at any world size; stages 1
+  // and 2 only (DeepSpeed's stage 3 reads another format, and only its first parameter group).
+  bool universal = false;
 };
 
 struct DeepSpeedExportResult {

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/error.hpp"
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/safetensors.hpp"
 #include "convert/export_deepspeed.hpp"
@@ -199,6 +200,21 @@ TEST_P(DeepSpeedReal, ExportedForOtherWorldSizesAndStagesReadsBackTheSame) {
     const nlohmann::json back = import_and_compare(t.world, t.stage, e.output);
     EXPECT_EQ(back.at("deepspeed"), direct.at("deepspeed")) << "the run's groups, options or scheduler changed";
   }
+  // ds_to_universal's layout, for load_universal: every tensor whole, one file per state.
+  convert::DeepSpeedExportRequest e;
+  e.source = folder_;
+  e.output = work_.path() / "universal";
+  e.world_size = 2;
+  e.stage = 2;
+  e.universal = true;
+  const convert::DeepSpeedExportResult result = convert::export_deepspeed(e, options());
+  EXPECT_EQ(result.tag_dir, e.output / (expected_.at("tag").get<std::string>() + "_universal"));
+  EXPECT_TRUE(std::filesystem::is_regular_file(e.output / "latest_universal"));
+  import_and_compare(1, 0, e.output);
+  e.stage = 3;
+  e.output = work_.path() / "universal-3";
+  EXPECT_THROW(convert::export_deepspeed(e, options()), Error);
+  EXPECT_FALSE(std::filesystem::exists(e.output));
 }
 
 // The fixtures' own bookkeeping: what the tests above rely on.
