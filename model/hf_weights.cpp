@@ -13,21 +13,39 @@
 namespace shardkit::model {
 namespace {
 
+// The folder the files of a Hugging Face folder must stay in: the folder itself, except for a snapshot
+// of Hugging Face's download cache (`models--<org>--<name>/snapshots/<revision>/`), whose files are
+// links into the repository's own `blobs/` folder: there, the repository folder.
+std::filesystem::path containment_root(const std::filesystem::path& folder) {
+  std::error_code ec;
+  const std::filesystem::path real = std::filesystem::canonical(folder, ec);
+  if (ec) return folder;
+  const std::filesystem::path snapshots = real.parent_path();
+  const std::filesystem::path repository = snapshots.parent_path();
+  if (snapshots.filename() == "snapshots" && repository.filename().string().starts_with("models--") &&
+      std::filesystem::is_directory(repository / "blobs", ec)) {
+    return repository;
+  }
+  return folder;
+}
+
 // The safetensors files of `path`: the file itself, or a folder's model.safetensors, or the shards its
 // index names (each a plain file name in the folder). What the user named may be a link; what lies in
-// the folder may not lead out of it (require_within_folder).
+// the folder may not lead out of it (require_within_folder; a download cache's snapshot, out of its
+// repository folder).
 std::vector<std::filesystem::path> weight_files(const std::filesystem::path& path) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(path, ec)) return {path};
   if (!std::filesystem::is_directory(path, ec))
     fail(ErrorKind::kInvalidInput, path.string() + ": no such file or folder");
+  const std::filesystem::path root = containment_root(path);
   const auto inside = [&](std::filesystem::path file) {
-    require_within_folder(path, file);
+    require_within_folder(root, file);
     return file;
   };
   const std::filesystem::path index = path / ckpt::safetensors::kIndexFileName;
   if (std::filesystem::exists(index, ec)) {
-    require_within_folder(path, index);
+    require_within_folder(root, index);
     const nlohmann::json j = read_json_file(index, json_limits::kHfIndex, ErrorKind::kInvalidInput);
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
       fail(ErrorKind::kInvalidInput, index.string() + ": no \"weight_map\" object");
@@ -56,7 +74,7 @@ std::filesystem::path config_file(const std::filesystem::path& path) {
   if (!std::filesystem::exists(file, ec)) {
     fail(ErrorKind::kInvalidInput, file.string() + ": missing (the model's config.json must accompany the weights)");
   }
-  require_within_folder(file.parent_path(), file);
+  require_within_folder(containment_root(file.parent_path()), file);
   return file;
 }
 

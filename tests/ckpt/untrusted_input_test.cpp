@@ -215,6 +215,33 @@ TEST(UntrustedInput, LinksWithinAWeightsFolderAndTheFolderNamedStayAllowed) {
   EXPECT_NO_THROW(model::HfWeights(dir / "mine" / "gpt2.safetensors"));
 }
 
+// Hugging Face's download cache keeps a snapshot's files as links into its repository's blobs/: a
+// snapshot loads; a link out of the repository folder is still refused, as is one from a folder that
+// only looks like a snapshot elsewhere.
+TEST(UntrustedInput, ASnapshotOfTheDownloadCacheLoadsAndStaysInItsRepository) {
+  const TempDir dir;
+  const std::filesystem::path repo = dir / "hub" / "models--org--tiny";
+  write_hf_folder(repo / "blobs", "weights.safetensors");
+  std::filesystem::rename(repo / "blobs" / "config.json", repo / "blobs" / "c0ffee");
+  std::filesystem::rename(repo / "blobs" / "weights.safetensors", repo / "blobs" / "beef");
+  const std::filesystem::path snapshot = repo / "snapshots" / "0123abc";
+  std::filesystem::create_directories(snapshot);
+  std::filesystem::create_symlink("../../blobs/c0ffee", snapshot / "config.json");
+  std::filesystem::create_symlink("../../blobs/beef", snapshot / "model.safetensors");
+  EXPECT_NO_THROW(model::HfWeights{snapshot});
+
+  write_hf_folder(dir / "elsewhere", "weights.safetensors");
+  std::filesystem::remove(snapshot / "model.safetensors");
+  std::filesystem::create_symlink(dir / "elsewhere" / "weights.safetensors", snapshot / "model.safetensors");
+  expect_refused([&] { model::HfWeights{snapshot}; }, "model.safetensors", "leads out of");
+
+  const std::filesystem::path fake = dir / "snapshots" / "0123abc";  // no models--* repository above it
+  std::filesystem::create_directories(fake);
+  std::filesystem::create_symlink(repo / "blobs" / "c0ffee", fake / "config.json");
+  std::filesystem::create_symlink(repo / "blobs" / "beef", fake / "model.safetensors");
+  expect_refused([&] { model::HfWeights{fake}; }, "config.json", "leads out of");
+}
+
 TEST(UntrustedInput, CheckpointFilesLinkedFromOutsideTheStepDirectoryAreRefused) {
   const TempDir dir;
   const ckpt::TensorTable table({{"w", {64}, ckpt::DType::kF32}});
