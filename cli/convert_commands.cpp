@@ -88,6 +88,28 @@ int run_export_deepspeed(const std::string& source, const std::string& output, i
   return 0;
 }
 
+struct ImportDeepSpeedCli {
+  Common common;
+  std::string source, output, model;
+  int world_size = 0;
+  int stage = -1;
+};
+
+int run_import_deepspeed(const ImportDeepSpeedCli& c) {
+  convert::DeepSpeedImportRequest r;
+  r.source = c.source;
+  r.output = c.output;
+  r.model = c.model;
+  if (c.world_size > 0) r.world_size = c.world_size;
+  if (c.stage >= 0) r.stage = c.stage;
+  Progress progress("import-deepspeed", c.common.quiet);
+  const convert::DeepSpeedImportResult result = convert::import_deepspeed(r, options_from(c.common, progress));
+  progress.finish();
+  print_line(stdout, "%s: step %lld, %d ranks, ZeRO stage %d", result.step_dir.c_str(),
+             static_cast<long long>(result.step), result.world_size, result.stage);
+  return 0;
+}
+
 struct ReshardCli {
   Common common;
   std::string source, output, to;
@@ -104,18 +126,7 @@ int run_reshard(const ReshardCli& c) {
   const std::string to = c.to.empty() ? (from_deepspeed ? "deepspeed" : "shardkit") : c.to;
   if (to == "deepspeed") return run_export_deepspeed(c.source, c.output, c.world_size, c.stage, c.deepspeed, c.common);
   if (from_deepspeed) {
-    convert::DeepSpeedImportRequest r;
-    r.source = c.source;
-    r.output = c.output;
-    r.model = c.deepspeed.model;
-    r.world_size = c.world_size;
-    if (c.stage >= 0) r.stage = c.stage;
-    Progress progress("reshard", c.common.quiet);
-    const convert::DeepSpeedImportResult result = convert::import_deepspeed(r, options_from(c.common, progress));
-    progress.finish();
-    print_line(stdout, "%s: step %lld, %d ranks, ZeRO stage %d", result.step_dir.c_str(),
-               static_cast<long long>(result.step), result.world_size, result.stage);
-    return 0;
+    return run_import_deepspeed({c.common, c.source, c.output, c.deepspeed.model, c.world_size, c.stage});
   }
   Progress progress("reshard", c.common.quiet);
   convert::ReshardRequest r;
@@ -172,28 +183,6 @@ int run_import(const ImportCli& c) {
   const auto step_dir = convert::import_weights(r, options_from(c.common, progress));
   progress.finish();
   print_line(stdout, "%s: step 0, %d ranks, ZeRO stage %d", step_dir.c_str(), c.world_size, c.stage);
-  return 0;
-}
-
-struct ImportDeepSpeedCli {
-  Common common;
-  std::string source, output, model;
-  int world_size = 0;
-  int stage = -1;
-};
-
-int run_import_deepspeed(const ImportDeepSpeedCli& c) {
-  convert::DeepSpeedImportRequest r;
-  r.source = c.source;
-  r.output = c.output;
-  r.model = c.model;
-  if (c.world_size > 0) r.world_size = c.world_size;
-  if (c.stage >= 0) r.stage = c.stage;
-  Progress progress("import-deepspeed", c.common.quiet);
-  const convert::DeepSpeedImportResult result = convert::import_deepspeed(r, options_from(c.common, progress));
-  progress.finish();
-  print_line(stdout, "%s: step %lld, %d ranks, ZeRO stage %d", result.step_dir.c_str(),
-             static_cast<long long>(result.step), result.world_size, result.stage);
   return 0;
 }
 
