@@ -84,7 +84,10 @@ int run_export_deepspeed(const std::string& source, const std::string& output, i
   progress.finish();
   print_line(stdout, "%s: step %lld, %d ranks, ZeRO stage %d, %s (DeepSpeed's load_checkpoint reads %s)",
              result.tag_dir.c_str(), static_cast<long long>(result.step), result.world_size, result.stage,
-             std::string(ckpt::dtype_name(result.dtype)).c_str(), output.c_str());
+             result.dtype == ckpt::DType::kF32    ? "fp32"
+             : result.dtype == ckpt::DType::kBF16 ? "bf16"
+                                                  : "fp16",
+             output.c_str());
   return 0;
 }
 
