@@ -605,12 +605,18 @@ DeepSpeedExportResult export_deepspeed(const DeepSpeedExportRequest& request, co
   // Bytes read: the three states, and the module's weights at stages 1 and 2.
   SharedProgress progress(options.progress, src.table->total_elements() * 4 * (t.stage < 3 ? 4 : 3));
 
-  // What every file shares: the config (with the stage written), the version, scaler, scheduler.
+  // What every file shares: the config (with the stage and type written), the version, scaler, scheduler.
   auto common = [&](Files& f) {
     Common c;
     nlohmann::json config = src.config.is_object() ? src.config : nlohmann::json::object();
     config["zero_optimization"] = zero_config.is_object() ? zero_config : nlohmann::json::object();
     config["zero_optimization"]["stage"] = t.stage;
+    // The type the files are written for, so that the config they carry describes them.
+    for (const auto& [key, on] :
+         {std::pair{"bf16", t.dtype == ckpt::DType::kBF16}, std::pair{"fp16", t.dtype == ckpt::DType::kF16}}) {
+      if (!config.contains(key) || !config[key].is_object()) config[key] = nlohmann::json::object();
+      config[key]["enabled"] = on;
+    }
     c.ds_config = ds::from_json(f.b, config);
     c.version = f.b.str(kFormatVersion);
     c.loss_scaler = loss_scaler(f.b, t, src.config, src.trainer_state);
