@@ -193,6 +193,21 @@ struct Common {
   }
 };
 
+// What is exported, and to what: the source, the target and the parameter groups as table indices.
+struct Job {
+  const Source& src;
+  const Target& t;
+  const std::vector<std::vector<int>>& groups;
+};
+
+// Stage 3's parameters in group order, cut into sub-groups per group, and their pieces on every rank.
+struct Zero3Plan {
+  std::vector<int> order;  // table indices, the layout's order
+  std::vector<std::vector<int>> sub_groups;
+  std::vector<int64_t> group_of_sub;
+  ds::Zero3Layout layout;
+};
+
 int64_t counter(const nlohmann::json& state, const char* key, int64_t fallback) {
   const auto it = state.find(key);
   return it != state.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
@@ -254,7 +269,9 @@ std::vector<std::vector<int>> group_members(const Source& src) {
 
 // The module's weights (stage 1/2: in the run's type; stage 3: empty placeholders, the weights being
 // partitioned) with the tied names beside the tensors they share.
-const Value* module_states(Files& f, size_t file, const Source& src, const Target& t) {
+const Value* module_states(Files& f, size_t file, const Job& job) {
+  const Source& src = job.src;
+  const Target& t = job.t;
   ValueBuilder::Pairs pairs;
   std::map<std::string, const Value*> by_name;
   for (size_t i = 0; i < src.table->size(); ++i) {
@@ -285,8 +302,9 @@ const Value* shapes_of(Files& f, const Source& src, const std::vector<int>& memb
   return f.b.dict(std::move(pairs), true);
 }
 
-const Value* model_states(Files& f, size_t file, const Source& src, const Target& t, const Common& c,
+const Value* model_states(Files& f, size_t file, const Job& job, const Common& c,
                           const std::vector<std::vector<int>>& shape_groups) {
+  const Source& src = job.src;
   ValueBuilder& b = f.b;
   std::vector<const Value*> shapes;
   for (const std::vector<int>& g : shape_groups) shapes.push_back(shapes_of(f, src, g));
@@ -295,8 +313,8 @@ const Value* model_states(Files& f, size_t file, const Source& src, const Target
     shared.emplace_back(b.str(tied), b.str(holder.get<std::string>()));
   }
   const nlohmann::json& state = src.trainer_state;
-  const bool stage3 = t.stage == 3;
-  return b.dict({{"module", module_states(f, file, src, t)},
+  const bool stage3 = job.t.stage == 3;
+  return b.dict({{"module", module_states(f, file, job)},
                  {"buffer_names", b.list({})},
                  {"optimizer", b.none()},
                  {"param_shapes", b.list(shapes)},
@@ -310,7 +328,7 @@ const Value* model_states(Files& f, size_t file, const Source& src, const Target
                  {"skipped_steps", b.integer(counter(state, "skipped_steps", 0))},
                  {"global_steps", b.integer(counter(state, "step", 0))},
                  {"global_samples", b.integer(counter(state, "consumed_samples", 0))},
-                 {"dp_world_size", b.integer(t.world_size)},
+                 {"dp_world_size", b.integer(job.t.world_size)},
                  {"mp_world_size", b.integer(1)},
                  {"ds_config", c.ds_config},
                  {"ds_version", c.version}});
@@ -331,8 +349,11 @@ const Value* group_options(ValueBuilder& b, const nlohmann::json& options, std::
 }
 
 // Stage 1/2: rank r's optimizer states.
-const Value* zero12_optim(Files& f, size_t file, int r, const Source& src, const Target& t, const Common& c,
-                          const std::vector<std::vector<int>>& groups, const std::vector<ds::Zero12Group>& layouts) {
+const Value* zero12_optim(Files& f, size_t file, int r, const Job& job, const Common& c,
+                          const std::vector<ds::Zero12Group>& layouts) {
+  const Source& src = job.src;
+  const Target& t = job.t;
+  const std::vector<std::vector<int>>& groups = job.groups;
   ValueBuilder& b = f.b;
   ValueBuilder::Pairs adam;
   std::vector<const Value*> fp32, options, paddings, counts, mappings;
@@ -385,10 +406,38 @@ const Value* zero12_optim(Files& f, size_t file, int r, const Source& src, const
   return b.dict({{"optimizer_state_dict", state}, {"ds_config", c.ds_config}, {"ds_version", c.version}});
 }
 
+Zero3Plan plan_zero3(const Job& job) {
+  Zero3Plan plan;
+  std::vector<int64_t> numels;
+  for (const std::vector<int>& g : job.groups) {
+    for (int m : g) numels.push_back((*job.src.table)[static_cast<size_t>(m)].numel());
+  }
+  plan.layout = ds::zero3_layout(numels, job.t.world_size);
+  size_t at = 0;
+  for (size_t g = 0; g < job.groups.size(); ++g) {
+    const std::vector<int>& group = job.groups[g];
+    const std::vector<int64_t> parts(plan.layout.part.begin() + static_cast<std::ptrdiff_t>(at),
+                                     plan.layout.part.begin() + static_cast<std::ptrdiff_t>(at + group.size()));
+    size_t i = 0;
+    for (int64_t count : ds::zero3_sub_groups(parts, job.t.sub_group_size)) {
+      plan.sub_groups.emplace_back(group.begin() + static_cast<std::ptrdiff_t>(i),
+                                   group.begin() + static_cast<std::ptrdiff_t>(i + static_cast<size_t>(count)));
+      plan.group_of_sub.push_back(static_cast<int64_t>(g));
+      i += static_cast<size_t>(count);
+    }
+    plan.order.insert(plan.order.end(), group.begin(), group.end());
+    at += group.size();
+  }
+  return plan;
+}
+
 // Stage 3: rank r's optimizer states, one fp32 tensor and one pair of moments per sub-group.
-const Value* zero3_optim(Files& f, size_t file, int r, const Source& src, const Target& t, const Common& c,
-                         const std::vector<std::vector<int>>& sub_groups, const std::vector<int64_t>& group_of_sub,
-                         const ds::Zero3Layout& layout, const std::vector<int>& order) {
+const Value* zero3_optim(Files& f, size_t file, int r, const Job& job, const Common& c, const Zero3Plan& plan) {
+  const Source& src = job.src;
+  const Target& t = job.t;
+  const std::vector<std::vector<int>>& sub_groups = plan.sub_groups;
+  const ds::Zero3Layout& layout = plan.layout;
+  const std::vector<int>& order = plan.order;
   ValueBuilder& b = f.b;
   ValueBuilder::Pairs adam;
   std::vector<const Value*> fp32;
@@ -415,8 +464,8 @@ const Value* zero3_optim(Files& f, size_t file, int r, const Source& src, const 
   std::vector<const Value*> options;
   for (size_t g = 0; g < src.full_run.groups.size(); ++g) {
     std::vector<int64_t> ids;
-    for (size_t k = 0; k < group_of_sub.size(); ++k) {
-      if (group_of_sub[k] == static_cast<int64_t>(g)) ids.push_back(static_cast<int64_t>(k));
+    for (size_t k = 0; k < plan.group_of_sub.size(); ++k) {
+      if (plan.group_of_sub[k] == static_cast<int64_t>(g)) ids.push_back(static_cast<int64_t>(k));
     }
     options.push_back(group_options(b, src.full_run.groups[g].options, ids));
   }
@@ -500,14 +549,16 @@ ckpt::DType default_dtype(const nlohmann::json& config) {
 // zero/<parameter>/{fp32,exp_avg,exp_avg_sq}.pt holding {'param': the full tensor, 'cat_dim': 0} and
 // step.pt the step, zero/optimizer_state.pt the optimizer's global state and its parameter groups, and
 // the model states beside zero/ (their counters; the module is not read).
-void write_universal(const std::filesystem::path& dir, const Source& src, const Target& t,
-                     const std::function<Common(Files&)>& common, const std::vector<std::vector<int>>& groups,
+void write_universal(const std::filesystem::path& dir, const Job& job, const std::function<Common(Files&)>& common,
                      const ConvertOptions& options, SharedProgress& progress) {
+  const Source& src = job.src;
+  const Target& t = job.t;
+  const std::vector<std::vector<int>>& groups = job.groups;
   {
     Files f;
     const Common c = common(f);
     const size_t model_file = f.add_file(dir / "mp_rank_00_model_states.pt");
-    f.files[model_file].root = model_states(f, model_file, src, t, c, groups);
+    f.files[model_file].root = model_states(f, model_file, job, c, groups);
     ValueBuilder& b = f.b;
     std::vector<const Value*> options_list;
     for (size_t g = 0; g < groups.size(); ++g) {
@@ -589,6 +640,7 @@ DeepSpeedExportResult export_deepspeed(const DeepSpeedExportRequest& request, co
           : kDefaultSubGroupSize);
   if (t.sub_group_size < 1) fail(ErrorKind::kInvalidInput, "--sub-group-size must be at least 1");
   const std::vector<std::vector<int>> groups = group_members(src);
+  const Job job{src, t, groups};
   const int64_t step = counter(src.trainer_state, "step", 0);
   if (step < 0 || step > ckpt::kMaxStep) fail(ErrorKind::kInvalidInput, src.path.string() + ": a bad step count");
   const std::string tag = "global_step" + std::to_string(step) + (request.universal ? "_universal" : "");
@@ -630,7 +682,7 @@ DeepSpeedExportResult export_deepspeed(const DeepSpeedExportRequest& request, co
 
   if (request.universal) {
     make_real_directory(dir / "zero");
-    write_universal(dir, src, t, common, groups, options, progress);
+    write_universal(dir, job, common, options, progress);
   } else if (t.stage < 3) {
     std::vector<ds::Zero12Group> layouts;
     for (const std::vector<int>& g : groups) {
@@ -642,47 +694,25 @@ DeepSpeedExportResult export_deepspeed(const DeepSpeedExportRequest& request, co
       Files f;
       const Common c = common(f);
       const size_t file = f.add_file(dir / "mp_rank_00_model_states.pt");
-      f.files[file].root = model_states(f, file, src, t, c, groups);
+      f.files[file].root = model_states(f, file, job, c, groups);
       write_files(f, src, options, progress);
     }
     for (int r = 0; r < t.world_size; ++r) {
       Files f;
       const Common c = common(f);
       const size_t file = f.add_file(dir / optim_name(r));
-      f.files[file].root = zero12_optim(f, file, r, src, t, c, groups, layouts);
+      f.files[file].root = zero12_optim(f, file, r, job, c, layouts);
       write_files(f, src, options, progress);
     }
   } else {
-    // The parameters in group order, cut into sub-groups per group.
-    std::vector<int> order;
-    std::vector<std::vector<int>> sub_groups;
-    std::vector<int64_t> group_of_sub;
-    std::vector<int64_t> numels;
-    for (const std::vector<int>& g : groups) {
-      for (int m : g) numels.push_back((*src.table)[static_cast<size_t>(m)].numel());
-    }
-    const ds::Zero3Layout layout = ds::zero3_layout(numels, t.world_size);
-    size_t at = 0;
-    for (size_t g = 0; g < groups.size(); ++g) {
-      const std::vector<int64_t> parts(layout.part.begin() + static_cast<std::ptrdiff_t>(at),
-                                       layout.part.begin() + static_cast<std::ptrdiff_t>(at + groups[g].size()));
-      size_t i = 0;
-      for (int64_t count : ds::zero3_sub_groups(parts, t.sub_group_size)) {
-        sub_groups.emplace_back(groups[g].begin() + static_cast<std::ptrdiff_t>(i),
-                                groups[g].begin() + static_cast<std::ptrdiff_t>(i + static_cast<size_t>(count)));
-        group_of_sub.push_back(static_cast<int64_t>(g));
-        i += static_cast<size_t>(count);
-      }
-      order.insert(order.end(), groups[g].begin(), groups[g].end());
-      at += groups[g].size();
-    }
+    const Zero3Plan plan = plan_zero3(job);
     for (int r = 0; r < t.world_size; ++r) {
       Files f;
       const Common c = common(f);
       const size_t model_file = f.add_file(dir / ("zero_pp_rank_" + std::to_string(r) + "_mp_rank_00_model_states.pt"));
-      f.files[model_file].root = model_states(f, model_file, src, t, c, sub_groups);
+      f.files[model_file].root = model_states(f, model_file, job, c, plan.sub_groups);
       const size_t optim_file = f.add_file(dir / optim_name(r));
-      f.files[optim_file].root = zero3_optim(f, optim_file, r, src, t, c, sub_groups, group_of_sub, layout, order);
+      f.files[optim_file].root = zero3_optim(f, optim_file, r, job, c, plan);
       write_files(f, src, options, progress);
     }
   }
