@@ -120,32 +120,6 @@ constexpr char kProto = '\x80', kStop = '.', kMark = '(', kNone = 'N', kNewTrue 
 // pickle batches APPENDS and SETITEMS by this many items.
 constexpr size_t kBatch = 1000;
 
-const char* storage_class(Dtype dtype) {
-  switch (dtype) {
-    case Dtype::kF64:
-      return "DoubleStorage";
-    case Dtype::kF32:
-      return "FloatStorage";
-    case Dtype::kF16:
-      return "HalfStorage";
-    case Dtype::kBF16:
-      return "BFloat16Storage";
-    case Dtype::kI64:
-      return "LongStorage";
-    case Dtype::kI32:
-      return "IntStorage";
-    case Dtype::kI16:
-      return "ShortStorage";
-    case Dtype::kI8:
-      return "CharStorage";
-    case Dtype::kU8:
-      return "ByteStorage";
-    case Dtype::kBool:
-      return "BoolStorage";
-  }
-  return "ByteStorage";
-}
-
 class Writer {
  public:
   PickledValue run(const Value& root) {
@@ -238,7 +212,7 @@ class Writer {
     op(kMark);
     op(kMark);
     string("storage");
-    global(std::string("torch.") + storage_class(s.dtype));
+    global(std::string("torch.") + storage_class_name(s.dtype));
     string(s.key);
     string("cpu");
     integer(s.numel);

@@ -218,6 +218,17 @@ constexpr uint64_t kMapNodeBytes = 64;
 // Charges reach the checkpoint's budget in steps of this many bytes (fewer atomic operations).
 constexpr uint64_t kBudgetStep = uint64_t{1} << 20;
 
+}  // namespace
+
+const char* storage_class_name(Dtype dtype) noexcept {
+  for (const Known& k : kKnown) {
+    if (k.role == Role::kStorageType && k.dtype == dtype) return k.name.data();
+  }
+  return "ByteStorage";
+}
+
+namespace {
+
 class Machine {
  public:
   Machine(std::string_view data, const std::string& where, std::deque<Value>& arena, ParseBudget* budget)

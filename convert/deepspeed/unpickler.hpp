@@ -28,6 +28,9 @@ namespace shardkit::convert::deepspeed {
 enum class Dtype { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool };
 size_t dtype_size(Dtype dtype) noexcept;
 const char* dtype_name(Dtype dtype) noexcept;
+// The torch storage class of `dtype` ("FloatStorage", ...), as pickles name it: the reader's table of
+// known globals, read the other way, so that the writer names exactly what the reader accepts.
+const char* storage_class_name(Dtype dtype) noexcept;
 
 // A storage record of the archive: `<archive>/data/<key>`, `numel` elements of `dtype`.
 struct StorageRef {
