@@ -21,7 +21,7 @@
 #include "convert/deepspeed/ds_checkpoint.hpp"
 #include "convert/deepspeed/ds_layout.hpp"
 #include "convert/deepspeed/ds_run.hpp"
-#include "convert/deepspeed/torch_writer.hpp"
+#include "convert/torch/torch_writer.hpp"
 #include "convert/source.hpp"
 #include "convert/staging.hpp"
 #include "model/registry.hpp"
@@ -30,8 +30,8 @@ namespace shardkit::convert {
 namespace {
 
 namespace ds = deepspeed;
-using ds::Value;
-using ds::ValueBuilder;
+using torch::Value;
+using torch::ValueBuilder;
 
 // The DeepSpeed release whose file layout these files follow (0.14 to 0.16 and later share it); its
 // loader checks the version of a stage 1 checkpoint.
@@ -133,8 +133,8 @@ struct Storage {
   }
 };
 
-ds::Dtype torch_dtype(ckpt::DType d) {
-  return d == ckpt::DType::kF32 ? ds::Dtype::kF32 : d == ckpt::DType::kBF16 ? ds::Dtype::kBF16 : ds::Dtype::kF16;
+torch::Dtype torch_dtype(ckpt::DType d) {
+  return d == ckpt::DType::kF32 ? torch::Dtype::kF32 : d == ckpt::DType::kBF16 ? torch::Dtype::kBF16 : torch::Dtype::kF16;
 }
 
 // The files of one rank (or the model states of stage 1/2), built as values with their storages.
@@ -483,8 +483,8 @@ const Value* zero3_optim(Files& f, size_t file, int r, const Job& job, const Com
 
 // Writes every storage of `files` from the source, in pieces on the pool's threads, then finishes them.
 void write_files(Files& files, const Source& src, const ConvertOptions& options, SharedProgress& progress) {
-  std::vector<std::unique_ptr<ds::TorchFileWriter>> writers;
-  for (Files::File& f : files.files) writers.push_back(std::make_unique<ds::TorchFileWriter>(f.path, *f.root));
+  std::vector<std::unique_ptr<torch::TorchFileWriter>> writers;
+  for (Files::File& f : files.files) writers.push_back(std::make_unique<torch::TorchFileWriter>(f.path, *f.root));
   const StreamPlan plan = plan_stream(options, 8, src.chunk_elems);
   struct Task {
     const Storage* storage;

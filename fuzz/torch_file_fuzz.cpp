@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "base/error.hpp"
-#include "convert/deepspeed/torch_file.hpp"
-#include "convert/deepspeed/unpickler.hpp"
+#include "convert/torch/torch_file.hpp"
+#include "convert/torch/unpickler.hpp"
 
 namespace {
 
-using namespace shardkit::convert::deepspeed;
+using namespace shardkit::convert::torch;
 
 const std::filesystem::path& scratch() {
   static const std::filesystem::path p =

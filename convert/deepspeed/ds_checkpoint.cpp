@@ -11,6 +11,12 @@
 #include "convert/deepspeed/ds_layout.hpp"
 
 namespace shardkit::convert::deepspeed {
+
+using torch::Dtype;
+using torch::TensorRef;
+using torch::TorchFile;
+using torch::Value;
+
 namespace {
 
 using Kind = Value::Kind;

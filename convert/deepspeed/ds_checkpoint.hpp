@@ -28,7 +28,7 @@
 
 #include "ckpt/tensor_table.hpp"
 #include "convert/deepspeed/ds_run.hpp"
-#include "convert/deepspeed/torch_file.hpp"
+#include "convert/torch/torch_file.hpp"
 #include "model/model.hpp"
 
 namespace shardkit::convert::deepspeed {
@@ -73,8 +73,8 @@ class DeepSpeedCheckpoint {
   struct Piece {
     int64_t begin = 0;  // first element of the table tensor
     int64_t length = 0;
-    const TorchFile* file = nullptr;
-    const TensorRef* source = nullptr;
+    const torch::TorchFile* file = nullptr;
+    const torch::TensorRef* source = nullptr;
     int64_t source_offset = 0;  // element of `source`
     std::string what;           // for messages
   };
@@ -84,13 +84,13 @@ class DeepSpeedCheckpoint {
   void require_inside(const std::filesystem::path& entry) const;
   void open_zero();
   void open_universal();
-  void map_zero12(const std::vector<const Value*>& states, const Value& param_shapes);
-  void map_zero3(const std::vector<const Value*>& states, const Value& param_shapes);
-  void read_counters(const Value* model_states, const std::string& where, std::optional<int64_t> optimizer_step);
+  void map_zero12(const std::vector<const torch::Value*>& states, const torch::Value& param_shapes);
+  void map_zero3(const std::vector<const torch::Value*>& states, const torch::Value& param_shapes);
+  void read_counters(const torch::Value* model_states, const std::string& where, std::optional<int64_t> optimizer_step);
   // The table of a checkpoint of no known model: every parameter of param_shapes' groups, in order.
-  void table_from_shapes(const Value& param_shapes, const std::string& where);
+  void table_from_shapes(const torch::Value& param_shapes, const std::string& where);
   // The groups and hyperparameters of rank 0's optimizer state, the tied parameters and the scheduler.
-  void read_run(const Value& model_states, const Value& param_shapes, const Value& optimizer_state,
+  void read_run(const torch::Value& model_states, const torch::Value& param_shapes, const torch::Value& optimizer_state,
                 const std::string& where);
   // Index of the table tensor a DeepSpeed parameter name stands for; its shape must be `shape`.
   int parameter(const std::string& name, const std::vector<int64_t>& shape, const std::string& where);
@@ -109,8 +109,8 @@ class DeepSpeedCheckpoint {
   int world_size_ = 0;
   int stage_ = 0;
   nlohmann::json trainer_state_;
-  ParseBudget parse_budget_;  // the memory all files' pickles may take together
-  std::vector<std::unique_ptr<TorchFile>> files_;
+  torch::ParseBudget parse_budget_;  // the memory all files' pickles may take together
+  std::vector<std::unique_ptr<torch::TorchFile>> files_;
   std::vector<std::array<std::vector<Piece>, kStateCount>> pieces_;  // per table tensor, by begin
   std::vector<std::string> seen_as_;                                 // the name each tensor was found under
   std::unordered_map<std::string, int> by_source_name_;              // and the reverse

@@ -4,6 +4,10 @@
 #include "base/json_input.hpp"
 
 namespace shardkit::convert::deepspeed {
+
+using torch::Value;
+using torch::ValueBuilder;
+
 namespace {
 
 constexpr int kMaxDepth = 64;

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "convert/deepspeed/pickler.hpp"
+#include "convert/torch/pickler.hpp"
 
 namespace shardkit::convert::deepspeed {
 
@@ -36,8 +36,8 @@ struct DeepSpeedRun {
 // A pickled value as JSON: None, bools, numbers, strings, lists, tuples and sets (as arrays) and dicts
 // with string or integer keys. Anything else (a tensor, an object) is Error(kInvalidInput) naming
 // `where` and `path`, the value's place.
-nlohmann::json to_json(const Value& v, const std::string& where, const std::string& path);
+nlohmann::json to_json(const torch::Value& v, const std::string& where, const std::string& path);
 // The reverse: arrays become lists, objects dicts with string keys.
-const Value* from_json(ValueBuilder& b, const nlohmann::json& j);
+const torch::Value* from_json(torch::ValueBuilder& b, const nlohmann::json& j);
 
 }  // namespace shardkit::convert::deepspeed

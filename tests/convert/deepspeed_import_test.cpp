@@ -15,8 +15,8 @@
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/safetensors.hpp"
 #include "convert/consolidate.hpp"
-#include "convert/deepspeed/unpickler.hpp"
-#include "convert/deepspeed/zip_reader.hpp"
+#include "convert/torch/unpickler.hpp"
+#include "convert/torch/zip_reader.hpp"
 #include "convert/export_deepspeed.hpp"
 #include "convert/import_deepspeed.hpp"
 #include "model/registry.hpp"
@@ -26,7 +26,7 @@ namespace shardkit {
 namespace {
 
 using testing::TempDir;
-namespace ds = convert::deepspeed;
+namespace pt = convert::torch;
 
 const char* const kModels[] = {"gpt2", "llama"};
 
@@ -311,7 +311,7 @@ TEST(Unpickler, RefusesEveryOtherGlobalByName) {
   };
   for (const auto& [pickle, name] : cases) {
     try {
-      ds::unpickle(pickle, "crafted.pt");
+      pt::unpickle(pickle, "crafted.pt");
       ADD_FAILURE() << "accepted " << name;
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
@@ -339,7 +339,7 @@ TEST(Unpickler, CraftedPicklesAreBoundedNotObeyed) {
   };
   for (const auto& [pickle, fragment] : cases) {
     try {
-      ds::unpickle(pickle, "crafted.pt");
+      pt::unpickle(pickle, "crafted.pt");
       EXPECT_TRUE(fragment.empty()) << "accepted: " << fragment;
     } catch (const Error& e) {
       EXPECT_FALSE(fragment.empty()) << e.what();

@@ -10,20 +10,20 @@
 #include <vector>
 
 #include "base/error.hpp"
-#include "convert/deepspeed/torch_file.hpp"
-#include "convert/deepspeed/unpickler.hpp"
+#include "convert/torch/torch_file.hpp"
+#include "convert/torch/unpickler.hpp"
 
 namespace shardkit {
 namespace {
 
-namespace ds = convert::deepspeed;
-using Kind = ds::Value::Kind;
+namespace pt = convert::torch;
+using Kind = pt::Value::Kind;
 
 std::filesystem::path data_file(const std::string& name) {
   return std::filesystem::path(SHARDKIT_TEST_DATA_DIR) / "torch" / name;
 }
 
-std::vector<float> values(const ds::TorchFile& file, const ds::Value* v) {
+std::vector<float> values(const pt::TorchFile& file, const pt::Value* v) {
   EXPECT_NE(v, nullptr);
   if (!v) return {};
   EXPECT_EQ(v->kind, Kind::kTensor) << v->describe();
@@ -48,8 +48,8 @@ void expect_refused(F open, const std::vector<std::string>& fragments) {
 }
 
 TEST(TorchFile, ReadsTensorsWithAttributesAsTorch2PicklesThem) {
-  const ds::TorchFile file(data_file("torch2_tensors.pt"));
-  const ds::Value& root = file.root();
+  const pt::TorchFile file(data_file("torch2_tensors.pt"));
+  const pt::Value& root = file.root();
   ASSERT_EQ(root.kind, Kind::kDict);
   // _rebuild_from_type_v2(_rebuild_tensor_v2, torch.Tensor, args, {'ds_id': ..., 'ds_shape': torch.Size})
   EXPECT_EQ(values(file, root.get("tensor_with_attributes")), (std::vector<float>{1, 2, 3}));
@@ -62,32 +62,32 @@ TEST(TorchFile, ReadsTensorsWithAttributesAsTorch2PicklesThem) {
 }
 
 TEST(TorchFile, AcceptsTheKeysDeepSpeed016Adds) {
-  const ds::TorchFile file(data_file("torch2_tensors.pt"));
-  const ds::Value& root = file.root();
-  const ds::Value* dims = root.get("checkpoint_parallel_dimensions");
+  const pt::TorchFile file(data_file("torch2_tensors.pt"));
+  const pt::Value& root = file.root();
+  const pt::Value* dims = root.get("checkpoint_parallel_dimensions");
   ASSERT_NE(dims, nullptr);
   ASSERT_EQ(dims->kind, Kind::kDict);
   EXPECT_EQ(dims->get("tp_degree")->integer, 1);
-  const ds::Value* groups = root.get("ds_zero_partition_groups");
+  const pt::Value* groups = root.get("ds_zero_partition_groups");
   ASSERT_NE(groups, nullptr);
   ASSERT_EQ(groups->kind, Kind::kList);
   EXPECT_EQ(groups->items.at(0)->get("partition_count")->integer, 2);
-  const ds::Value* info = root.get("universal_checkpoint_info");
+  const pt::Value* info = root.get("universal_checkpoint_info");
   ASSERT_NE(info, nullptr);
   EXPECT_EQ(info->get("universal_checkpoint_version")->kind, Kind::kFloat);
 }
 
 TEST(TorchFile, Torch2WrappersOfOtherTypesOrFunctionsAreRefused) {
   // A tensor subclass: its class is a global outside the list, refused by its name.
-  expect_refused([] { ds::TorchFile f(data_file("subclass_type.pt")); },
+  expect_refused([] { pt::TorchFile f(data_file("subclass_type.pt")); },
                  {"subclass_type.pt", "refused the Python global '__main__.SubTensor'"});
   // A known global that is not a tensor type.
-  expect_refused([] { ds::TorchFile f(data_file("size_as_type.pt")); },
+  expect_refused([] { pt::TorchFile f(data_file("size_as_type.pt")); },
                  {"size_as_type.pt", "_rebuild_from_type_v2 makes a 'torch.Size'"});
   // A function outside the list: by name when unknown, by role when known but not a rebuild function.
-  expect_refused([] { ds::TorchFile f(data_file("unknown_function.pt")); },
+  expect_refused([] { pt::TorchFile f(data_file("unknown_function.pt")); },
                  {"unknown_function.pt", "refused the Python global 'torch._utils._rebuild_tensor'"});
-  expect_refused([] { ds::TorchFile f(data_file("ordereddict_as_function.pt")); },
+  expect_refused([] { pt::TorchFile f(data_file("ordereddict_as_function.pt")); },
                  {"ordereddict_as_function.pt", "_rebuild_from_type_v2 applies 'collections.OrderedDict'"});
 }
 
@@ -124,7 +124,7 @@ struct PickleBuilder {
 
 // What each test case expects: refused with `fragment`, or (fragment empty) accepted.
 void expect_unpickle_refused(const std::string& pickle, const std::string& fragment) {
-  expect_refused([&] { ds::unpickle(pickle, "crafted.pt"); }, {"crafted.pt", fragment});
+  expect_refused([&] { pt::unpickle(pickle, "crafted.pt"); }, {"crafted.pt", fragment});
 }
 
 TEST(Unpickler, ASmallPickleCannotCopyItsWayToGigabytes) {
@@ -171,10 +171,10 @@ TEST(Unpickler, ACheckpointsFilesShareOneBudget) {
   p.raw("]");
   for (int k = 0; k < 2; ++k) p.raw("(").raw(std::string(50000, '}')).raw("e");
   const std::string pickle = p.raw(".").b;
-  ds::ParseBudget budget(uint64_t{64} << 20);
+  pt::ParseBudget budget(uint64_t{64} << 20);
   int accepted = 0;
   try {
-    for (; accepted < 100; ++accepted) ds::unpickle(pickle, "rank.pt", &budget);
+    for (; accepted < 100; ++accepted) pt::unpickle(pickle, "rank.pt", &budget);
     ADD_FAILURE() << "100 files accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
@@ -198,9 +198,9 @@ TEST(Unpickler, LookupsInLargeDictsAreFastAndTheLastKeyWins) {
   for (int i = 0; i < kKeys; ++i) p.text("k" + std::to_string(i)).integer(i);
   p.text("k7").integer(-7);
   p.raw("u\x86.");
-  const ds::Pickle pickle = ds::unpickle(p.b, "groups.pt");
-  const ds::Value& ints = *pickle.root().items.at(0);
-  const ds::Value& names = *pickle.root().items.at(1);
+  const pt::Pickle pickle = pt::unpickle(p.b, "groups.pt");
+  const pt::Value& ints = *pickle.root().items.at(0);
+  const pt::Value& names = *pickle.root().items.at(1);
   const auto start = std::chrono::steady_clock::now();
   int64_t sum = 0;
   for (int i = 0; i < kKeys; ++i) {
@@ -232,7 +232,7 @@ TEST(Unpickler, TensorSizesThatOverflowAreRefused) {
   expect_unpickle_refused(view({int64_t{1} << 32, int64_t{1} << 32}, {0, 0}), "more than 2^62 elements");
   expect_unpickle_refused(view({0, int64_t{1} << 40, int64_t{1} << 40}, {0, 0, 0}), "more than 2^62 elements");
   // Within the bound a zero-stride view is read as what it says.
-  const ds::Pickle ok = ds::unpickle(view({int64_t{1} << 30, 4}, {0, 0}), "view.pt");
+  const pt::Pickle ok = pt::unpickle(view({int64_t{1} << 30, 4}, {0, 0}), "view.pt");
   EXPECT_EQ(ok.root().tensor.numel(), int64_t{1} << 32);
   EXPECT_FALSE(ok.root().tensor.contiguous());
 }

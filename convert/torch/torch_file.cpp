@@ -1,4 +1,4 @@
-#include "convert/deepspeed/torch_file.hpp"
+#include "convert/torch/torch_file.hpp"
 
 #include <cstring>
 #include <vector>
@@ -6,7 +6,7 @@
 #include "base/error.hpp"
 #include "ckpt/dtype_convert.hpp"
 
-namespace shardkit::convert::deepspeed {
+namespace shardkit::convert::torch {
 namespace {
 
 // Elements converted per read: bounds the staging buffer whatever piece the caller asks for.
@@ -99,4 +99,4 @@ void TorchFile::read(const TensorRef& tensor, int64_t offset, std::span<float> o
   }
 }
 
-}  // namespace shardkit::convert::deepspeed
+}  // namespace shardkit::convert::torch

@@ -16,7 +16,7 @@
 
 #include "base/file_util.hpp"
 
-namespace shardkit::convert::deepspeed {
+namespace shardkit::convert::torch {
 
 class ZipWriter {
  public:
@@ -67,4 +67,4 @@ class ZipWriter {
   bool finished_ = false;
 };
 
-}  // namespace shardkit::convert::deepspeed
+}  // namespace shardkit::convert::torch

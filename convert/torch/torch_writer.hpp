@@ -10,10 +10,10 @@
 #include <span>
 #include <string>
 
-#include "convert/deepspeed/pickler.hpp"
-#include "convert/deepspeed/zip_writer.hpp"
+#include "convert/torch/pickler.hpp"
+#include "convert/torch/zip_writer.hpp"
 
-namespace shardkit::convert::deepspeed {
+namespace shardkit::convert::torch {
 
 class TorchFileWriter {
  public:
@@ -36,4 +36,4 @@ class TorchFileWriter {
   ZipWriter zip_;
 };
 
-}  // namespace shardkit::convert::deepspeed
+}  // namespace shardkit::convert::torch

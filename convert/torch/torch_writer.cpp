@@ -1,10 +1,10 @@
-#include "convert/deepspeed/torch_writer.hpp"
+#include "convert/torch/torch_writer.hpp"
 
 #include <vector>
 
 #include "base/error.hpp"
 
-namespace shardkit::convert::deepspeed {
+namespace shardkit::convert::torch {
 namespace {
 
 std::span<const std::byte> bytes_of(const std::string& s) {
@@ -44,4 +44,4 @@ void TorchFileWriter::write(const std::string& key, uint64_t byte_offset, std::s
   zip_.write(it->second, byte_offset, bytes);
 }
 
-}  // namespace shardkit::convert::deepspeed
+}  // namespace shardkit::convert::torch

@@ -21,7 +21,7 @@
 
 #include "base/file_util.hpp"
 
-namespace shardkit::convert::deepspeed {
+namespace shardkit::convert::torch {
 
 struct ZipEntry {
   std::string name;
@@ -56,4 +56,4 @@ class ZipReader {
   std::map<std::string, ZipEntry, std::less<>> entries_;
 };
 
-}  // namespace shardkit::convert::deepspeed
+}  // namespace shardkit::convert::torch

@@ -1,4 +1,4 @@
-#include "convert/deepspeed/zip_writer.hpp"
+#include "convert/torch/zip_writer.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 #include "base/error.hpp"
 #include "base/write_target.hpp"
 
-namespace shardkit::convert::deepspeed {
+namespace shardkit::convert::torch {
 namespace {
 
 constexpr uint64_t kAlignment = 64;  // torch.save aligns every record's data to 64 bytes
@@ -212,4 +212,4 @@ void ZipWriter::finish() {
   finished_ = true;
 }
 
-}  // namespace shardkit::convert::deepspeed
+}  // namespace shardkit::convert::torch

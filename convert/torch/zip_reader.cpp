@@ -1,4 +1,4 @@
-#include "convert/deepspeed/zip_reader.hpp"
+#include "convert/torch/zip_reader.hpp"
 
 #include <fcntl.h>
 
@@ -8,7 +8,7 @@
 #include "base/error.hpp"
 #include "base/json_input.hpp"
 
-namespace shardkit::convert::deepspeed {
+namespace shardkit::convert::torch {
 namespace {
 
 constexpr uint32_t kEocdSignature = 0x06054b50;
@@ -190,4 +190,4 @@ std::string ZipReader::read_all(const ZipEntry& entry, uint64_t max_bytes) const
   return bytes;
 }
 
-}  // namespace shardkit::convert::deepspeed
+}  // namespace shardkit::convert::torch

@@ -1,4 +1,4 @@
-#include "convert/deepspeed/unpickler.hpp"
+#include "convert/torch/unpickler.hpp"
 
 #include <algorithm>
 #include <array>
@@ -10,7 +10,7 @@
 #include "base/error.hpp"
 #include "base/json_input.hpp"
 
-namespace shardkit::convert::deepspeed {
+namespace shardkit::convert::torch {
 
 size_t dtype_size(Dtype dtype) noexcept {
   switch (dtype) {
@@ -821,4 +821,4 @@ Pickle unpickle(std::string_view data, const std::string& where, ParseBudget* bu
   return p;
 }
 
-}  // namespace shardkit::convert::deepspeed
+}  // namespace shardkit::convert::torch

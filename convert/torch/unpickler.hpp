@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-namespace shardkit::convert::deepspeed {
+namespace shardkit::convert::torch {
 
 // Element types of torch storages, by their storage class (torch.FloatStorage, ...).
 enum class Dtype { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool };
@@ -151,4 +151,4 @@ class ParseBudget {
 // charged against the per-file bound above and, when given, `budget`.
 Pickle unpickle(std::string_view data, const std::string& where, ParseBudget* budget = nullptr);
 
-}  // namespace shardkit::convert::deepspeed
+}  // namespace shardkit::convert::torch

@@ -8,10 +8,10 @@
 #include <span>
 #include <string>
 
-#include "convert/deepspeed/unpickler.hpp"
-#include "convert/deepspeed/zip_reader.hpp"
+#include "convert/torch/unpickler.hpp"
+#include "convert/torch/zip_reader.hpp"
 
-namespace shardkit::convert::deepspeed {
+namespace shardkit::convert::torch {
 
 // data.pkl holds no tensor data: even a large model's state dict pickles in a few MB.
 inline constexpr uint64_t kMaxPickleBytes = uint64_t{32} << 20;
@@ -40,4 +40,4 @@ class TorchFile {
   Pickle pickle_;
 };
 
-}  // namespace shardkit::convert::deepspeed
+}  // namespace shardkit::convert::torch

@@ -20,9 +20,9 @@
 #include <utility>
 #include <vector>
 
-#include "convert/deepspeed/unpickler.hpp"
+#include "convert/torch/unpickler.hpp"
 
-namespace shardkit::convert::deepspeed {
+namespace shardkit::convert::torch {
 
 // Owns values built to be pickled; pointers it hands out stay valid for its lifetime.
 class ValueBuilder {
@@ -68,4 +68,4 @@ inline constexpr int kMaxPickleDepth = 256;
 inline constexpr int64_t kMaxPickleValues = int64_t{1} << 24;
 PickledValue pickle(const Value& root);
 
-}  // namespace shardkit::convert::deepspeed
+}  // namespace shardkit::convert::torch

@@ -1,11 +1,11 @@
-#include "convert/deepspeed/pickler.hpp"
+#include "convert/torch/pickler.hpp"
 
 #include <bit>
 #include <map>
 
 #include "base/error.hpp"
 
-namespace shardkit::convert::deepspeed {
+namespace shardkit::convert::torch {
 
 Value* ValueBuilder::make(Value::Kind kind) {
   Value& v = values_.emplace_back();
@@ -302,4 +302,4 @@ PickledValue pickle(const Value& root) {
   return Writer().run(root);
 }
 
-}  // namespace shardkit::convert::deepspeed
+}  // namespace shardkit::convert::torch
