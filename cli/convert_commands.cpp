@@ -1,4 +1,4 @@
-// `shardkit convert reshard | consolidate | import | import-deepspeed | export-deepspeed`.
+// `shardkit convert reshard | consolidate | import | import-deepspeed | import-dcp | export-deepspeed`.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include "convert/consolidate.hpp"
 #include "convert/export_deepspeed.hpp"
 #include "convert/import.hpp"
-#include "convert/import_deepspeed.hpp"
+#include "convert/import_checkpoint.hpp"
 #include "convert/reshard.hpp"
 #include "convert/source.hpp"
 #include "model/registry.hpp"
@@ -91,22 +91,25 @@ int run_export_deepspeed(const std::string& source, const std::string& output, i
   return 0;
 }
 
-struct ImportDeepSpeedCli {
+// `import-deepspeed` and `import-dcp`.
+struct ImportCheckpointCli {
+  convert::SourceFormat format = convert::SourceFormat::kDeepSpeed;
   Common common;
   std::string source, output, model;
   int world_size = 0;
   int stage = -1;
 };
 
-int run_import_deepspeed(const ImportDeepSpeedCli& c) {
-  convert::DeepSpeedImportRequest r;
+int run_import_checkpoint(const ImportCheckpointCli& c) {
+  convert::CheckpointImportRequest r;
   r.source = c.source;
+  r.format = c.format;
   r.output = c.output;
   r.model = c.model;
   if (c.world_size > 0) r.world_size = c.world_size;
   if (c.stage >= 0) r.stage = c.stage;
-  Progress progress("import-deepspeed", c.common.quiet);
-  const convert::DeepSpeedImportResult result = convert::import_deepspeed(r, options_from(c.common, progress));
+  Progress progress(c.format == convert::SourceFormat::kDcp ? "import-dcp" : "import-deepspeed", c.common.quiet);
+  const convert::CheckpointImportResult result = convert::import_checkpoint(r, options_from(c.common, progress));
   progress.finish();
   print_line(stdout, "%s: step %lld, %d ranks, ZeRO stage %d", result.step_dir.c_str(),
              static_cast<long long>(result.step), result.world_size, result.stage);
@@ -123,13 +126,15 @@ struct ReshardCli {
 };
 
 int run_reshard(const ReshardCli& c) {
-  // A DeepSpeed folder comes out as a DeepSpeed folder unless --to says otherwise; either kind goes
+  // A DeepSpeed folder comes out as a DeepSpeed folder unless --to says otherwise; every kind goes
   // through one pass from source to target, never through an intermediate copy.
-  const bool from_deepspeed = convert::is_deepspeed_checkpoint(c.source);
+  const bool from_dcp = convert::is_dcp_checkpoint(c.source);
+  const bool from_deepspeed = !from_dcp && convert::is_deepspeed_checkpoint(c.source);
   const std::string to = c.to.empty() ? (from_deepspeed ? "deepspeed" : "shardkit") : c.to;
   if (to == "deepspeed") return run_export_deepspeed(c.source, c.output, c.world_size, c.stage, c.deepspeed, c.common);
-  if (from_deepspeed) {
-    return run_import_deepspeed({c.common, c.source, c.output, c.deepspeed.model, c.world_size, c.stage});
+  if (from_deepspeed || from_dcp) {
+    return run_import_checkpoint({from_dcp ? convert::SourceFormat::kDcp : convert::SourceFormat::kDeepSpeed, c.common,
+                                  c.source, c.output, c.deepspeed.model, c.world_size, c.stage});
   }
   Progress progress("reshard", c.common.quiet);
   convert::ReshardRequest r;
@@ -283,41 +288,47 @@ void add_convert_commands(CLI::App& app, Action& action) {
       "--save-dir runs/ft");
   import_hf->callback([&action, i] { action = [i] { return run_import(*i); }; });
 
-  auto d = std::make_shared<ImportDeepSpeedCli>();
-  CLI::App* import_ds = convert->add_subcommand(
-      "import-deepspeed",
-      "Turn a DeepSpeed ZeRO checkpoint (stage 1-3, or ds_to_universal's universal checkpoint) of any model into a "
-      "checkpoint: fp32 weights, Adam moments and step; no Python needed");
-  import_ds
-      ->add_option("DS_CKPT", d->source,
-                   "DeepSpeed checkpoint folder holding 'latest' (or 'latest_universal'), or a tag folder such as "
-                   "global_step100")
-      ->required();
-  import_ds
-      ->add_option("-o,--output", d->output,
-                   "New run directory (receives step-NNNNNNNN/ and 'latest'); must not exist unless --force")
-      ->required();
-  import_ds->add_option("--model", d->model,
-                        "The model that was trained, to train or evaluate it in shardkit: a preset (" +
-                            model::preset_list() +
-                            ") or a JSON model file / Hugging Face config.json (default: the config.json that Hugging "
-                            "Face's Trainer saves beside 'latest' when its model_type is gpt2 or llama; otherwise "
-                            "none: the checkpoint's own tensors, to reshard, consolidate and export)");
-  import_ds
-      ->add_option("--world-size", d->world_size,
-                   "Ranks of the layout (default: the DeepSpeed run's data-parallel size; 1 for a universal "
-                   "checkpoint)")
-      ->check(CLI::PositiveNumber);
-  import_ds
-      ->add_option("--stage", d->stage,
-                   "ZeRO stage of the layout (default: the DeepSpeed run's; 0 for a universal checkpoint)")
-      ->check(CLI::Range(0, 3));
-  add_common(import_ds, d->common);
-  import_ds->footer(
-      "Example: shardkit convert import-deepspeed ds_run/checkpoints -o runs/ft --model gpt2\n"
-      "Then resume: mpirun -n 2 shardkit train --config ds.json --model gpt2 --data d.bin --steps 100 "
-      "--save-dir runs/ft");
-  import_ds->callback([&action, d] { action = [d] { return run_import_deepspeed(*d); }; });
+  const auto add_import = [&](const char* name, convert::SourceFormat format, const std::string& about,
+                              const std::string& source_help, const std::string& default_world_size,
+                              const std::string& default_stage, const std::string& example) {
+    auto d = std::make_shared<ImportCheckpointCli>();
+    d->format = format;
+    CLI::App* cmd = convert->add_subcommand(name, about);
+    cmd->add_option("CKPT", d->source, source_help)->required();
+    cmd->add_option("-o,--output", d->output,
+                    "New run directory (receives step-NNNNNNNN/ and 'latest'); must not exist unless --force")
+        ->required();
+    cmd->add_option("--model", d->model,
+                    "The model that was trained, to train or evaluate it in shardkit: a preset (" +
+                        model::preset_list() +
+                        ") or a JSON model file / Hugging Face config.json (default: a config.json in the folder or "
+                        "the one above it when its model_type is gpt2 or llama; otherwise none: the checkpoint's own "
+                        "tensors, to reshard, consolidate and export)");
+    cmd->add_option("--world-size", d->world_size, "Ranks of the layout (default: " + default_world_size + ")")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--stage", d->stage, "ZeRO stage of the layout (default: " + default_stage + ")")
+        ->check(CLI::Range(0, 3));
+    add_common(cmd, d->common);
+    cmd->footer(example +
+                "\nThen resume: mpirun -n 2 shardkit train --config ds.json --model gpt2 --data d.bin --steps 100 "
+                "--save-dir runs/ft");
+    cmd->callback([&action, d] { action = [d] { return run_import_checkpoint(*d); }; });
+  };
+  add_import("import-deepspeed", convert::SourceFormat::kDeepSpeed,
+             "Turn a DeepSpeed ZeRO checkpoint (stage 1-3, or ds_to_universal's universal checkpoint) of any model "
+             "into a checkpoint: fp32 weights, Adam moments and step; no Python needed",
+             "DeepSpeed checkpoint folder holding 'latest' (or 'latest_universal'), or a tag folder such as "
+             "global_step100",
+             "the DeepSpeed run's data-parallel size; 1 for a universal checkpoint",
+             "the DeepSpeed run's; 0 for a universal checkpoint",
+             "Example: shardkit convert import-deepspeed ds_run/checkpoints -o runs/ft --model gpt2");
+  add_import("import-dcp", convert::SourceFormat::kDcp,
+             "Turn a PyTorch Distributed Checkpoint (torch.distributed.checkpoint.save of an FSDP2 or torchtitan "
+             "run) of any model into a checkpoint: weights, AdamW moments and step; no Python needed",
+             "DCP checkpoint folder (holding .metadata and the __R_0.distcp files), e.g. torchtitan's "
+             "outputs/checkpoint/step-1000",
+             "the ranks that saved it", "3, FSDP's full sharding",
+             "Example: shardkit convert import-dcp outputs/checkpoint/step-1000 -o runs/ft --world-size 2");
 
   struct ExportDeepSpeedCli {
     Common common;

@@ -86,8 +86,8 @@ std::span<const std::byte> encode(std::span<const float> values, ckpt::DType dty
   return std::as_bytes(std::span<const uint16_t>(scratch));
 }
 
-// Safetensors out of any source: a shardkit checkpoint, or a DeepSpeed folder read in place (the
-// replacement for DeepSpeed's zero_to_fp32, in bounded memory).
+// Safetensors out of any source: a shardkit checkpoint, or a DeepSpeed or DCP folder read in place (the
+// replacement for DeepSpeed's zero_to_fp32 and PyTorch's dcp_to_torch_save, in bounded memory).
 std::vector<std::string> write_safetensors(const ConsolidateRequest& request, const ConvertOptions& options,
                                            const std::filesystem::path& dir, const CheckpointSource& src) {
   const ckpt::TensorTable& table = *src.table;
@@ -225,10 +225,12 @@ std::vector<std::string> write_hdf5(const ConsolidateRequest& request, const Con
 }  // namespace
 
 std::vector<std::string> consolidate(const ConsolidateRequest& request, const ConvertOptions& options) {
-  if (request.format != ExportFormat::kSafetensors && is_deepspeed_checkpoint(request.source)) {
-    fail(ErrorKind::kInvalidInput, request.source.string() +
-                                       ": a DeepSpeed checkpoint consolidates to safetensors; for HDF5, import it "
-                                       "first (convert import-deepspeed)");
+  if (request.format != ExportFormat::kSafetensors &&
+      (is_deepspeed_checkpoint(request.source) || is_dcp_checkpoint(request.source))) {
+    const bool dcp = is_dcp_checkpoint(request.source);
+    fail(ErrorKind::kInvalidInput, request.source.string() + ": a " + (dcp ? "DCP" : "DeepSpeed") +
+                                       " checkpoint consolidates to safetensors; for HDF5, import it first (convert " +
+                                       (dcp ? "import-dcp)" : "import-deepspeed)"));
   }
   if (request.format == ExportFormat::kSafetensors) {
     const CheckpointSource src = open_checkpoint_source(request.source, request.model);

@@ -8,6 +8,7 @@
 #include "base/json_input.hpp"
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/shard_format.hpp"
+#include "convert/dcp/dcp_checkpoint.hpp"
 #include "convert/deepspeed/ds_checkpoint.hpp"
 #include "model/registry.hpp"
 
@@ -74,37 +75,47 @@ CheckpointSource open_shardkit(const std::filesystem::path& path) {
   return s;
 }
 
-}  // namespace
-
-CheckpointSource open_deepspeed_source(const std::filesystem::path& path, const std::string& model_name) {
-  std::string name = model_name;
+// The model a foreign checkpoint's tensors are checked against: the one named, or the one the Hugging
+// Face config.json beside it describes when a family knows its model_type (null otherwise), and that
+// config.json (null when there is none).
+struct ForeignModel {
+  std::shared_ptr<const model::Model> model;
   nlohmann::json hf_config;
+
+  // As a manifest records the model: the family's, or the external one named after the checkpoint.
+  nlohmann::json to_json(const std::filesystem::path& folder) const {
+    if (model) return model->to_json();
+    nlohmann::json j = {{"family", model::kExternalFamily}, {"name", folder.filename().string()}};
+    if (hf_config.is_object()) j["hf_config"] = hf_config;
+    return j;
+  }
+};
+
+ForeignModel foreign_model(const std::filesystem::path& path, const std::string& model_name) {
+  ForeignModel m;
+  std::string name = model_name;
   if (name.empty()) {
     if (const std::filesystem::path config = find_hf_config(path); !config.empty()) {
-      hf_config = read_json_file(config, json_limits::kConfig, ErrorKind::kInvalidInput);
-      if (known_model_type(hf_config)) name = config.string();
+      m.hf_config = read_json_file(config, json_limits::kConfig, ErrorKind::kInvalidInput);
+      if (known_model_type(m.hf_config)) name = config.string();
     }
   }
-  const std::shared_ptr<const model::Model> model = name.empty() ? nullptr : model::resolve_model(name);
-  auto ckpt = std::make_shared<deepspeed::DeepSpeedCheckpoint>(path, model);
-  const bool universal = ckpt->layout() == deepspeed::SourceLayout::kUniversal;
+  if (!name.empty()) m.model = model::resolve_model(name);
+  return m;
+}
+
+// What every foreign source gives alike: its folder, table, counters, run and model, and readers that
+// share the one opened checkpoint.
+template <typename Checkpoint>
+CheckpointSource foreign_source(std::shared_ptr<Checkpoint> ckpt, SourceFormat format, const ForeignModel& fm) {
   CheckpointSource s;
   s.path = ckpt->folder();
-  s.deepspeed = true;
+  s.format = format;
   s.table = &ckpt->table();
   s.trainer_state = ckpt->trainer_state();
-  s.config = ckpt->ds_config();
-  // A universal checkpoint has no world size of its own.
-  s.world_size = universal ? 1 : ckpt->world_size();
-  s.stage = universal ? 0 : ckpt->stage();
   s.run = ckpt->run();
   s.run_missing = ckpt->run_missing();
-  if (model) {
-    s.model = model->to_json();
-  } else {
-    s.model = {{"family", model::kExternalFamily}, {"name", ckpt->folder().filename().string()}};
-    if (hf_config.is_object()) s.model["hf_config"] = hf_config;
-  }
+  s.model = fm.to_json(ckpt->folder());
   s.reader = [ckpt]() -> StateReadFn {
     return
         [ckpt](int state, int tensor, int64_t offset, std::span<float> out) { ckpt->read(state, tensor, offset, out); };
@@ -112,6 +123,36 @@ CheckpointSource open_deepspeed_source(const std::filesystem::path& path, const 
   s.keep = ckpt;
   return s;
 }
+
+}  // namespace
+
+CheckpointSource open_deepspeed_source(const std::filesystem::path& path, const std::string& model_name) {
+  const ForeignModel fm = foreign_model(path, model_name);
+  auto ckpt = std::make_shared<deepspeed::DeepSpeedCheckpoint>(path, fm.model);
+  const bool universal = ckpt->layout() == deepspeed::SourceLayout::kUniversal;
+  CheckpointSource s = foreign_source(ckpt, SourceFormat::kDeepSpeed, fm);
+  s.config = ckpt->ds_config();
+  // A universal checkpoint has no world size of its own.
+  s.world_size = universal ? 1 : ckpt->world_size();
+  s.stage = universal ? 0 : ckpt->stage();
+  return s;
+}
+
+CheckpointSource open_dcp_source(const std::filesystem::path& path, const std::string& model_name) {
+  if (!is_dcp_checkpoint(path)) {
+    fail(ErrorKind::kInvalidInput, path.string() + ": not a PyTorch DCP checkpoint folder (no .metadata file)");
+  }
+  const ForeignModel fm = foreign_model(path, model_name);
+  CheckpointSource s = foreign_source(std::make_shared<dcp::DcpCheckpoint>(path, fm.model), SourceFormat::kDcp, fm);
+  const auto& ckpt = *std::static_pointer_cast<const dcp::DcpCheckpoint>(s.keep);
+  // FSDP's sharding of parameters, gradients and optimizer states is ZeRO's stage 3.
+  s.world_size = ckpt.world_size();
+  s.stage = 3;
+  s.has_moments = ckpt.has_moments();
+  return s;
+}
+
+bool is_dcp_checkpoint(const std::filesystem::path& path) { return dcp::is_dcp_folder(path); }
 
 bool is_deepspeed_checkpoint(const std::filesystem::path& path) {
   std::error_code ec;
@@ -133,6 +174,7 @@ bool is_deepspeed_checkpoint(const std::filesystem::path& path) {
 }
 
 CheckpointSource open_checkpoint_source(const std::filesystem::path& path, const std::string& model) {
+  if (is_dcp_checkpoint(path)) return open_dcp_source(path, model);
   return is_deepspeed_checkpoint(path) ? open_deepspeed_source(path, model) : open_shardkit(path);
 }
 

@@ -1,5 +1,5 @@
-// A checkpoint to convert from, whatever wrote it: a shardkit checkpoint (run or step folder) or a
-// DeepSpeed ZeRO checkpoint folder. Either way the converters see one tensor table, the training
+// A checkpoint to convert from, whatever wrote it: a shardkit checkpoint (run or step folder), a
+// DeepSpeed ZeRO checkpoint folder or a PyTorch Distributed Checkpoint (DCP) folder. Any way the converters see one tensor table, the training
 // counters, the run's config and a reader of the fp32 master weights and both Adam moments, so every
 // output (a shardkit checkpoint, DeepSpeed's files, consolidated weights) is one pass from any source.
 #pragma once
@@ -22,9 +22,11 @@ namespace shardkit::convert {
 // The states a source reads, by index: what every checkpoint shardkit converts holds.
 inline constexpr int kSourceFp32 = 0, kSourceExpAvg = 1, kSourceExpAvgSq = 2;
 
+enum class SourceFormat { kShardkit, kDeepSpeed, kDcp };
+
 struct CheckpointSource {
-  std::filesystem::path path;  // the step or tag folder read
-  bool deepspeed = false;
+  std::filesystem::path path;  // the step, tag or DCP folder read
+  SourceFormat format = SourceFormat::kShardkit;
   const ckpt::TensorTable* table = nullptr;
   nlohmann::json trainer_state;  // step, consumed_samples, skipped_steps, optimizer_steps, lr_scheduler...
   nlohmann::json config;         // the run's DeepSpeed config, or null
@@ -47,12 +49,17 @@ struct CheckpointSource {
 // tag folder of DeepSpeed's files, or such a tag folder) rather than a shardkit checkpoint.
 bool is_deepspeed_checkpoint(const std::filesystem::path& path);
 
-// Opens either kind. `model` (a preset or model file) applies to a DeepSpeed source: its tensors are
-// checked against that model's table. Without it, the Hugging Face config.json that Hugging Face's
-// Trainer keeps beside `latest` names the model when a family computes its model_type; otherwise the
-// table is the parameters the checkpoint names. Error(kInvalidInput) naming the file otherwise.
+// Whether `path` is a PyTorch DCP checkpoint folder (it holds `.metadata`).
+bool is_dcp_checkpoint(const std::filesystem::path& path);
+
+// Opens any of the three. `model` (a preset or model file) applies to a DeepSpeed or DCP source: its
+// tensors are checked against that model's table. Without it, a Hugging Face config.json beside the
+// checkpoint (Hugging Face's Trainer keeps one beside `latest`) names the model when a family computes
+// its model_type; otherwise the table is the parameters the checkpoint names. Error(kInvalidInput) naming the file otherwise.
 CheckpointSource open_checkpoint_source(const std::filesystem::path& path, const std::string& model = {});
 // A DeepSpeed checkpoint folder only (its reader's errors say what is missing).
 CheckpointSource open_deepspeed_source(const std::filesystem::path& path, const std::string& model = {});
+// A DCP checkpoint folder only. `model` as for DeepSpeed; a config.json beside the folder names it too.
+CheckpointSource open_dcp_source(const std::filesystem::path& path, const std::string& model = {});
 
 }  // namespace shardkit::convert

@@ -1,5 +1,6 @@
 #include "convert/torch/torch_file.hpp"
 
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -14,8 +15,15 @@ constexpr int64_t kReadElems = int64_t{1} << 18;
 
 }  // namespace
 
-TorchFile::TorchFile(const std::filesystem::path& path, ParseBudget* budget) : zip_(path) {
-  const std::string where = path.string();
+TorchFile::TorchFile(const std::filesystem::path& path, ParseBudget* budget) : zip_(path) { open(budget); }
+
+TorchFile::TorchFile(const std::filesystem::path& path, uint64_t offset, uint64_t length, ParseBudget* budget)
+    : zip_(path, offset, length) {
+  open(budget);
+}
+
+void TorchFile::open(ParseBudget* budget) {
+  const std::string& where = zip_.where();
   if (zip_.entries().empty()) fail(ErrorKind::kInvalidInput, where + ": an empty zip archive, not a torch.save file");
   // torch.save puts every record in one folder named after the file; its reader takes the folder of
   // the first record, which for this one is the one that holds data.pkl.
@@ -42,12 +50,12 @@ const ZipEntry& TorchFile::storage_entry(const TensorRef& tensor, const std::str
   const ZipEntry* entry = zip_.find(prefix_ + "data/" + s.key);
   if (!entry) {
     fail(ErrorKind::kInvalidInput,
-         path().string() + ": " + what + ": storage record '" + prefix_ + "data/" + s.key + "' is missing");
+         zip_.where() + ": " + what + ": storage record '" + prefix_ + "data/" + s.key + "' is missing");
   }
   // numel was bounded by the pickle's own checks only; the record must hold exactly that many elements.
   const uint64_t elem = dtype_size(s.dtype);
   if (entry->size % elem != 0 || entry->size / elem != static_cast<uint64_t>(s.numel)) {
-    fail(ErrorKind::kInvalidInput, path().string() + ": " + what + ": storage record '" + entry->name + "' holds " +
+    fail(ErrorKind::kInvalidInput, zip_.where() + ": " + what + ": storage record '" + entry->name + "' holds " +
                                        std::to_string(entry->size) + " bytes; " + std::to_string(s.numel) +
                                        " elements of " + dtype_name(s.dtype) + " were expected");
   }
@@ -57,14 +65,14 @@ const ZipEntry& TorchFile::storage_entry(const TensorRef& tensor, const std::str
 void TorchFile::read(const TensorRef& tensor, int64_t offset, std::span<float> out, const std::string& what) const {
   const ZipEntry& entry = storage_entry(tensor, what);
   if (!tensor.contiguous()) {
-    fail(ErrorKind::kInvalidInput, path().string() + ": " + what +
+    fail(ErrorKind::kInvalidInput, zip_.where() + ": " + what +
                                        ": a non-contiguous tensor (torch.save of a "
                                        "DeepSpeed checkpoint writes contiguous ones)");
   }
   const int64_t count = static_cast<int64_t>(out.size());
   if (offset < 0 || offset > tensor.numel() || count > tensor.numel() - offset) {
     fail(ErrorKind::kInternal,
-         path().string() + ": " + what + ": read past the tensor's " + std::to_string(tensor.numel()) + " elements");
+         zip_.where() + ": " + what + ": read past the tensor's " + std::to_string(tensor.numel()) + " elements");
   }
   const Dtype dtype = tensor.storage->dtype;
   const size_t elem = dtype_size(dtype);
@@ -91,12 +99,53 @@ void TorchFile::read(const TensorRef& tensor, int64_t offset, std::span<float> o
           dst[i] = static_cast<float>(v);
         }
       } else {
-        fail(ErrorKind::kInvalidInput, path().string() + ": " + what + ": a tensor of " + dtype_name(dtype) +
+        fail(ErrorKind::kInvalidInput, zip_.where() + ": " + what + ": a tensor of " + dtype_name(dtype) +
                                            " where a floating-point one was expected");
       }
     }
     done += n;
   }
+}
+
+double TorchFile::scalar(const TensorRef& tensor, const std::string& what) const {
+  const ZipEntry& entry = storage_entry(tensor, what);
+  if (tensor.numel() != 1) {
+    fail(ErrorKind::kInvalidInput, zip_.where() + ": " + what + ": a tensor of " + std::to_string(tensor.numel()) +
+                                       " elements where one value was expected");
+  }
+  const Dtype dtype = tensor.storage->dtype;
+  std::array<std::byte, 8> raw{};
+  zip_.read(entry, static_cast<uint64_t>(tensor.offset) * dtype_size(dtype), std::span(raw).first(dtype_size(dtype)));
+  const auto as = [&raw]<typename T>(T) {
+    T v;
+    std::memcpy(&v, raw.data(), sizeof v);
+    return static_cast<double>(v);
+  };
+  switch (dtype) {
+    case Dtype::kF64:
+      return as(double{});
+    case Dtype::kF32:
+      return as(float{});
+    case Dtype::kF16:
+    case Dtype::kBF16: {
+      float f;
+      const std::array<uint16_t, 1> h = {static_cast<uint16_t>(as(uint16_t{}))};
+      dtype == Dtype::kF16 ? ckpt::convert_fp16_to_fp32(h, std::span(&f, 1)) : ckpt::convert_bf16_to_fp32(h, std::span(&f, 1));
+      return f;
+    }
+    case Dtype::kI64:
+      return as(int64_t{});
+    case Dtype::kI32:
+      return as(int32_t{});
+    case Dtype::kI16:
+      return as(int16_t{});
+    case Dtype::kI8:
+      return as(int8_t{});
+    case Dtype::kU8:
+    case Dtype::kBool:
+      return as(uint8_t{});
+  }
+  return 0;
 }
 
 }  // namespace shardkit::convert::torch

@@ -22,8 +22,12 @@ class TorchFile {
   // builds to `budget` when given (the checkpoint's, shared by all its files).
   // Error(kInvalidInput) naming the file when it is not a torch.save archive or its pickle is refused.
   explicit TorchFile(const std::filesystem::path& path, ParseBudget* budget = nullptr);
+  // An archive that is bytes [offset, offset + length) of `path` (an item of a PyTorch DCP .distcp file).
+  TorchFile(const std::filesystem::path& path, uint64_t offset, uint64_t length, ParseBudget* budget = nullptr);
 
   const std::filesystem::path& path() const noexcept { return zip_.path(); }
+  // The file, and where in it the archive lies when it is a part: for messages.
+  const std::string& where() const noexcept { return zip_.where(); }
   const Value& root() const noexcept { return pickle_.root(); }
 
   // Elements [offset, offset + out.size()) of `tensor` (flattened, row-major) widened to fp32: float32,
@@ -31,8 +35,11 @@ class TorchFile {
   // be contiguous; its storage record must hold what its storage declares. Thread-safe.
   // Error(kInvalidInput) naming the file and `what` (the tensor's place in the checkpoint) otherwise.
   void read(const TensorRef& tensor, int64_t offset, std::span<float> out, const std::string& what) const;
+  // The value of a one-element tensor of any element type (a step counter): integers exactly up to 2^53.
+  double scalar(const TensorRef& tensor, const std::string& what) const;
 
  private:
+  void open(ParseBudget* budget);
   const ZipEntry& storage_entry(const TensorRef& tensor, const std::string& what) const;
 
   ZipReader zip_;

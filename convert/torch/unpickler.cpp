@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <unordered_map>
 
 #include "base/error.hpp"
@@ -162,16 +163,28 @@ enum class Role {
   kGetattr,           // getattr(ZeroStageEnum, "member"): how Python 3.11 pickles an Enum member
   kStorageType,       // torch.FloatStorage, ...: only inside a persistent id
   kStageEnum,         // deepspeed's ZeroStageEnum: called with an int, or read through getattr
-  kClass,             // a DeepSpeed class instantiated with NEWOBJ and given its state with BUILD
-  kConstant,          // a value that pickles by name: torch.float16, ... (a loss scaler's dtype)
+  kClass,             // a class instantiated with NEWOBJ and given its state with BUILD (DeepSpeed's loss
+                      // scalers, DCP's metadata dataclasses)
+  kConstant,          // a value that pickles by name: torch.float16, ... (a loss scaler's or DCP tensor's dtype)
+  kLayout,            // torch.serialization._get_layout("torch.strided"): the name, as a string
+  kMemoryFormat,      // DCP's _MEM_FORMAT_ENCODING(int): the member's integer
+  kPath,              // pathlib.PosixPath(*parts): the parts joined by '/', as a string
 };
+
+// Which files may name a global: each kind of file has its own closed list.
+constexpr unsigned kInTorchSave = 1u << static_cast<unsigned>(Globals::kTorchSave);
+constexpr unsigned kInDcpMetadata = 1u << static_cast<unsigned>(Globals::kDcpMetadata);
+constexpr unsigned kInBoth = kInTorchSave | kInDcpMetadata;
 
 struct Known {
   std::string_view module;
   std::string_view name;
   Role role;
-  Dtype dtype = Dtype::kU8;
+  Dtype dtype = Dtype::kU8;  // of a storage class or a dtype constant
+  unsigned files = kInTorchSave;
 };
+
+constexpr std::string_view kDcpMetadataModule = "torch.distributed.checkpoint.metadata";
 
 constexpr Known kKnown[] = {
     {"collections", "OrderedDict", Role::kOrderedDict},
@@ -181,7 +194,7 @@ constexpr Known kKnown[] = {
     {"torch._tensor", "_rebuild_from_type_v2", Role::kRebuildFromType},
     {"torch", "Tensor", Role::kTensorType},
     {"torch.nn.parameter", "Parameter", Role::kTensorType},
-    {"torch", "Size", Role::kSize},
+    {"torch", "Size", Role::kSize, Dtype::kU8, kInBoth},
     {"torch", "DoubleStorage", Role::kStorageType, Dtype::kF64},
     {"torch", "FloatStorage", Role::kStorageType, Dtype::kF32},
     {"torch", "HalfStorage", Role::kStorageType, Dtype::kF16},
@@ -193,9 +206,16 @@ constexpr Known kKnown[] = {
     {"torch", "ByteStorage", Role::kStorageType, Dtype::kU8},
     {"torch", "BoolStorage", Role::kStorageType, Dtype::kBool},
     {"torch", "UntypedStorage", Role::kStorageType, Dtype::kU8},
-    {"torch", "float16", Role::kConstant},
-    {"torch", "bfloat16", Role::kConstant},
-    {"torch", "float32", Role::kConstant},
+    {"torch", "float64", Role::kConstant, Dtype::kF64, kInBoth},
+    {"torch", "float32", Role::kConstant, Dtype::kF32, kInBoth},
+    {"torch", "float16", Role::kConstant, Dtype::kF16, kInBoth},
+    {"torch", "bfloat16", Role::kConstant, Dtype::kBF16, kInBoth},
+    {"torch", "int64", Role::kConstant, Dtype::kI64, kInDcpMetadata},
+    {"torch", "int32", Role::kConstant, Dtype::kI32, kInDcpMetadata},
+    {"torch", "int16", Role::kConstant, Dtype::kI16, kInDcpMetadata},
+    {"torch", "int8", Role::kConstant, Dtype::kI8, kInDcpMetadata},
+    {"torch", "uint8", Role::kConstant, Dtype::kU8, kInDcpMetadata},
+    {"torch", "bool", Role::kConstant, Dtype::kBool, kInDcpMetadata},
     // Protocol 2 names the builtins module "__builtin__" (Python 2's name); protocol 3+ "builtins".
     {"__builtin__", "set", Role::kSet},
     {"__builtin__", "frozenset", Role::kSet},
@@ -207,6 +227,18 @@ constexpr Known kKnown[] = {
     {"deepspeed.runtime.fp16.loss_scaler", "LossScaler", Role::kClass},
     {"deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler", Role::kClass},
     {"deepspeed.utils.tensor_fragment", "fragment_address", Role::kClass},
+    // The dataclasses of PyTorch DCP's .metadata file and what their fields pickle as.
+    {kDcpMetadataModule, "Metadata", Role::kClass, Dtype::kU8, kInDcpMetadata},
+    {kDcpMetadataModule, "TensorStorageMetadata", Role::kClass, Dtype::kU8, kInDcpMetadata},
+    {kDcpMetadataModule, "BytesStorageMetadata", Role::kClass, Dtype::kU8, kInDcpMetadata},
+    {kDcpMetadataModule, "ChunkStorageMetadata", Role::kClass, Dtype::kU8, kInDcpMetadata},
+    {kDcpMetadataModule, "TensorProperties", Role::kClass, Dtype::kU8, kInDcpMetadata},
+    {kDcpMetadataModule, "MetadataIndex", Role::kClass, Dtype::kU8, kInDcpMetadata},
+    {kDcpMetadataModule, "StorageMeta", Role::kClass, Dtype::kU8, kInDcpMetadata},
+    {kDcpMetadataModule, "_MEM_FORMAT_ENCODING", Role::kMemoryFormat, Dtype::kU8, kInDcpMetadata},
+    {"torch.distributed.checkpoint.filesystem", "_StorageInfo", Role::kClass, Dtype::kU8, kInDcpMetadata},
+    {"torch.serialization", "_get_layout", Role::kLayout, Dtype::kU8, kInDcpMetadata},
+    {"pathlib", "PosixPath", Role::kPath, Dtype::kU8, kInDcpMetadata},
 };
 
 // ZeroStageEnum's members and values (deepspeed/runtime/zero/config.py).
@@ -220,6 +252,13 @@ constexpr uint64_t kBudgetStep = uint64_t{1} << 20;
 
 }  // namespace
 
+std::optional<Dtype> dtype_of(const Value& v) noexcept {
+  if (v.kind != Value::Kind::kGlobal) return std::nullopt;
+  const Known& k = kKnown[static_cast<size_t>(v.integer)];
+  if (k.role != Role::kConstant) return std::nullopt;
+  return k.dtype;
+}
+
 const char* storage_class_name(Dtype dtype) noexcept {
   for (const Known& k : kKnown) {
     if (k.role == Role::kStorageType && k.dtype == dtype) return k.name.data();
@@ -231,11 +270,13 @@ namespace {
 
 class Machine {
  public:
-  Machine(std::string_view data, const std::string& where, std::deque<Value>& arena, ParseBudget* budget)
+  Machine(std::string_view data, const std::string& where, std::deque<Value>& arena, ParseBudget* budget,
+          Globals globals)
       : data_(data),
         where_(where),
         arena_(arena),
         budget_(budget),
+        globals_(globals),
         limit_(std::clamp<uint64_t>(data.size() * kPickleMemoryPerByte, kMinPickleMemory, kMaxPickleMemory)) {}
 
   const Value* run();
@@ -245,7 +286,8 @@ class Machine {
 
  private:
   [[noreturn]] void refuse(const std::string& what) const {
-    fail(ErrorKind::kInvalidInput, where_ + ": data.pkl byte " + std::to_string(op_at_) + ": " + what);
+    fail(ErrorKind::kInvalidInput, where_ + (globals_ == Globals::kTorchSave ? ": data.pkl byte " : ": pickle byte ") +
+                                       std::to_string(op_at_) + ": " + what);
   }
   const unsigned char* take(size_t n) {
     if (data_.size() - pos_ < n) refuse("the pickle ends inside an instruction (truncated?)");
@@ -378,6 +420,7 @@ class Machine {
   const std::string& where_;
   std::deque<Value>& arena_;
   ParseBudget* budget_;
+  const Globals globals_;
   const uint64_t limit_;  // bytes this pickle may charge
   uint64_t used_ = 0;     // bytes charged for this pickle
   uint64_t flushed_ = 0;  // of which passed on to budget_
@@ -391,7 +434,7 @@ class Machine {
 
 Value* Machine::global(std::string_view module, std::string_view name) {
   for (size_t i = 0; i < std::size(kKnown); ++i) {
-    if (kKnown[i].module == module && kKnown[i].name == name) {
+    if (kKnown[i].module == module && kKnown[i].name == name && (kKnown[i].files & (1u << static_cast<unsigned>(globals_)))) {
       Value* v = make(Value::Kind::kGlobal);
       set_text(v, std::string(module) + "." + std::string(name));
       v->integer = static_cast<int64_t>(i);  // index into kKnown
@@ -399,7 +442,9 @@ Value* Machine::global(std::string_view module, std::string_view name) {
     }
   }
   refuse("refused the Python global " + quoted_excerpt(std::string(module) + "." + std::string(name)) +
-         ": DeepSpeed checkpoints need only torch tensors, containers and DeepSpeed's own state classes");
+         (globals_ == Globals::kTorchSave
+              ? ": DeepSpeed checkpoints need only torch tensors, containers and DeepSpeed's own state classes"
+              : ": a DCP .metadata file needs only torch.distributed.checkpoint.metadata's classes"));
 }
 
 Value* Machine::rebuild_tensor(const Value& args) {
@@ -523,6 +568,29 @@ Value* Machine::reduce(const Value* callable, const Value* args) {
         refuse("ZeroStageEnum called without a stage 0-3");
       }
       return integer(a[0]->integer);
+    case Role::kMemoryFormat:
+      // torch.contiguous_format, channels_last, preserve_format.
+      if (a.size() != 1 || a[0]->kind != Value::Kind::kInt || a[0]->integer < 0 || a[0]->integer > 2) {
+        refuse("_MEM_FORMAT_ENCODING called without a member 0-2");
+      }
+      return integer(a[0]->integer);
+    case Role::kLayout: {
+      if (a.size() != 1 || a[0]->kind != Value::Kind::kString) refuse("_get_layout called without a name");
+      Value* v = make(Value::Kind::kString);
+      set_text(v, a[0]->text);
+      return v;
+    }
+    case Role::kPath: {
+      std::string path;
+      for (const Value* part : a) {
+        if (part->kind != Value::Kind::kString) refuse("PosixPath called with " + std::string(part->describe()));
+        if (!path.empty() && path.back() != '/') path += '/';
+        path += part->text;
+      }
+      Value* v = make(Value::Kind::kString);
+      set_text(v, path);
+      return v;
+    }
     case Role::kStorageType:
     case Role::kTensorType:
     case Role::kClass:
@@ -533,6 +601,7 @@ Value* Machine::reduce(const Value* callable, const Value* args) {
 }
 
 Value* Machine::persistent(const Value* pid) {
+  if (globals_ != Globals::kTorchSave) refuse("a persistent id (a tensor) in a file that holds none");
   // ('storage', storage class, key, location, numel)
   if (pid->kind != Value::Kind::kTuple || pid->items.size() != 5 || pid->items[0]->kind != Value::Kind::kString ||
       pid->items[0]->text != "storage" || pid->items[1]->kind != Value::Kind::kGlobal ||
@@ -558,8 +627,20 @@ Value* Machine::persistent(const Value* pid) {
 
 void Machine::build(Value* target, const Value* state) {
   // A (dict, slots) pair from classes with __slots__; only the dict part carries attributes here.
-  if (state->kind == Value::Kind::kTuple && state->items.size() == 2) state = state->items[0];
+  if (state->kind == Value::Kind::kTuple && state->items.size() == 2 &&
+      (state->items[0]->kind == Value::Kind::kDict || state->items[0]->kind == Value::Kind::kNone)) {
+    state = state->items[0];
+  }
   if (state->kind == Value::Kind::kNone) return;
+  if (state->kind == Value::Kind::kTuple && target->kind == Value::Kind::kObject) {
+    // What a class's own __getstate__ returned (DCP's TensorProperties: its fields in order): kept whole
+    // as the attribute kStateAttribute.
+    Value* key = make(Value::Kind::kString);
+    set_text(key, kStateAttribute);
+    grow(target->pairs, 1);
+    target->pairs.emplace_back(key, state);
+    return;
+  }
   if (state->kind != Value::Kind::kDict) refuse("BUILD with a state that is not a dict");
   if (target->kind == Value::Kind::kObject) {
     grow(target->pairs, state->pairs.size());
@@ -813,9 +894,9 @@ uint64_t Machine::finish() {
 
 }  // namespace
 
-Pickle unpickle(std::string_view data, const std::string& where, ParseBudget* budget) {
+Pickle unpickle(std::string_view data, const std::string& where, ParseBudget* budget, Globals globals) {
   Pickle p;
-  Machine m(data, where, *p.arena_, budget);
+  Machine m(data, where, *p.arena_, budget, globals);
   p.root_ = m.run();
   p.memory_ = m.finish();
   return p;

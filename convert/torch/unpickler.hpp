@@ -1,7 +1,8 @@
 // A restricted reader of the Python pickles inside torch.save archives (`data.pkl`), written for the
-// files DeepSpeed saves: it builds plain values (None, bool, int, float, str, bytes, tuple, list, dict,
-// set) and knows a fixed list of Python globals by name, never loading or running anything. Tensors
-// come out as references to their storage record (which the caller reads from the archive); the
+// files DeepSpeed saves (and, with its own list of globals, PyTorch DCP's `.metadata`): it builds plain
+// values (None, bool, int, float, str, bytes, tuple, list, dict, set) and knows a fixed list of Python
+// globals by name, never loading or running anything. Tensors come out as references to their storage
+// record (which the caller reads from the archive); the
 // DeepSpeed classes the files name (loss scalers, fragment addresses) come out as objects with their
 // attribute dictionary; ZeroStageEnum members as their integer.
 //
@@ -17,12 +18,22 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 namespace shardkit::convert::torch {
+
+// Which closed list of globals a pickle is read with.
+enum class Globals {
+  // A torch.save archive's data.pkl: tensors and their storages, containers, DeepSpeed's state classes.
+  kTorchSave,
+  // PyTorch DCP's .metadata: the dataclasses of torch.distributed.checkpoint.metadata (and its
+  // filesystem's _StorageInfo), torch.Size, dtypes, layouts, pathlib.PosixPath; no tensors.
+  kDcpMetadata,
+};
 
 // Element types of torch storages, by their storage class (torch.FloatStorage, ...).
 enum class Dtype { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool };
@@ -103,7 +114,7 @@ class Pickle {
   uint64_t memory() const noexcept { return memory_; }
 
  private:
-  friend Pickle unpickle(std::string_view data, const std::string& where, ParseBudget* budget);
+  friend Pickle unpickle(std::string_view data, const std::string& where, ParseBudget* budget, Globals globals);
   // Values point at each other: the arena lives on the heap so that moving a Pickle moves no value.
   std::unique_ptr<std::deque<Value>> arena_ = std::make_unique<std::deque<Value>>();
   const Value* root_ = nullptr;
@@ -147,8 +158,15 @@ class ParseBudget {
   std::atomic<uint64_t> used_{0};
 };
 
+// The attribute under which an object built from a tuple state (a class's own __getstate__) keeps it.
+inline constexpr std::string_view kStateAttribute = "__getstate__";
+
+// The dtype a global names (torch.float32, ...), or nullopt when `v` is not one.
+std::optional<Dtype> dtype_of(const Value& v) noexcept;
+
 // Runs the pickle in `data` (protocols 2 to 5). `where` names the file for messages. What it builds is
 // charged against the per-file bound above and, when given, `budget`.
-Pickle unpickle(std::string_view data, const std::string& where, ParseBudget* budget = nullptr);
+Pickle unpickle(std::string_view data, const std::string& where, ParseBudget* budget = nullptr,
+                Globals globals = Globals::kTorchSave);
 
 }  // namespace shardkit::convert::torch

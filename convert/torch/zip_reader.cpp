@@ -44,21 +44,38 @@ uint64_t u64(const unsigned char* p) {
 
 }  // namespace
 
-ZipReader::ZipReader(const std::filesystem::path& path) : path_(path) {
+ZipReader::ZipReader(const std::filesystem::path& path) : path_(path), where_(path.string()) {
   const FileDescriptor file = open_input_file(path, ErrorKind::kInvalidInput);
   file_size_ = static_cast<uint64_t>(file.size());
   index(file);
 }
 
+ZipReader::ZipReader(const std::filesystem::path& path, uint64_t offset, uint64_t length)
+    : path_(path), where_(path.string() + " (the archive at byte " + std::to_string(offset) + ")"), base_(offset) {
+  const FileDescriptor file = open_input_file(path, ErrorKind::kInvalidInput);
+  const auto size = static_cast<uint64_t>(file.size());
+  if (offset > size || length > size - offset) {
+    fail(ErrorKind::kInvalidInput, path.string() + ": " + std::to_string(length) + " bytes at byte " +
+                                       std::to_string(offset) + " were expected; the file holds " +
+                                       std::to_string(size) + " (truncated?)");
+  }
+  file_size_ = length;
+  index(file);
+}
+
 void ZipReader::refuse(const std::string& what) const {
-  fail(ErrorKind::kInvalidInput, path_.string() + ": not a readable PyTorch zip archive: " + what);
+  fail(ErrorKind::kInvalidInput, where_ + ": not a readable PyTorch zip archive: " + what);
+}
+
+void ZipReader::pread(const FileDescriptor& file, void* out, size_t n, uint64_t at) const {
+  file.pread_exact(out, n, static_cast<int64_t>(base_ + at));
 }
 
 void ZipReader::index(const FileDescriptor& file) {
   if (file_size_ < kEocdSize) refuse("the file is too short (" + std::to_string(file_size_) + " bytes)");
   const size_t tail_size = static_cast<size_t>(std::min<uint64_t>(file_size_, kMaxTail));
   std::vector<unsigned char> tail(tail_size);
-  file.pread_exact(tail.data(), tail_size, static_cast<int64_t>(file_size_ - tail_size));
+  pread(file, tail.data(), tail_size, file_size_ - tail_size);
   // The last EOCD signature whose comment length reaches exactly to the end of the file.
   size_t eocd = tail_size;
   for (size_t i = tail_size - kEocdSize + 1; i-- > 0;) {
@@ -78,14 +95,14 @@ void ZipReader::index(const FileDescriptor& file) {
     // ZIP64: the locator right before the EOCD points at the ZIP64 EOCD record.
     if (eocd_pos < kZip64LocatorSize) refuse("a ZIP64 archive without its locator");
     unsigned char loc[kZip64LocatorSize];
-    file.pread_exact(loc, sizeof loc, static_cast<int64_t>(eocd_pos - kZip64LocatorSize));
+    pread(file, loc, sizeof loc, eocd_pos - kZip64LocatorSize);
     if (u32(loc) != kZip64LocatorSignature) refuse("a ZIP64 archive without its locator");
     const uint64_t z_pos = u64(loc + 8);
     if (z_pos > eocd_pos - kZip64LocatorSize || eocd_pos - kZip64LocatorSize - z_pos < kZip64EocdSize) {
       refuse("the ZIP64 end record lies outside the file");
     }
     unsigned char z[kZip64EocdSize];
-    file.pread_exact(z, sizeof z, static_cast<int64_t>(z_pos));
+    pread(file, z, sizeof z, z_pos);
     if (u32(z) != kZip64EocdSignature) refuse("no ZIP64 end-of-central-directory record");
     count = u64(z + 32);
     cd_size = u64(z + 40);
@@ -98,7 +115,7 @@ void ZipReader::index(const FileDescriptor& file) {
            " bytes");
   }
   std::vector<unsigned char> cd(static_cast<size_t>(cd_size));
-  file.pread_exact(cd.data(), cd.size(), static_cast<int64_t>(cd_offset));
+  pread(file, cd.data(), cd.size(), cd_offset);
   size_t pos = 0;
   for (uint64_t i = 0; i < count; ++i) {
     if (cd.size() - pos < kCentralSize || u32(&cd[pos]) != kCentralSignature) {
@@ -151,7 +168,7 @@ void ZipReader::index(const FileDescriptor& file) {
     if (local > file_size_ || file_size_ - local < kLocalSize)
       refuse("entry " + quoted_excerpt(name) + " lies outside the file");
     unsigned char lh[kLocalSize];
-    file.pread_exact(lh, sizeof lh, static_cast<int64_t>(local));
+    pread(file, lh, sizeof lh, local);
     if (u32(lh) != kLocalSignature) refuse("entry " + quoted_excerpt(name) + " has no local header at its offset");
     const uint64_t data = local + kLocalSize + u16(lh + 26) + u16(lh + 28);
     if (data > file_size_ || compressed > file_size_ - data) {
@@ -170,18 +187,18 @@ const ZipEntry* ZipReader::find(std::string_view name) const {
 
 void ZipReader::read(const ZipEntry& entry, uint64_t offset, std::span<std::byte> out) const {
   if (offset > entry.size || out.size() > entry.size - offset) {
-    fail(ErrorKind::kInvalidInput, path_.string() + ": entry " + quoted_excerpt(entry.name) + " holds " +
+    fail(ErrorKind::kInvalidInput, where_ + ": entry " + quoted_excerpt(entry.name) + " holds " +
                                        std::to_string(entry.size) + " bytes; " + std::to_string(out.size()) +
                                        " bytes at " + std::to_string(offset) + " were expected");
   }
   if (out.empty()) return;
   const FileDescriptor file = open_input_file(path_, ErrorKind::kInvalidInput);
-  file.pread_exact(out.data(), out.size(), static_cast<int64_t>(entry.data_offset + offset));
+  pread(file, out.data(), out.size(), entry.data_offset + offset);
 }
 
 std::string ZipReader::read_all(const ZipEntry& entry, uint64_t max_bytes) const {
   if (entry.size > max_bytes) {
-    fail(ErrorKind::kInvalidInput, path_.string() + ": entry " + quoted_excerpt(entry.name) + " is " +
+    fail(ErrorKind::kInvalidInput, where_ + ": entry " + quoted_excerpt(entry.name) + " is " +
                                        std::to_string(entry.size) + " bytes, more than the " +
                                        std::to_string(max_bytes) + " expected at most");
   }

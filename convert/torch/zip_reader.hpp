@@ -35,8 +35,14 @@ class ZipReader {
   // without an end-of-central-directory record, a multi-disk or encrypted archive, a compressed entry,
   // an entry whose data lies outside the file, and a name given twice.
   explicit ZipReader(const std::filesystem::path& path);
+  // An archive that is bytes [offset, offset + length) of `path` (PyTorch DCP keeps each item of a rank's
+  // .distcp file as a whole torch.save archive, back to back): offsets inside are relative to its start.
+  ZipReader(const std::filesystem::path& path, uint64_t offset, uint64_t length);
 
   const std::filesystem::path& path() const noexcept { return path_; }
+  // The file, and where the archive lies in it when it is a part: for messages.
+  const std::string& where() const noexcept { return where_; }
+  // Bytes of the archive.
   uint64_t file_size() const noexcept { return file_size_; }
   const std::map<std::string, ZipEntry, std::less<>>& entries() const noexcept { return entries_; }
   // nullptr when there is no such entry.
@@ -49,9 +55,13 @@ class ZipReader {
 
  private:
   void index(const FileDescriptor& file);
+  // pread_exact of `n` bytes at archive offset `at`.
+  void pread(const FileDescriptor& file, void* out, size_t n, uint64_t at) const;
   [[noreturn]] void refuse(const std::string& what) const;
 
   std::filesystem::path path_;
+  std::string where_;
+  uint64_t base_ = 0;  // file offset of the archive's first byte
   uint64_t file_size_ = 0;
   std::map<std::string, ZipEntry, std::less<>> entries_;
 };

@@ -18,7 +18,7 @@
 #include "convert/torch/unpickler.hpp"
 #include "convert/torch/zip_reader.hpp"
 #include "convert/export_deepspeed.hpp"
-#include "convert/import_deepspeed.hpp"
+#include "convert/import_checkpoint.hpp"
 #include "model/registry.hpp"
 #include "tests/support/test_support.hpp"
 
@@ -106,13 +106,13 @@ class DeepSpeedImport : public ::testing::Test {
   void round_trip(const std::string& model, const std::string& layout, std::optional<int> world,
                   std::optional<int> stage) {
     SCOPED_TRACE(model + " " + layout);
-    convert::DeepSpeedImportRequest r;
+    convert::CheckpointImportRequest r;
     r.source = fixture(model, layout);
     r.output = work_ / ("ckpt-" + model + "-" + layout);
     r.model = preset(model);
     r.world_size = world;
     r.stage = stage;
-    const convert::DeepSpeedImportResult result = convert::import_deepspeed(r, options());
+    const convert::CheckpointImportResult result = convert::import_checkpoint(r, options());
     EXPECT_EQ(result.world_size, world.value_or(layout == "universal" ? 1 : 2));
     EXPECT_EQ(result.stage, stage.value_or(layout == "universal" ? 0
                                            : layout == "zero3"   ? 3
@@ -153,12 +153,12 @@ class DeepSpeedImport : public ::testing::Test {
   // Import of `source` must fail with kInvalidInput, a message holding each of `fragments`, and no output.
   void expect_refused(const std::filesystem::path& source, const std::string& model,
                       const std::vector<std::string>& fragments) {
-    convert::DeepSpeedImportRequest r;
+    convert::CheckpointImportRequest r;
     r.source = source;
     r.output = work_ / "refused";
     r.model = model;
     try {
-      convert::import_deepspeed(r, options());
+      convert::import_checkpoint(r, options());
       ADD_FAILURE() << "accepted " << source;
     } catch (const Error& e) {
       EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput) << e.what();
@@ -194,12 +194,12 @@ TEST_F(DeepSpeedImport, WithoutModelTheConfigJsonOrTheCheckpointNamesTheTensors)
   // Hugging Face's Trainer keeps config.json beside `latest` (checkpoint-N/); no --model needed.
   const std::filesystem::path run = work_ / "checkpoint-9";
   std::filesystem::copy(fixture("llama", "zero3"), run, std::filesystem::copy_options::recursive);
-  convert::DeepSpeedImportRequest r;
+  convert::CheckpointImportRequest r;
   r.output = work_ / "out";
   // Without one, the checkpoint's own parameters: a model of no family, which reshards and exports.
   r.source = run;
   {
-    const convert::DeepSpeedImportResult result = convert::import_deepspeed(r, options());
+    const convert::CheckpointImportResult result = convert::import_checkpoint(r, options());
     ckpt::CheckpointReader reader(result.step_dir);
     EXPECT_EQ(reader.manifest().model["family"], "external");
     EXPECT_EQ(reader.tensors().size(), model::resolve_model("llama-tiny")->table().size());
@@ -208,7 +208,7 @@ TEST_F(DeepSpeedImport, WithoutModelTheConfigJsonOrTheCheckpointNamesTheTensors)
   std::ofstream(run / "config.json") << model::resolve_model("llama-tiny")->hf_config("float32").dump();
   for (const std::filesystem::path& source : {run, run / "global_step9"}) {
     r.source = source;
-    const convert::DeepSpeedImportResult result = convert::import_deepspeed(r, options());
+    const convert::CheckpointImportResult result = convert::import_checkpoint(r, options());
     ckpt::CheckpointReader reader(result.step_dir);
     EXPECT_EQ(reader.manifest().model["family"], "llama");
     EXPECT_EQ(reader.tensors().size(), model::resolve_model("llama-tiny")->table().size());
@@ -222,12 +222,12 @@ TEST_F(DeepSpeedImport, AnOutputOverlappingTheSourceIsRefusedAndTheSourceSurvive
   forced.force = true;
   for (const auto& [output, says] : {std::pair{tag, "is the input"}, std::pair{tag.parent_path(), "contains the input"},
                                      std::pair{tag / "out", "lies inside the input"}}) {
-    convert::DeepSpeedImportRequest r;
+    convert::CheckpointImportRequest r;
     r.source = tag;
     r.output = output;
     r.model = "gpt2-tiny";
     try {
-      convert::import_deepspeed(r, forced);
+      convert::import_checkpoint(r, forced);
       ADD_FAILURE() << "accepted " << output;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
@@ -425,11 +425,11 @@ TEST_F(DeepSpeedImport, LinksLeadingOutOfTheFolderAreRefused) {
   fs::create_symlink("kept.pt", rank);
   fs::create_directory_symlink(tag, work_ / "named-link");
   const fs::path named = work_ / "named-link";
-  convert::DeepSpeedImportRequest r;
+  convert::CheckpointImportRequest r;
   r.source = named;
   r.output = work_ / "linked-import";
   r.model = "gpt2-tiny";
-  EXPECT_NO_THROW(convert::import_deepspeed(r, options()));
+  EXPECT_NO_THROW(convert::import_checkpoint(r, options()));
   // A universal checkpoint's files and parameter folders.
   const fs::path uni = copy_run("universal", "uni-file");
   const fs::path param = uni / "global_step9_universal" / "zero" / "transformer.wte.weight";
@@ -456,12 +456,12 @@ TEST_F(DeepSpeedImport, LatestIsNeverFollowedOutsideNorPrinted) {
   // Content that is no tag is not quoted.
   fs::remove(run / "latest");
   std::ofstream(run / "latest") << "password: hunter2 (do not share)";
-  convert::DeepSpeedImportRequest r;
+  convert::CheckpointImportRequest r;
   r.source = run;
   r.output = work_ / "refused";
   r.model = "gpt2-tiny";
   try {
-    convert::import_deepspeed(r, options());
+    convert::import_checkpoint(r, options());
     ADD_FAILURE() << "accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("does not name a tag folder"), std::string::npos) << e.what();

@@ -18,7 +18,7 @@
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/safetensors.hpp"
 #include "convert/export_deepspeed.hpp"
-#include "convert/import_deepspeed.hpp"
+#include "convert/import_checkpoint.hpp"
 #include "tests/support/test_support.hpp"
 
 namespace shardkit {
@@ -29,16 +29,7 @@ using testing::TempDir;
 const std::filesystem::path kDataDir = std::filesystem::path(SHARDKIT_TEST_DATA_DIR) / "deepspeed";
 
 // The fixture folders (those holding expected.json), sorted; empty when the data folder is missing.
-std::vector<std::string> fixture_names() {
-  std::vector<std::string> names;
-  std::error_code ec;
-  if (!std::filesystem::is_directory(kDataDir, ec)) return names;
-  for (const auto& entry : std::filesystem::directory_iterator(kDataDir)) {
-    if (std::filesystem::exists(entry.path() / "expected.json")) names.push_back(entry.path().filename().string());
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
+std::vector<std::string> fixture_names() { return testing::fixture_folders(kDataDir); }
 
 nlohmann::json read_json(const std::filesystem::path& path) {
   std::ifstream in(path);
@@ -81,14 +72,14 @@ class DeepSpeedReal : public ::testing::TestWithParam<std::string> {
     const int want_stage = stage.value_or(expected_.at("stage").get<int>());
     SCOPED_TRACE(GetParam() + " imported at " + std::to_string(want_world) + " rank(s), stage " +
                  std::to_string(want_stage) + (source.empty() ? "" : " from " + source.string()));
-    convert::DeepSpeedImportRequest r;
+    convert::CheckpointImportRequest r;
     r.source = source.empty() ? folder_ : source;
     r.output = work_.path() / ("w" + std::to_string(want_world) + "s" + std::to_string(want_stage) +
                                (source.empty() ? "" : "-" + source.filename().string()));
     r.model = model();
     r.world_size = world;
     r.stage = stage;
-    const convert::DeepSpeedImportResult result = convert::import_deepspeed(r, options());
+    const convert::CheckpointImportResult result = convert::import_checkpoint(r, options());
     EXPECT_EQ(result.world_size, want_world);
     EXPECT_EQ(result.stage, want_stage);
 
@@ -98,7 +89,7 @@ class DeepSpeedReal : public ::testing::TestWithParam<std::string> {
     EXPECT_EQ(reader.layout().spec().stage, want_stage);
     check_counters(reader.manifest());
     check_table(reader.tensors());
-    check_values(reader);
+    testing::expect_states_equal_bitwise(reader, folder_ / "expected.safetensors");
     return reader.manifest().trainer_state;
   }
 
@@ -131,31 +122,6 @@ class DeepSpeedReal : public ::testing::TestWithParam<std::string> {
       const auto it = got.find(p.name);
       ASSERT_NE(it, got.end()) << p.name << " is not in the imported table";
       EXPECT_EQ(it->second, p.shape) << p.name;
-    }
-  }
-
-  void check_values(ckpt::CheckpointReader& reader) const {
-    const ckpt::safetensors::Reader expected(folder_ / "expected.safetensors");
-    for (const char* state : {"fp32", "exp_avg", "exp_avg_sq"}) {
-      const int s = reader.find_state(state);
-      ASSERT_GE(s, 0) << state;
-      for (size_t t = 0; t < reader.tensors().size(); ++t) {
-        const ckpt::TensorInfo& tensor = reader.tensors()[t];
-        const ckpt::safetensors::TensorInfo* info = expected.header().find(std::string(state) + "/" + tensor.name);
-        ASSERT_NE(info, nullptr) << state << "/" << tensor.name << " is not in expected.safetensors";
-        ASSERT_EQ(info->dtype, "F32");
-        ASSERT_EQ(info->shape, tensor.shape) << tensor.name;
-        std::vector<uint32_t> want(static_cast<size_t>(tensor.numel()));
-        expected.read(*info, 0, std::as_writable_bytes(std::span<uint32_t>(want)));
-        std::vector<float> values(want.size());
-        reader.read(static_cast<int>(t), s, 0, values);
-        std::vector<uint32_t> got(values.size());
-        std::memcpy(got.data(), values.data(), values.size() * sizeof(float));
-        // Bit patterns: the import must not round, flush or reorder a single element.
-        const auto first = static_cast<size_t>(std::mismatch(got.begin(), got.end(), want.begin()).first - got.begin());
-        EXPECT_EQ(first, got.size()) << state << " " << tensor.name << " differs first at element " << first << " of "
-                                     << got.size();
-      }
     }
   }
 

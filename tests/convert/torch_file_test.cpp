@@ -237,5 +237,40 @@ TEST(Unpickler, TensorSizesThatOverflowAreRefused) {
   EXPECT_FALSE(ok.root().tensor.contiguous());
 }
 
+// Each kind of file has its own closed list: DCP's metadata classes are refused in a torch.save
+// archive, tensors and DeepSpeed's classes in a DCP .metadata, and the metadata's own forms read.
+TEST(Unpickler, TorchSaveAndDcpMetadataEachHaveTheirOwnGlobals) {
+  const auto metadata = [](std::string_view module, std::string_view name) {
+    return PickleBuilder().global(module, name).raw(")\x81}b.").b;  // NEWOBJ of the class, BUILD with {}
+  };
+  const std::string dcp_class = metadata("torch.distributed.checkpoint.metadata", "Metadata");
+  expect_unpickle_refused(dcp_class, "'torch.distributed.checkpoint.metadata.Metadata'");
+  const pt::Pickle md = pt::unpickle(dcp_class, "m", nullptr, pt::Globals::kDcpMetadata);
+  EXPECT_EQ(md.root().text, "torch.distributed.checkpoint.metadata.Metadata");
+  for (const auto& [module, name] : {std::pair{"deepspeed.runtime.fp16.loss_scaler", "LossScaler"},
+                                     std::pair{"torch._utils", "_rebuild_tensor_v2"},
+                                     std::pair{"collections", "OrderedDict"}, std::pair{"os", "system"}}) {
+    expect_refused([&] { pt::unpickle(metadata(module, name), "m", nullptr, pt::Globals::kDcpMetadata); },
+                   {"refused the Python global '" + std::string(module) + "." + name + "'", ".metadata"});
+  }
+  // TensorProperties keeps its __getstate__ tuple; a layout and a path read as their names.
+  PickleBuilder props;
+  props.global("torch.distributed.checkpoint.metadata", "TensorProperties").raw(")\x81(");
+  props.global("torch", "bfloat16").global("torch.serialization", "_get_layout").raw("(").text("torch.strided");
+  props.raw("tR\x89").global("pathlib", "PosixPath").raw("(").text("/").text("tmp").raw("tRtb.");
+  const pt::Pickle p = pt::unpickle(props.b, "m", nullptr, pt::Globals::kDcpMetadata);
+  const pt::Value* state = p.root().get(pt::kStateAttribute);
+  ASSERT_NE(state, nullptr);
+  ASSERT_EQ(state->items.size(), 4u);
+  EXPECT_EQ(pt::dtype_of(*state->items[0]), pt::Dtype::kBF16);
+  EXPECT_EQ(state->items[1]->text, "torch.strided");
+  EXPECT_EQ(state->items[3]->text, "/tmp");
+  // No tensors in a metadata file.
+  PickleBuilder tensor;
+  tensor.global("torch._utils", "_rebuild_tensor_v2");
+  expect_refused([&] { pt::unpickle(tensor.raw(".").b, "m", nullptr, pt::Globals::kDcpMetadata); },
+                 {"'torch._utils._rebuild_tensor_v2'"});
+}
+
 }  // namespace
 }  // namespace shardkit

@@ -4,12 +4,17 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 
 #include "base/file_util.hpp"
 #include "ckpt/h5.hpp"
 #include "ckpt/manifest.hpp"
+#include "ckpt/safetensors.hpp"
 #include "ckpt/save.hpp"
 #include "ckpt/shard_format.hpp"
 #include "ckpt/synthetic.hpp"
@@ -105,6 +110,42 @@ ckpt::TensorTable random_table(uint64_t seed, int count, int64_t max_dim) {
     tensors.push_back(std::move(t));
   }
   return ckpt::TensorTable(std::move(tensors));
+}
+
+std::vector<std::string> fixture_folders(const std::filesystem::path& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (std::filesystem::exists(entry.path() / "expected.json")) names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void expect_states_equal_bitwise(ckpt::CheckpointReader& reader, const std::filesystem::path& expected_file) {
+  const ckpt::safetensors::Reader expected(expected_file);
+  for (const char* state : {"fp32", "exp_avg", "exp_avg_sq"}) {
+    const int s = reader.find_state(state);
+    ASSERT_GE(s, 0) << state;
+    for (size_t t = 0; t < reader.tensors().size(); ++t) {
+      const ckpt::TensorInfo& tensor = reader.tensors()[t];
+      const ckpt::safetensors::TensorInfo* info = expected.header().find(std::string(state) + "/" + tensor.name);
+      ASSERT_NE(info, nullptr) << state << "/" << tensor.name << " is not in " << expected_file;
+      ASSERT_EQ(info->dtype, "F32");
+      ASSERT_EQ(info->shape, tensor.shape) << tensor.name;
+      std::vector<uint32_t> want(static_cast<size_t>(tensor.numel()));
+      expected.read(*info, 0, std::as_writable_bytes(std::span<uint32_t>(want)));
+      std::vector<float> values(want.size());
+      reader.read(static_cast<int>(t), s, 0, values);
+      std::vector<uint32_t> got(values.size());
+      std::memcpy(got.data(), values.data(), values.size() * sizeof(float));
+      // Bit patterns: an import must not round, flush or reorder a single element.
+      const auto first = static_cast<size_t>(std::mismatch(got.begin(), got.end(), want.begin()).first - got.begin());
+      EXPECT_EQ(first, got.size()) << state << " " << tensor.name << " differs first at element " << first << " of "
+                                   << got.size();
+    }
+  }
 }
 
 }  // namespace shardkit::testing

@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/layout.hpp"
 #include "ckpt/shard_writer.hpp"
 #include "ckpt/tensor_table.hpp"
@@ -51,5 +53,13 @@ void flip_bit(const std::filesystem::path& file, int64_t offset, int bit = 0);
 // A random tensor table: `count` tensors of 0-3 dimensions (at most one of them up to `max_dim`, the
 // others below 8), including empty, scalar and tiny tensors.
 ckpt::TensorTable random_table(uint64_t seed, int count, int64_t max_dim);
+
+// The sub-folders of `dir` that hold an expected.json (fixtures a real tool wrote), sorted; empty when
+// `dir` does not exist.
+std::vector<std::string> fixture_folders(const std::filesystem::path& dir);
+
+// Expects every tensor of `reader`'s fp32, exp_avg and exp_avg_sq states to equal, bit for bit, the
+// F32 tensor `<state>/<name>` of `expected` (a safetensors file written beside a real tool's checkpoint).
+void expect_states_equal_bitwise(ckpt::CheckpointReader& reader, const std::filesystem::path& expected);
 
 }  // namespace shardkit::testing

@@ -1,4 +1,4 @@
-#include "convert/import_deepspeed.hpp"
+#include "convert/import_checkpoint.hpp"
 
 #include <vector>
 
@@ -9,9 +9,16 @@
 
 namespace shardkit::convert {
 
-DeepSpeedImportResult import_deepspeed(const DeepSpeedImportRequest& request, const ConvertOptions& options) {
-  const CheckpointSource source = open_deepspeed_source(request.source, request.model);
-  DeepSpeedImportResult result;
+CheckpointImportResult import_checkpoint(const CheckpointImportRequest& request, const ConvertOptions& options) {
+  const CheckpointSource source = request.format == SourceFormat::kDcp
+                                      ? open_dcp_source(request.source, request.model)
+                                      : open_deepspeed_source(request.source, request.model);
+  if (!source.has_moments) {
+    fail(ErrorKind::kInvalidInput, source.path.string() +
+                                       ": the checkpoint holds weights without optimizer state; a checkpoint to "
+                                       "train from needs AdamW's moments (`convert consolidate` exports the weights)");
+  }
+  CheckpointImportResult result;
   result.world_size = request.world_size.value_or(source.world_size);
   result.stage = request.stage.value_or(source.stage);
   result.step = source.trainer_state["step"].get<int64_t>();
