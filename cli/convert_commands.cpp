@@ -1,4 +1,5 @@
-// `shardkit convert reshard | consolidate | import | import-deepspeed | import-dcp | export-deepspeed`.
+// `shardkit convert reshard | consolidate | import | import-deepspeed | import-dcp | export-deepspeed |
+// export-dcp`.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include "cli/commands.hpp"
 #include "cli/console.hpp"
 #include "convert/consolidate.hpp"
+#include "convert/export_dcp.hpp"
 #include "convert/export_deepspeed.hpp"
 #include "convert/import.hpp"
 #include "convert/import_checkpoint.hpp"
@@ -44,6 +46,16 @@ convert::ConvertOptions options_from(const Common& c, Progress& progress) {
   o.force = c.force;
   o.progress = [&progress](int64_t done, int64_t total) { progress.update(done, total); };
   return o;
+}
+
+// The source, output folder and ranks of an export to another tool's format.
+void add_export_target(CLI::App* app, std::string& source, std::string& output, int& world_size,
+                       const std::string& output_help, const std::string& world_help) {
+  app->add_option("CKPT", source,
+                  "Step directory, or run directory (follows 'latest'), or a DeepSpeed or DCP checkpoint folder")
+      ->required();
+  app->add_option("-o,--output", output, output_help + "; must not exist unless --force")->required();
+  app->add_option("--world-size", world_size, world_help)->required()->check(CLI::PositiveNumber);
 }
 
 // What a checkpoint for DeepSpeed is written with.
@@ -91,6 +103,22 @@ int run_export_deepspeed(const std::string& source, const std::string& output, i
   return 0;
 }
 
+int run_export_dcp(const std::string& source, const std::string& output, int world_size, const std::string& model,
+                   const Common& common) {
+  convert::DcpExportRequest r;
+  r.source = source;
+  r.output = output;
+  r.world_size = world_size;
+  r.model = model;
+  Progress progress("export-dcp", common.quiet);
+  const convert::DcpExportResult result = convert::export_dcp(r, options_from(common, progress));
+  progress.finish();
+  print_line(stdout, "%s: step %lld, %d ranks' shards%s (torch.distributed.checkpoint.load reads it)",
+             result.folder.c_str(), static_cast<long long>(result.step), result.world_size,
+             result.optimizer ? ", model and optimizer" : ", model only");
+  return 0;
+}
+
 // `import-deepspeed` and `import-dcp`.
 struct ImportCheckpointCli {
   convert::SourceFormat format = convert::SourceFormat::kDeepSpeed;
@@ -130,8 +158,12 @@ int run_reshard(const ReshardCli& c) {
   // through one pass from source to target, never through an intermediate copy.
   const bool from_dcp = convert::is_dcp_checkpoint(c.source);
   const bool from_deepspeed = !from_dcp && convert::is_deepspeed_checkpoint(c.source);
-  const std::string to = c.to.empty() ? (from_deepspeed ? "deepspeed" : "shardkit") : c.to;
+  const std::string to = c.to.empty() ? (from_deepspeed ? "deepspeed" : from_dcp ? "dcp" : "shardkit") : c.to;
   if (to == "deepspeed") return run_export_deepspeed(c.source, c.output, c.world_size, c.stage, c.deepspeed, c.common);
+  if (to == "dcp") {
+    if (c.stage >= 0) fail(ErrorKind::kInvalidInput, "--stage: a DCP checkpoint is FSDP's full sharding; give none");
+    return run_export_dcp(c.source, c.output, c.world_size, c.deepspeed.model, c.common);
+  }
   if (from_deepspeed || from_dcp) {
     return run_import_checkpoint({from_dcp ? convert::SourceFormat::kDcp : convert::SourceFormat::kDeepSpeed, c.common,
                                   c.source, c.output, c.deepspeed.model, c.world_size, c.stage});
@@ -210,7 +242,7 @@ void add_convert_commands(CLI::App& app, Action& action) {
   reshard
       ->add_option("CKPT", r->source,
                    "Step directory, or run directory (follows 'latest'); or a DeepSpeed checkpoint folder (holding "
-                   "'latest', or a tag folder such as global_step100)")
+                   "'latest', or a tag folder such as global_step100); or a PyTorch DCP folder (holding .metadata)")
       ->required();
   reshard
       ->add_option("-o,--output", r->output,
@@ -219,9 +251,10 @@ void add_convert_commands(CLI::App& app, Action& action) {
       ->required();
   reshard
       ->add_option("--to", r->to,
-                   "What to write: shardkit (a checkpoint) or deepspeed (what DeepSpeed's save_checkpoint writes "
-                   "for that many ranks and stage). Default: the source's kind")
-      ->check(CLI::IsMember({"shardkit", "deepspeed"}));
+                   "What to write: shardkit (a checkpoint), deepspeed (what DeepSpeed's save_checkpoint writes "
+                   "for that many ranks and stage) or dcp (what torch.distributed.checkpoint.save writes for an "
+                   "FSDP2 model on that many ranks). Default: the source's kind")
+      ->check(CLI::IsMember({"shardkit", "deepspeed", "dcp"}));
   reshard->add_option("--world-size", r->world_size, "Ranks (data-parallel world size) of the new layout")
       ->required()
       ->check(CLI::PositiveNumber);
@@ -330,6 +363,32 @@ void add_convert_commands(CLI::App& app, Action& action) {
              "the ranks that saved it", "3, FSDP's full sharding",
              "Example: shardkit convert import-dcp outputs/checkpoint/step-1000 -o runs/ft --world-size 2");
 
+  struct ExportDcpCli {
+    Common common;
+    std::string source, output, model;
+    int world_size = 0;
+  };
+  auto x = std::make_shared<ExportDcpCli>();
+  CLI::App* export_dcp = convert->add_subcommand(
+      "export-dcp",
+      "Write a checkpoint as torch.distributed.checkpoint.save writes an FSDP2 model and its AdamW optimizer on "
+      "--world-size ranks (get_state_dict's keys): dcp.load and set_state_dict resume from it at any world size");
+  add_export_target(export_dcp, x->source, x->output, x->world_size,
+                    "New folder: receives .metadata and __R_0.distcp (pass it to dcp.load)",
+                    "Ranks whose shards the files hold");
+  export_dcp->add_option("--model", x->model,
+                         "For a DeepSpeed or DCP source: a preset or model file, to check its tensors against "
+                         "(default: none, any model)");
+  add_common(export_dcp, x->common);
+  export_dcp->footer(
+      "Example: shardkit convert export-dcp ds_run/checkpoints -o dcp/step-100 --world-size 8\n"
+      "Then, on 8 ranks: model_sd, optim_sd = get_state_dict(model, optim); dcp.load({'model': model_sd, 'optim': "
+      "optim_sd}, checkpoint_id='dcp/step-100'); set_state_dict(model, optim, model_state_dict=model_sd, "
+      "optim_state_dict=optim_sd)");
+  export_dcp->callback([&action, x] {
+    action = [x] { return run_export_dcp(x->source, x->output, x->world_size, x->model, x->common); };
+  });
+
   struct ExportDeepSpeedCli {
     Common common;
     std::string source, output;
@@ -342,18 +401,9 @@ void add_convert_commands(CLI::App& app, Action& action) {
       "export-deepspeed",
       "Write a checkpoint as DeepSpeed's save_checkpoint does for a run of --world-size ranks at a ZeRO stage: "
       "DeepSpeed's load_checkpoint resumes from it with the same weights, Adam moments and step");
-  export_ds
-      ->add_option("CKPT", e->source,
-                   "Step directory, or run directory (follows 'latest'), or a DeepSpeed checkpoint folder")
-      ->required();
-  export_ds
-      ->add_option("-o,--output", e->output,
-                   "New folder: receives 'latest' and global_stepN/ (pass it to load_checkpoint); must not exist "
-                   "unless --force")
-      ->required();
-  export_ds->add_option("--world-size", e->world_size, "Data-parallel ranks of the DeepSpeed run")
-      ->required()
-      ->check(CLI::PositiveNumber);
+  add_export_target(export_ds, e->source, e->output, e->world_size,
+                    "New folder: receives 'latest' and global_stepN/ (pass it to load_checkpoint)",
+                    "Data-parallel ranks of the DeepSpeed run");
   export_ds->add_option("--stage", e->stage, "ZeRO stage 1-3 of the DeepSpeed run (default: the source's, at least 1)")
       ->check(CLI::Range(1, 3));
   add_deepspeed_target(export_ds, e->target);

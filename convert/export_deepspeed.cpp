@@ -40,50 +40,6 @@ constexpr const char* kFormatVersion = "0.14.5";
 constexpr int64_t kDefaultSubGroupSize = 1'000'000'000;
 constexpr int kFp32 = kSourceFp32, kExpAvg = kSourceExpAvg, kExpAvgSq = kSourceExpAvgSq;
 
-// The parameter groups of a run shardkit trained: the two groups Hugging Face's Trainer makes (the
-// decaying weights, then the biases and norms), with the optimizer's settings from the config.
-ds::DeepSpeedRun run_of_model(const model::Model& m, const nlohmann::json& config, const nlohmann::json& state) {
-  const nlohmann::json params = config.is_object() && config.contains("optimizer") && config["optimizer"].is_object()
-                                    ? config["optimizer"].value("params", nlohmann::json::object())
-                                    : nlohmann::json::object();
-  // shardkit's defaults for a config without these settings (trainer/ds_config.hpp).
-  const double lr = params.value("lr", 1e-3);
-  const nlohmann::json betas = params.value("betas", nlohmann::json::array({0.9, 0.999}));
-  const double eps = params.value("eps", 1e-8);
-  const double weight_decay = params.value("weight_decay", 0.0);
-  ds::DeepSpeedRun run;
-  for (bool decays : {true, false}) {
-    ds::DeepSpeedRun::Group g;
-    for (size_t t = 0; t < m.table().size(); ++t) {
-      if (m.decays(static_cast<int>(t)) == decays) g.params.push_back(m.table()[t].name);
-    }
-    // The keys torch.optim.AdamW and DeepSpeed's FusedAdam read from a group; a loaded group replaces
-    // the optimizer's own whole.
-    g.options = {{"lr", lr},
-                 {"betas", betas},
-                 {"eps", eps},
-                 {"weight_decay", decays ? weight_decay : 0.0},
-                 {"bias_correction", true},
-                 {"amsgrad", false},
-                 {"foreach", nullptr},
-                 {"maximize", false},
-                 {"capturable", false},
-                 {"differentiable", false},
-                 {"fused", nullptr}};
-    if (!g.params.empty()) run.groups.push_back(std::move(g));
-  }
-  if (const std::optional<model::HfName> tied = m.classify_hf_name("lm_head.weight");
-      tied && tied->kind == model::HfName::kTiedOutput) {
-    run.shared_params["lm_head.weight"] = tied->name;
-  }
-  if (config.is_object() && config.contains("scheduler")) {
-    run.lr_scheduler = {
-        {"last_batch_iteration",
-         state.value("lr_scheduler", nlohmann::json::object()).value("last_batch_iteration", int64_t{-1})}};
-  }
-  return run;
-}
-
 // The source with what DeepSpeed needs back: recorded by an import, or derived from the model shardkit
 // trained.
 struct Source : CheckpointSource {
@@ -97,16 +53,7 @@ Source open_source(const std::filesystem::path& path, const std::string& model_n
                                        ": holds no Adam moments; DeepSpeed resumes from the fp32 "
                                        "master weights and both moments");
   }
-  if (s.run) {
-    s.full_run = *s.run;
-  } else if (!model::is_external(s.model)) {
-    const std::shared_ptr<const model::Model> m = model::model_from_manifest(s.model, s.path.string());
-    s.full_run = run_of_model(*m, s.config, s.trainer_state);
-  } else {
-    fail(ErrorKind::kInvalidInput, s.run_missing +
-                                       "; give --model to take the parameter groups from a model "
-                                       "shardkit knows");
-  }
+  s.full_run = optimizer_run(s);
   return s;
 }
 

@@ -62,4 +62,9 @@ CheckpointSource open_deepspeed_source(const std::filesystem::path& path, const 
 // A DCP checkpoint folder only. `model` as for DeepSpeed; a config.json beside the folder names it too.
 CheckpointSource open_dcp_source(const std::filesystem::path& path, const std::string& model = {});
 
+// The optimizer's parameter groups, hyperparameters, tied names and scheduler state an export writes
+// back: as an import recorded them, or, for a run shardkit trained, the two groups Hugging Face's
+// Trainer makes with the settings of its config. Error(kInvalidInput) when the source has neither.
+deepspeed::DeepSpeedRun optimizer_run(const CheckpointSource& source);
+
 }  // namespace shardkit::convert

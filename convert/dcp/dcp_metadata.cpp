@@ -98,7 +98,9 @@ torch::Dtype tensor_dtype(const Value& props, const Reader& r, const std::string
     r.bad(what + " has element type " + (dtype && dtype->kind == Kind::kGlobal ? quoted_excerpt(dtype->text) : "?") +
           "; floating-point and integer tensors are read");
   }
-  if (layout && !(layout->kind == Kind::kString && layout->text == "torch.strided")) {
+  // PyTorch pickles the layout through torch.serialization._get_layout("torch.strided"); shardkit's
+  // writer names the global torch.strided.
+  if (layout && !((layout->kind == Kind::kString || layout->kind == Kind::kGlobal) && layout->text == "torch.strided")) {
     r.bad(what + " is not a dense (torch.strided) tensor");
   }
   return *d;

@@ -281,8 +281,13 @@ class Writer {
         global(v.text);
         op(kEmptyTuple);
         op(kNewObj);
-        op(kEmptyDict);
-        pairs(v.pairs, depth);
+        if (v.pairs.size() == 1 && v.pairs[0].first->kind == Kind::kString &&
+            v.pairs[0].first->text == kStateAttribute) {
+          value(*v.pairs[0].second, depth + 1);  // what the class's __setstate__ takes
+        } else {
+          op(kEmptyDict);
+          pairs(v.pairs, depth);
+        }
         return op(kBuild);
       case Kind::kBytes:
       case Kind::kStorage:

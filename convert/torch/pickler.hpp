@@ -6,7 +6,8 @@
 //   * a tuple whose text is "torch.Size" is a torch.Size; a dict whose text is "collections.OrderedDict"
 //     an OrderedDict; an int whose text names a class (DeepSpeed's ZeroStageEnum) a member of that enum;
 //   * an object (Kind::kObject) is `text` instantiated without arguments and given its pairs as
-//     attributes (what pickle does for a plain Python object or a dataclass);
+//     attributes (what pickle does for a plain Python object or a dataclass), or, when its one pair is
+//     kStateAttribute, that value as the state its __setstate__ takes (DCP's TensorProperties);
 //   * a global (Kind::kGlobal) is `text` itself, such as torch.bfloat16.
 // Nothing else names a global, so a file written here asks the loading Python to import only torch,
 // collections and the classes the values name.

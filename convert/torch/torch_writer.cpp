@@ -17,10 +17,9 @@ const std::string kByteOrder = "little";
 
 }  // namespace
 
-ZipWriter TorchFileWriter::make_zip(const std::filesystem::path& path, const PickledValue& pickled,
-                                    std::map<std::string, size_t>& entry_of) {
-  // torch.save names the folder after the file, without its extension.
-  const std::string folder = path.stem().string() + "/";
+std::vector<ZipWriter::Entry> TorchFileWriter::entries(const std::string& name, const PickledValue& pickled,
+                                                       std::map<std::string, size_t>& entry_of) {
+  const std::string folder = name + "/";
   std::vector<ZipWriter::Entry> entries = {{folder + "data.pkl", pickled.bytes.size()},
                                            {folder + "byteorder", kByteOrder.size()}};
   for (const StorageRef* s : pickled.storages) {
@@ -28,11 +27,21 @@ ZipWriter TorchFileWriter::make_zip(const std::filesystem::path& path, const Pic
     entries.push_back({folder + "data/" + s->key, static_cast<uint64_t>(s->numel) * dtype_size(s->dtype)});
   }
   entries.push_back({folder + "version", kVersion.size()});
-  return ZipWriter(path, std::move(entries));
+  return entries;
 }
 
+// torch.save names the folder after the file, without its extension.
 TorchFileWriter::TorchFileWriter(const std::filesystem::path& path, const Value& root)
-    : pickled_(pickle(root)), zip_(make_zip(path, pickled_, entry_of_)) {
+    : pickled_(pickle(root)), zip_(path, entries(path.stem().string(), pickled_, entry_of_)) {
+  write_records();
+}
+
+TorchFileWriter::TorchFileWriter(const FileDescriptor& file, uint64_t base, const std::string& name, const Value& root)
+    : pickled_(pickle(root)), zip_(file, base, entries(name, pickled_, entry_of_)) {
+  write_records();
+}
+
+void TorchFileWriter::write_records() {
   zip_.write(0, 0, bytes_of(pickled_.bytes));
   zip_.write(1, 0, bytes_of(kByteOrder));
   zip_.write(entry_of_.size() + 2, 0, bytes_of(kVersion));

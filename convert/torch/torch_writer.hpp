@@ -19,6 +19,9 @@ class TorchFileWriter {
  public:
   // Pickles `root` and lays out the archive at `path` (written as `path`.tmp until finish()).
   TorchFileWriter(const std::filesystem::path& path, const Value& root);
+  // The archive at bytes [base, base + archive_size()) of `file`, its records in the folder `name` (what
+  // torch.save into a buffer writes: "archive"). The caller keeps `file` open and syncs it.
+  TorchFileWriter(const FileDescriptor& file, uint64_t base, const std::string& name, const Value& root);
 
   // Little-endian bytes [byte_offset, byte_offset + bytes.size()) of the storage `key`. Thread-safe.
   void write(const std::string& key, uint64_t byte_offset, std::span<const std::byte> bytes);
@@ -26,10 +29,12 @@ class TorchFileWriter {
   void finish() { zip_.finish(); }
 
   const std::filesystem::path& path() const noexcept { return zip_.path(); }
+  uint64_t archive_size() const noexcept { return zip_.archive_size(); }
 
  private:
-  static ZipWriter make_zip(const std::filesystem::path& path, const PickledValue& pickled,
-                            std::map<std::string, size_t>& entry_of);
+  static std::vector<ZipWriter::Entry> entries(const std::string& folder, const PickledValue& pickled,
+                                               std::map<std::string, size_t>& entry_of);
+  void write_records();
 
   PickledValue pickled_;
   std::map<std::string, size_t> entry_of_;  // storage key -> zip entry

@@ -167,6 +167,7 @@ enum class Role {
                       // scalers, DCP's metadata dataclasses)
   kConstant,          // a value that pickles by name: torch.float16, ... (a loss scaler's or DCP tensor's dtype)
   kLayout,            // torch.serialization._get_layout("torch.strided"): the name, as a string
+  kLayoutConstant,    // torch.strided named as a global (how shardkit's writer pickles it)
   kMemoryFormat,      // DCP's _MEM_FORMAT_ENCODING(int): the member's integer
   kPath,              // pathlib.PosixPath(*parts): the parts joined by '/', as a string
 };
@@ -238,6 +239,7 @@ constexpr Known kKnown[] = {
     {kDcpMetadataModule, "_MEM_FORMAT_ENCODING", Role::kMemoryFormat, Dtype::kU8, kInDcpMetadata},
     {"torch.distributed.checkpoint.filesystem", "_StorageInfo", Role::kClass, Dtype::kU8, kInDcpMetadata},
     {"torch.serialization", "_get_layout", Role::kLayout, Dtype::kU8, kInDcpMetadata},
+    {"torch", "strided", Role::kLayoutConstant, Dtype::kU8, kInDcpMetadata},
     {"pathlib", "PosixPath", Role::kPath, Dtype::kU8, kInDcpMetadata},
 };
 
@@ -595,6 +597,7 @@ Value* Machine::reduce(const Value* callable, const Value* args) {
     case Role::kTensorType:
     case Role::kClass:
     case Role::kConstant:
+    case Role::kLayoutConstant:
       break;
   }
   refuse("'" + callable->text + "' is not called by REDUCE in these files");

@@ -56,6 +56,17 @@ uint64_t local_prefix(const ZipWriter::Entry& e) {
 
 ZipWriter::ZipWriter(std::filesystem::path path, std::vector<Entry> entries)
     : path_(std::move(path)), tmp_(path_.string() + ".tmp") {
+  place(std::move(entries));
+  own_ = create_fresh_file(tmp_, O_WRONLY);
+  file_ = &own_;
+}
+
+ZipWriter::ZipWriter(const FileDescriptor& file, uint64_t base, std::vector<Entry> entries)
+    : path_(file.path()), file_(&file), base_(base) {
+  place(std::move(entries));
+}
+
+void ZipWriter::place(std::vector<Entry> entries) {
   uint64_t at = 0;
   for (Entry& e : entries) {
     if (e.name.empty() || e.name.size() > 0xffff) fail(ErrorKind::kInternal, "a zip entry name of bad length");
@@ -69,23 +80,27 @@ ZipWriter::ZipWriter(std::filesystem::path path, std::vector<Entry> entries)
     placed_.push_back(std::move(p));
   }
   end_ = at;
-  file_ = create_fresh_file(tmp_, O_WRONLY);
+  size_ = end_ + directory(std::vector<uint32_t>(placed_.size(), 0)).size();
 }
 
 ZipWriter::~ZipWriter() {
-  if (!finished_) {
+  if (!finished_ && !tmp_.empty()) {
     std::error_code ec;
     std::filesystem::remove(tmp_, ec);
   }
 }
 
+void ZipWriter::pwrite(const void* data, size_t size, uint64_t offset) const {
+  pwrite_all(*file_, data, size, base_ + offset);
+}
+
 void ZipWriter::write(size_t entry, uint64_t offset, std::span<const std::byte> data) {
   Placed& p = placed_.at(entry);
   if (offset > p.entry.size || data.size() > p.entry.size - offset) {
-    fail(ErrorKind::kInternal, tmp_.string() + ": a write past the end of entry " + p.entry.name);
+    fail(ErrorKind::kInternal, path_.string() + ": a write past the end of entry " + p.entry.name);
   }
   if (data.empty()) return;
-  pwrite_all(file_, data.data(), data.size(), p.data + offset);
+  pwrite(data.data(), data.size(), p.data + offset);
   const uint32_t crc = static_cast<uint32_t>(
       crc32_z(0, reinterpret_cast<const Bytef*>(data.data()), static_cast<z_size_t>(data.size())));
   const std::lock_guard lock(mutex_);
@@ -121,7 +136,7 @@ std::string ZipWriter::local_header(const Placed& p, uint32_t crc) const {
 }
 
 void ZipWriter::finish() {
-  std::string directory;
+  std::vector<uint32_t> crcs;
   for (Placed& p : placed_) {
     std::sort(p.runs.begin(), p.runs.end(), [](const Run& a, const Run& b) { return a.offset < b.offset; });
     uint32_t crc = 0;
@@ -132,12 +147,30 @@ void ZipWriter::finish() {
       covered += r.length;
     }
     if (covered != p.entry.size) {
-      fail(ErrorKind::kInternal, tmp_.string() + ": entry " + p.entry.name + " was not written whole (" +
+      fail(ErrorKind::kInternal, path_.string() + ": entry " + p.entry.name + " was not written whole (" +
                                      std::to_string(covered) + " of " + std::to_string(p.entry.size) + " bytes)");
     }
     const std::string header = local_header(p, crc);
-    pwrite_all(file_, header.data(), header.size(), p.header);
+    pwrite(header.data(), header.size(), p.header);
+    crcs.push_back(crc);
+  }
+  const std::string tail = directory(crcs);
+  pwrite(tail.data(), tail.size(), end_);
+  if (!tmp_.empty()) {
+    own_.fsync();
+    own_.close();
+    std::error_code ec;
+    std::filesystem::rename(tmp_, path_, ec);
+    if (ec) fail(ErrorKind::kIo, tmp_.string() + ": cannot rename to " + path_.string() + ": " + ec.message());
+  }
+  finished_ = true;
+}
 
+std::string ZipWriter::directory(const std::vector<uint32_t>& crcs) const {
+  std::string directory;
+  for (size_t i = 0; i < placed_.size(); ++i) {
+    const Placed& p = placed_[i];
+    const uint32_t crc = crcs[i];
     const bool big_size = p.entry.size >= k32;
     const bool big_offset = p.header >= k32;
     std::string extra;
@@ -202,14 +235,7 @@ void ZipWriter::finish() {
   put32(tail, std::min(cd_size, k32));
   put32(tail, std::min(cd_offset, k32));
   put16(tail, 0);  // comment
-  pwrite_all(file_, tail.data(), tail.size(), cd_offset);
-  end_ = cd_offset + tail.size();
-  file_.fsync();
-  file_.close();
-  std::error_code ec;
-  std::filesystem::rename(tmp_, path_, ec);
-  if (ec) fail(ErrorKind::kIo, tmp_.string() + ": cannot rename to " + path_.string() + ": " + ec.message());
-  finished_ = true;
+  return tail;
 }
 
 }  // namespace shardkit::convert::torch

@@ -28,6 +28,10 @@ class ZipWriter {
   // Lays the entries out in the given order and creates `path`'s temporary file.
   // Error(kInvalidInput) naming the path when it cannot be created.
   ZipWriter(std::filesystem::path path, std::vector<Entry> entries);
+  // An archive at bytes [base, base + archive_size()) of `file`, which the caller owns, names, syncs
+  // and keeps open until finish() (a PyTorch DCP .distcp file holds one per item, back to back):
+  // finish() writes the headers and the directory only.
+  ZipWriter(const FileDescriptor& file, uint64_t base, std::vector<Entry> entries);
   ~ZipWriter();
   ZipWriter(const ZipWriter&) = delete;
   ZipWriter& operator=(const ZipWriter&) = delete;
@@ -39,8 +43,8 @@ class ZipWriter {
   void finish();
 
   const std::filesystem::path& path() const noexcept { return path_; }
-  // Bytes of the whole archive.
-  uint64_t file_size() const noexcept { return end_; }
+  // Bytes of the whole archive, known from the entries alone.
+  uint64_t archive_size() const noexcept { return size_; }
 
  private:
   // The CRC-32 of one written run of an entry, combined in order at finish().
@@ -56,13 +60,20 @@ class ZipWriter {
     std::vector<Run> runs;
   };
 
+  void place(std::vector<Entry> entries);
   std::string local_header(const Placed& p, uint32_t crc) const;
+  // The central directory and end records, given each entry's CRC-32.
+  std::string directory(const std::vector<uint32_t>& crcs) const;
+  void pwrite(const void* data, size_t size, uint64_t offset) const;
 
   std::filesystem::path path_;
-  std::filesystem::path tmp_;
-  FileDescriptor file_;
+  std::filesystem::path tmp_;  // empty for an archive inside a caller's file
+  FileDescriptor own_;
+  const FileDescriptor* file_ = nullptr;
+  uint64_t base_ = 0;  // file offset of the archive's first byte
   std::vector<Placed> placed_;
-  uint64_t end_ = 0;  // where the central directory starts until finish(), then the file's size
+  uint64_t end_ = 0;   // where the central directory starts
+  uint64_t size_ = 0;  // the whole archive
   std::mutex mutex_;  // guards the runs
   bool finished_ = false;
 };

@@ -16,6 +16,8 @@
 #include "ckpt/safetensors.hpp"
 #include "ckpt/synthetic.hpp"
 #include "convert/consolidate.hpp"
+#include "convert/export_dcp.hpp"
+#include "convert/import_checkpoint.hpp"
 #include "convert/import.hpp"
 #include "convert/reshard.hpp"
 #include "model/gpt2/config.hpp"
@@ -309,6 +311,41 @@ TEST(Consolidate, Hdf5HoldsEveryTensorInItsShape) {
   r.dtype = ckpt::DType::kBF16;
   EXPECT_THROW(convert::consolidate(r, small_pieces()), Error);
   EXPECT_FALSE(std::filesystem::exists(r.output));
+}
+
+// A run shardkit trained goes out as PyTorch DCP for any world size (the groups derived from its model)
+// and comes back with every value, in its own layout, unchanged.
+TEST(ExportDcp, ARunShardkitTrainedGoesOutAndComesBackUnchanged) {
+  TempDir tmp;
+  const auto source = gpt2_checkpoint(tmp / "run", {2, 1, 16});
+  const std::filesystem::path model_file = tmp / "model.json";
+  std::ofstream(model_file) << model::gpt2::to_json(small_gpt2()).dump();
+  for (int world : {1, 3, 5}) {
+    convert::ConvertOptions o;
+    o.piece_elems = 50;
+    convert::DcpExportRequest e;
+    e.source = source;
+    e.output = tmp / ("dcp-" + std::to_string(world));
+    e.world_size = world;
+    const convert::DcpExportResult out = convert::export_dcp(e, o);
+    EXPECT_EQ(out.step, 7);
+    EXPECT_TRUE(out.optimizer);
+    EXPECT_EQ(std::distance(std::filesystem::directory_iterator(e.output), {}), world + 1);
+    convert::CheckpointImportRequest r;
+    r.source = e.output;
+    r.format = convert::SourceFormat::kDcp;
+    r.output = tmp / ("back-" + std::to_string(world));
+    r.model = model_file.string();
+    r.world_size = 2;
+    r.stage = 1;
+    const convert::CheckpointImportResult back = convert::import_checkpoint(r, o);
+    EXPECT_EQ(back.step, 7);
+    expect_identical(source, back.step_dir);
+    // The groups a Hugging Face Trainer would make, and the tied output projection, are in the files.
+    const nlohmann::json run = ckpt::CheckpointReader(back.step_dir).manifest().trainer_state.at("deepspeed");
+    EXPECT_EQ(run.at("param_groups").size(), 2u);
+    EXPECT_EQ(run.at("shared_params"), nlohmann::json({{"lm_head.weight", "transformer.wte.weight"}}));
+  }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/safetensors.hpp"
 #include "convert/consolidate.hpp"
+#include "convert/export_dcp.hpp"
 #include "convert/export_deepspeed.hpp"
 #include "convert/import_checkpoint.hpp"
 #include "tests/support/test_support.hpp"
@@ -193,6 +194,24 @@ TEST_P(DcpReal, ExportsToDeepSpeedAndReadsBackTheSame) {
   const nlohmann::json back = import_and_compare(1, 2, {}, e.output, convert::SourceFormat::kDeepSpeed);
   EXPECT_EQ(back.at("deepspeed").at("param_groups"), direct.at("deepspeed").at("param_groups"));
   EXPECT_EQ(back.at("deepspeed").at("shared_params"), direct.at("deepspeed").at("shared_params"));
+}
+
+// DCP -> DCP for other world sizes (FSDP2's dim-0 chunks for each): the same values, step, groups
+// and tied names read back. tests/interop/dcp_roundtrip.py loads such files in real PyTorch.
+TEST_P(DcpReal, ExportedForOtherWorldSizesReadsBackTheSame) {
+  const nlohmann::json direct = import_and_compare({}, {});
+  for (int world : {1, 3, 4}) {
+    convert::DcpExportRequest e;
+    e.source = dcp();
+    e.output = work_ / ("dcp-w" + std::to_string(world));
+    e.world_size = world;
+    const convert::DcpExportResult result = convert::export_dcp(e, options());
+    EXPECT_EQ(result.world_size, world);
+    EXPECT_EQ(result.step, expected_.at("adam_step").get<int64_t>());
+    const nlohmann::json back = import_and_compare(world, {}, {}, e.output);
+    EXPECT_EQ(back.at("deepspeed").at("param_groups"), direct.at("deepspeed").at("param_groups"));
+    EXPECT_EQ(back.at("deepspeed").at("shared_params"), direct.at("deepspeed").at("shared_params"));
+  }
 }
 
 std::vector<std::string> fixture_names() { return testing::fixture_folders(kDataDir); }
