@@ -56,8 +56,9 @@ def remove(path):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def measured(name, cmd, out, env=None):
-    """Runs cmd; returns seconds and the peak summed RSS of it and its descendants."""
+def measured(name, cmd, out, env=None, keep=False):
+    """Runs cmd; returns seconds and the peak summed RSS of it and its descendants. Removes `out` after,
+    unless `keep`."""
     import psutil
 
     remove(out)
@@ -80,7 +81,8 @@ def measured(name, cmd, out, env=None):
     if proc.returncode != 0:
         row["tail"] = output[-2000:]
     result(**row)
-    remove(out)
+    if not keep:
+        remove(out)
     return row
 
 

@@ -184,7 +184,7 @@ int run_reshard(const ReshardCli& c) {
 
 struct ConsolidateCli {
   Common common;
-  std::string source, output, format = "safetensors", dtype = "fp32", max_shard_size = "5GB";
+  std::string source, output, format = "safetensors", dtype = "fp32", max_shard_size = "5GB", model;
   bool with_optimizer = false;
 };
 
@@ -197,6 +197,7 @@ int run_consolidate(const ConsolidateCli& c) {
                                           : convert::ExportFormat::kSafetensors;
   r.dtype = c.dtype == "bf16" ? ckpt::DType::kBF16 : c.dtype == "fp16" ? ckpt::DType::kF16 : ckpt::DType::kF32;
   r.with_optimizer = c.with_optimizer;
+  r.model = c.model;
   r.max_shard_bytes = static_cast<uint64_t>(parse_size(c.max_shard_size, "--max-shard-size"));
   if (r.max_shard_bytes == 0) fail(ErrorKind::kInvalidInput, "--max-shard-size must be positive");
   Progress progress("consolidate", c.common.quiet);
@@ -274,7 +275,10 @@ void add_convert_commands(CLI::App& app, Action& action) {
   auto c = std::make_shared<ConsolidateCli>();
   CLI::App* consolidate = convert->add_subcommand(
       "consolidate", "Export full weights: safetensors for Hugging Face transformers, HDF5, or an HDF5 virtual view");
-  consolidate->add_option("CKPT", c->source, "Step directory, or run directory (follows 'latest')")->required();
+  consolidate
+      ->add_option("CKPT", c->source,
+                   "Step directory, or run directory (follows 'latest'), or a DeepSpeed or DCP checkpoint folder")
+      ->required();
   consolidate->add_option("-o,--output", c->output, "New directory for the export; must not exist unless --force")
       ->required();
   consolidate
@@ -294,6 +298,10 @@ void add_convert_commands(CLI::App& app, Action& action) {
   consolidate->add_option("--max-shard-size", c->max_shard_size,
                           "Split safetensors output above this size into model-0000i-of-0000n files with an index "
                           "(default 5GB, as Hugging Face)");
+  consolidate->add_option("--model", c->model,
+                          "For a DeepSpeed or DCP source: the model that was trained, a preset or model file / Hugging "
+                          "Face config.json, to export in its family's layout with its config.json (default: a "
+                          "config.json beside the source; otherwise the checkpoint's own tensor names)");
   add_common(consolidate, c->common);
   consolidate->footer("Example: shardkit convert consolidate runs/tiny -o export/tiny --dtype bf16");
   consolidate->callback([&action, c] { action = [c] { return run_consolidate(*c); }; });
