@@ -141,6 +141,22 @@ TEST(BadInput, CudaWithoutAGpuIsRefusedWithOneLine) {
   }
 }
 
+// A monitor's folder that cannot be made is refused before training, in one line naming the config key.
+TEST(BadInput, AMonitorFolderThatCannotBeMadeIsRefusedNamingTheKey) {
+  testing::TempDir dir;
+  const std::string data = write_text_tokens(dir).string();
+  std::ofstream(dir / "a-file") << "x";
+  nlohmann::json config = nlohmann::json::parse(slurp(samples() + "tiny_zero2.json"));
+  config["tensorboard"] = {{"enabled", true}, {"output_path", (dir / "a-file").string()}};
+  std::ofstream(dir / "tb.json") << config.dump();
+  const Result r = run("train --config " + (dir / "tb.json").string() + " --model gpt2-tiny --data " + data +
+                       " --steps 1 --threads 1");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  EXPECT_NE(r.err.find("tb.json: tensorboard.output_path / tensorboard.job_name: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(expected a folder shardkit can write)"), std::string::npos) << r.err;
+}
+
 // A FIFO where a command expects a file used to block it forever in open(2); each is refused at once.
 // (`timeout` ends a regression instead of the test's own time limit.)
 TEST(BadInput, FifosInPlaceOfInputFilesAreRefusedAtOnce) {
