@@ -304,9 +304,12 @@ void Trainer::State::open_monitors() {
   std::string error;
   if (root()) {
     try {
-      monitors = std::make_unique<monitor::Monitors>(config.monitor, options.config.string(),
-                                                     [this](const std::string& line) { log(line); });
-      const std::vector<std::string> outputs = monitors->describe();
+      std::vector<std::string> outputs;
+      if (config.monitor.tensorboard.enabled || config.monitor.csv_monitor.enabled) {
+        monitors = std::make_unique<monitor::Monitors>(config.monitor, options.config.string(),
+                                                       [this](const std::string& line) { log(line); });
+        outputs = monitors->describe();
+      }
       for (const std::string& line : outputs) log("monitor: " + line);
       for (const std::string& line : monitor::network_monitor_notes(config.monitor, options.metrics, outputs)) {
         log("warning: " + options.config.string() + ": " + line);
