@@ -14,7 +14,8 @@
 // SHARDKIT_FAULT_DELAY_MS longer (default 1000): on the host for CPU ranks, on the copy's stream on
 // GPUs, so that the time a save costs training can be checked against a known delay.
 // At "swap-enospc" (same step rule) that rank's writes to its NVMe swap files fail with
-// ENOSPC during the step, as on a disk that filled up under the run.
+// ENOSPC during the step, as on a disk that filled up under the run. At "monitor-enospc" (same step
+// rule) rank 0's writes of that step's TensorBoard events and CSV rows fail with ENOSPC.
 // Without SHARDKIT_FAULT nothing happens (one cached getenv).
 //
 // Crash points, in protocol order:

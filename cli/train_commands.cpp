@@ -13,6 +13,7 @@
 #include "cli/ranks.hpp"
 #include "model/registry.hpp"
 #include "trainer/byte_tokens.hpp"
+#include "trainer/device_choice.hpp"
 #include "trainer/eval.hpp"
 #include "trainer/trainer.hpp"
 
@@ -140,7 +141,7 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
     int64_t windows = 0;
     int seq_len = 0;
     int threads = 0;
-    std::string device = "cpu", dtype = "fp32";
+    std::string device = "auto", dtype = "fp32";
     bool json = false;
     bool quiet = false;
   };
@@ -163,13 +164,15 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
   eval->add_option("--threads", e->threads, "Compute threads a rank (default: the node's cores shared by its ranks)")
       ->check(CLI::NonNegativeNumber);
   eval->add_option("--device", e->device,
-                   "cpu (fp32, the reference) or cuda (a GPU a rank, forward passes only; builds with CUDA)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
+                   "auto (default): cuda where this build has CUDA and every rank has a GPU of its own, else cpu "
+                   "(the result says which, and why); cpu (fp32, the reference); cuda (a GPU a rank, forward "
+                   "passes only)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   eval->add_option("--dtype", e->dtype,
                    "Compute precision on the GPU: fp32 (the CPU's loss to about 1e-5), bf16 or fp16 (about 1e-2; "
                    "weights rounded from fp32)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  eval->add_flag("--json", e->json, "Print {\"loss\", \"tokens\"} on one line instead of a sentence");
+  eval->add_flag("--json", e->json, "Print {\"loss\", \"tokens\", \"device\"} on one line instead of a sentence");
   eval->add_flag("-q,--quiet", e->quiet, "No progress output on stderr (the result is still printed)");
   eval->footer(
       "On several MPI ranks each rank holds the whole model and scores a share of the windows; the loss is the "
@@ -185,22 +188,27 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
         options.windows = e->windows;
         options.seq_len = e->seq_len;
         options.threads = e->threads;
-        options.cuda = e->device == "cuda";
+        const trainer::DeviceChoice device = trainer::choose_device(e->device, world);
+        options.cuda = device.cuda;
         options.dtype = e->dtype == "bf16"   ? ckpt::DType::kBF16
                         : e->dtype == "fp16" ? ckpt::DType::kF16
                                              : ckpt::DType::kF32;
         if (!options.cuda && e->dtype != "fp32") {
-          fail(ErrorKind::kInvalidInput, "--dtype " + e->dtype + " is a GPU precision: use it with --device cuda");
+          fail(ErrorKind::kInvalidInput, "--dtype " + e->dtype + " is a GPU precision and eval runs on the CPU (" +
+                                             device.reason + "): use it with a GPU");
         }
         const trainer::EvalResult r = trainer::evaluate(e->checkpoint, e->data, options, world,
                                                         [&](int64_t d, int64_t t) { progress.update(d, t); });
         progress.finish();
         if (!root) return 0;
+        // The device goes with the result (not on a line of its own): an error stays one line.
+        const char* device_name = device.cuda ? "cuda" : "cpu";
         if (e->json) {
-          std::cout << nlohmann::json{{"loss", r.loss}, {"tokens", r.tokens}}.dump() << "\n";
+          std::cout << nlohmann::json{{"loss", r.loss}, {"tokens", r.tokens}, {"device", device_name}}.dump() << "\n";
         } else {
-          std::printf("loss %.6f over %lld tokens (%lld windows)\n", r.loss, static_cast<long long>(r.tokens),
-                      static_cast<long long>(r.windows));
+          std::printf("loss %.6f over %lld tokens (%lld windows) on %s (%s)\n", r.loss,
+                      static_cast<long long>(r.tokens), static_cast<long long>(r.windows), device_name,
+                      device.reason.c_str());
         }
         return 0;
       });

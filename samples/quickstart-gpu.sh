@@ -41,7 +41,7 @@ $sk train --device cuda --config "$run/one_gpu_zero3.json" --model gpt2 --data "
   --save-dir "$run/ckpt-1x" --metrics "$run/metrics.jsonl"
 $sk ckpt verify "$run/ckpt-1x"
 
-step "5. Consolidate to bf16 safetensors, and evaluate"
+step "5. Consolidate to bf16 safetensors, and evaluate (on a GPU: eval's default --device auto takes one)"
 $sk convert consolidate "$run/ckpt-1x" -o "$run/export" --dtype bf16
 ls -l "$run/export"
 $sk eval "$run/ckpt-1x" --data "$run/text.bin" --windows 16

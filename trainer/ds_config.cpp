@@ -48,10 +48,6 @@ constexpr const char* kUnusedTopLevelKeys[] = {"zero_allow_untested_optimizer",
                                                "checkpoint",
                                                "data_types",
                                                "flops_profiler",
-                                               "tensorboard",
-                                               "wandb",
-                                               "csv_monitor",
-                                               "comet",
                                                "comms_logger",
                                                "activation_checkpointing",
                                                "nebula",
@@ -112,6 +108,10 @@ constexpr const char* kUnusedZeroKeys[] = {"use_multi_rank_bucket_allreduce",
 constexpr const char* kUnusedOptimizerKeys[] = {"legacy_fusion"};
 // torch_adam picks torch's Adam over DeepSpeed's fused one: the same update.
 constexpr const char* kUnusedAdamParams[] = {"torch_adam"};
+// Settings of the network services behind wandb and comet, which shardkit does not talk to.
+constexpr const char* kWandbKeys[] = {"group", "team", "project"};
+constexpr const char* kCometKeys[] = {"samples_log_interval", "project",        "workspace", "api_key",
+                                      "experiment_name",      "experiment_key", "online",    "mode"};
 // The resume position comes from the checkpoint instead.
 constexpr const char* kUnusedSchedulerParams[] = {"last_batch_iteration"};
 
@@ -521,6 +521,34 @@ OptimizerConfig parse_optimizer(Section& top, const std::optional<double>& lr) {
   return out;
 }
 
+// "tensorboard" or "csv_monitor": enabled, output_path, job_name.
+MonitorOutputConfig parse_monitor_output(Section section) {
+  MonitorOutputConfig out;
+  set_if(section.flag("enabled"), out.enabled);
+  set_if(section.text("output_path"), out.output_path);
+  set_if(section.text("job_name"), out.job_name);
+  section.warn_unknown();
+  return out;
+}
+
+// "wandb" or "comet": whether it is enabled; its other settings are accepted and unused.
+bool parse_network_monitor(Section section, std::span<const char* const> settings) {
+  bool enabled = false;
+  set_if(section.flag("enabled"), enabled);
+  section.accept(settings);
+  section.warn_unknown();
+  return enabled;
+}
+
+MonitorConfig parse_monitor(Section& top) {
+  MonitorConfig out;
+  out.tensorboard = parse_monitor_output(top.child("tensorboard"));
+  out.csv_monitor = parse_monitor_output(top.child("csv_monitor"));
+  out.wandb = parse_network_monitor(top.child("wandb"), kWandbKeys);
+  out.comet = parse_network_monitor(top.child("comet"), kCometKeys);
+  return out;
+}
+
 SchedulerType scheduler_type(Section& scheduler, const std::string& type) {
   if (type == "WarmupLR") return SchedulerType::kWarmupLR;
   if (type == "WarmupDecayLR") return SchedulerType::kWarmupDecayLR;
@@ -708,6 +736,10 @@ json zero_json(const ZeroConfig& z) {
           {"offload_param", offload_json(z.offload_param)}};
 }
 
+json monitor_output_json(const MonitorOutputConfig& m) {
+  return {{"enabled", m.enabled}, {"output_path", m.output_path}, {"job_name", m.job_name}};
+}
+
 json optimizer_json(const OptimizerConfig& o) {
   return {{"type", o.type},
           {"params",
@@ -778,6 +810,7 @@ DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const Aut
   set_if(top.number("gradient_clipping", 0, kNoLimit), c.gradient_clipping);
   set_if(top.integer("steps_per_print", 1, kMaxInteger), c.steps_per_print);
   set_if(top.flag("wall_clock_breakdown"), c.wall_clock_breakdown);
+  c.monitor = parse_monitor(top);
   c.communication_data_type = parse_comm_dtype(top);
   if (c.bf16 && c.communication_data_type == ckpt::DType::kF16) {
     // bf16 has fp32's range and no loss scale: a gradient sum past 65504 becomes an infinity, and every
@@ -819,6 +852,8 @@ nlohmann::json to_json(const DsConfig& c) {
   if (c.optimizer.given) j["optimizer"] = optimizer_json(c.optimizer);
   if (c.scheduler.type != SchedulerType::kNone) j["scheduler"] = scheduler_json(c.scheduler);
   if (c.communication_data_type) j["communication_data_type"] = comm_dtype_name(*c.communication_data_type);
+  if (c.monitor.tensorboard.enabled) j["tensorboard"] = monitor_output_json(c.monitor.tensorboard);
+  if (c.monitor.csv_monitor.enabled) j["csv_monitor"] = monitor_output_json(c.monitor.csv_monitor);
   if (c.zero.offload_optimizer.device == "nvme" || c.zero.offload_param.device == "nvme") j["aio"] = aio_json(c.aio);
   return j;
 }

@@ -91,6 +91,24 @@ struct SchedulerConfig {
   double cos_min_ratio = 1e-4;      // WarmupCosineLR
 };
 
+// DeepSpeed's "tensorboard" and "csv_monitor" sections: the monitor writes into output_path/job_name,
+// a folder relative to the working directory when output_path is empty (DeepSpeed's defaults).
+struct MonitorOutputConfig {
+  bool enabled = false;
+  std::string output_path{};
+  std::string job_name = "DeepSpeedJobName";
+  std::filesystem::path folder() const { return std::filesystem::path(output_path) / job_name; }
+};
+
+// The monitor sections (trainer/monitor/ writes them). wandb and comet report to network services
+// that shardkit does not talk to: only whether they were asked for is kept, to say so.
+struct MonitorConfig {
+  MonitorOutputConfig tensorboard;
+  MonitorOutputConfig csv_monitor;
+  bool wandb = false;
+  bool comet = false;
+};
+
 struct DsConfig {
   // Batch sizes after DeepSpeed's resolution rule: train = micro * gas * world_size.
   int64_t train_batch_size = 0;
@@ -109,6 +127,7 @@ struct DsConfig {
   std::optional<ckpt::DType> communication_data_type;
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
+  MonitorConfig monitor;
   // One line per unknown or ignored key, e.g. "unknown key 'foo' ignored" (rank 0 prints them).
   std::vector<std::string> warnings;
 };

@@ -27,6 +27,7 @@
 #include "trainer/init.hpp"
 #include "trainer/loss_scaler.hpp"
 #include "trainer/lr_schedule.hpp"
+#include "trainer/monitor/monitors.hpp"
 #include "trainer/slow_phase.hpp"
 
 namespace shardkit::trainer {
@@ -55,7 +56,8 @@ struct Trainer::State {
   std::unique_ptr<ckpt::RunLock> lock;  // rank 0, while saving into options.save_dir
   std::unique_ptr<Checkpointer> checkpointer;
   std::ofstream metrics;
-  SlowPhases* phases = nullptr;  // during start-up: long phases say what they do
+  std::unique_ptr<monitor::Monitors> monitors;  // rank 0, when the config enables tensorboard or csv_monitor
+  SlowPhases* phases = nullptr;                 // during start-up: long phases say what they do
 
   // Trainer state, saved in every checkpoint.
   int64_t step = 0;
@@ -85,6 +87,8 @@ struct Trainer::State {
   void report_memory();
   void report_device_use();
   void open_metrics();
+  // Rank 0 opens the monitors the config enables; a folder it cannot write fails every rank alike.
+  void open_monitors();
 
   // One optimizer step: the micro-batches' forward and backward passes, the reduction and overflow
   // check, AdamW (or a skipped step), the console line.
@@ -93,8 +97,10 @@ struct Trainer::State {
   double accumulate_gradients(float grad_scale, double* fwd_ms, double* bwd_ms);
   // AdamW over gradients of norm `norm` (unscaled), clipped as configured.
   void adamw_step(double norm, double scale, double lr);
-  void print_step(const StepRecord& r, double fwd_ms, double bwd_ms, double reduce_ms, double opt_ms) const;
+  void print_step(const StepRecord& r) const;
   void write_metrics(const nlohmann::json& record);
+  // The step's scalars to the monitors (DeepSpeed's x-axis: the samples consumed).
+  void write_monitors(const StepRecord& r);
   void save();
   void report(const std::vector<SaveOutcome>& saves);  // log lines and metrics events of completed saves
   // Rank 0 locks the save directory and clears what killed saves left there; every rank fails alike.
@@ -167,6 +173,7 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   s.order = std::make_unique<SampleOrder>(*s.tokens, s.seq_len, s.data_seed);
   s.report_memory();
   s.open_metrics();
+  s.open_monitors();
 }
 
 void Trainer::State::configure() {
@@ -293,6 +300,27 @@ void Trainer::State::open_metrics() {
   if (!metrics) fail(ErrorKind::kInvalidInput, options.metrics.string() + ": cannot open for appending");
 }
 
+void Trainer::State::open_monitors() {
+  std::string error;
+  if (root()) {
+    try {
+      std::vector<std::string> outputs;
+      if (config.monitor.tensorboard.enabled || config.monitor.csv_monitor.enabled) {
+        monitors = std::make_unique<monitor::Monitors>(config.monitor, options.config.string(),
+                                                       [this](const std::string& line) { log(line); });
+        outputs = monitors->describe();
+      }
+      for (const std::string& line : outputs) log("monitor: " + line);
+      for (const std::string& line : monitor::network_monitor_notes(config.monitor, options.metrics, outputs)) {
+        log("warning: " + options.config.string() + ": " + line);
+      }
+    } catch (const std::exception& e) {
+      error = error_to_text(e);
+    }
+  }
+  throw_if_error_text(comm.broadcast(error));
+}
+
 Trainer::~Trainer() = default;
 
 StepRecord Trainer::State::train_step() {
@@ -307,17 +335,17 @@ StepRecord Trainer::State::train_step() {
   if (fault_armed("stall", comm.rank(), step + 1)) std::this_thread::sleep_for(std::chrono::hours(1));
   crash_point("step-kill", comm.rank(), step + 1);
 
-  double fwd_ms = 0, bwd_ms = 0;
-  const double loss_sum = accumulate_gradients(static_cast<float>(scale / static_cast<double>(gas)), &fwd_ms, &bwd_ms);
+  StepRecord r;
+  const double loss_sum =
+      accumulate_gradients(static_cast<float>(scale / static_cast<double>(gas)), &r.forward_ms, &r.backward_ms);
   const auto reduce_start = Clock::now();
   backend->reduce_grads();
   // One pass and one synchronisation: the squared-gradient sum (in double, so no finite fp32
   // gradients can overflow it) is non-finite exactly when some gradient is.
   const double grad_sq = backend->global_grad_sq();
   const bool overflow = scaler->checks_overflow() && !std::isfinite(grad_sq);
-  const double reduce_ms = ms_since(reduce_start);
+  r.reduce_ms = ms_since(reduce_start);
 
-  StepRecord r;
   r.step = step + 1;
   r.loss_scale = scale;
   r.lr = schedule->lr(last_batch_iteration);
@@ -333,7 +361,7 @@ StepRecord Trainer::State::train_step() {
     r.grad_norm = std::sqrt(grad_sq) / W / scale;
     adamw_step(r.grad_norm, scale, r.lr);
   }
-  const double opt_ms = ms_since(opt_start);
+  r.optimizer_ms = ms_since(opt_start);
   r.loss = comm.allreduce_sum(loss_sum) / static_cast<double>(gas * W);
   ++step;
   consumed_samples += config.train_batch_size;
@@ -341,7 +369,7 @@ StepRecord Trainer::State::train_step() {
   r.step_ms = ms_since(start);
   r.tokens_per_s = static_cast<double>(r.tokens) / (r.step_ms / 1000.0);
   if (root() && (r.step % config.steps_per_print == 0 || r.step == options.steps)) {
-    print_step(r, fwd_ms, bwd_ms, reduce_ms, opt_ms);
+    print_step(r);
   }
   return r;
 }
@@ -384,8 +412,7 @@ void Trainer::State::adamw_step(double norm, double scale, double lr) {
   ++last_batch_iteration;
 }
 
-void Trainer::State::print_step(const StepRecord& r, double fwd_ms, double bwd_ms, double reduce_ms,
-                                double opt_ms) const {
+void Trainer::State::print_step(const StepRecord& r) const {
   char line[512];
   std::snprintf(line, sizeof(line),
                 "step %6lld/%lld | loss %.4f | lr %.3e | grad norm %7.4f | scale %g%s | %8.1f ms | %9.0f tok/s",
@@ -393,8 +420,8 @@ void Trainer::State::print_step(const StepRecord& r, double fwd_ms, double bwd_m
                 r.loss_scale, r.skipped ? " (skipped: overflow)" : "", r.step_ms, r.tokens_per_s);
   std::string text = line;
   if (config.wall_clock_breakdown) {
-    std::snprintf(line, sizeof(line), " | fwd %.1f bwd %.1f reduce %.1f optim %.1f ms", fwd_ms, bwd_ms, reduce_ms,
-                  opt_ms);
+    std::snprintf(line, sizeof(line), " | fwd %.1f bwd %.1f reduce %.1f optim %.1f ms", r.forward_ms, r.backward_ms,
+                  r.reduce_ms, r.optimizer_ms);
     text += line;
   }
   log(text);
@@ -404,6 +431,18 @@ void Trainer::State::write_metrics(const nlohmann::json& record) {
   if (!metrics.is_open()) return;
   metrics << record.dump() << "\n";
   metrics.flush();
+}
+
+void Trainer::State::write_monitors(const StepRecord& r) {
+  if (!monitors) return;
+  const FaultScope faults(comm.rank(), r.step);  // for the fault point monitor-enospc
+  monitor::StepContext c;
+  c.samples_after = consumed_samples;
+  c.samples_before = consumed_samples - config.train_batch_size;
+  c.next_lr = schedule->lr(last_batch_iteration);
+  if (config.fp16.enabled) c.loss_scale = scaler->scale();
+  c.wall_clock_breakdown = config.wall_clock_breakdown;
+  monitors->write(monitor::step_scalars(r, c));
 }
 
 void Trainer::State::save() {
@@ -528,6 +567,13 @@ void Trainer::State::report(const std::vector<SaveOutcome>& saves) {
                    {"loop_blocked_ms", o.loop_blocked_ms},
                    {"device_wait_ms", o.device_wait_ms},
                    {"write_ms", o.write_ms}});
+    if (monitors) {
+      // The samples at the checkpoint's step: this run's batch size has not changed since.
+      const int64_t samples = consumed_samples - (step - o.step) * config.train_batch_size;
+      const monitor::Scalar scalar = monitor::checkpoint_scalar(o.training_lost_ms(), samples);
+      const FaultScope faults(comm.rank(), step);
+      monitors->write({&scalar, 1});
+    }
   }
 }
 
@@ -553,6 +599,7 @@ std::vector<StepRecord> Trainer::run() {
                         {"tokens_per_s", r.tokens_per_s}};
     if (!r.skipped) m["grad_norm"] = r.grad_norm;
     s.write_metrics(m);
+    s.write_monitors(r);
     const bool at_end = s.step == s.options.steps;
     const bool on_interval = s.options.save_interval > 0 && s.step % s.options.save_interval == 0;
     if (s.checkpointer && (on_interval || at_end)) s.save();

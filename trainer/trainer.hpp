@@ -47,6 +47,12 @@ struct StepRecord {
   int64_t tokens = 0;
   double step_ms = 0;
   double tokens_per_s = 0;
+  // Where the step's time went (wall_clock_breakdown): the micro-batches' forward and backward passes,
+  // the gradient reduction with the overflow check, and the optimizer step.
+  double forward_ms = 0;
+  double backward_ms = 0;
+  double reduce_ms = 0;
+  double optimizer_ms = 0;
 };
 
 class Trainer {

@@ -112,7 +112,7 @@ TEST(BadInput, EachIsRefusedWithOneLineNamingTheProblem) {
 
 // `--device cuda` where no GPU can be used -- none visible (CUDA_VISIBLE_DEVICES empty hides them all,
 // so this runs on GPU machines too), or a build without CUDA -- is refused before any work, in one line,
-// by train and by eval; a GPU precision asked of the CPU's eval too.
+// by train and by eval; a GPU precision asked of the CPU's eval too (--device cpu, or auto without a GPU).
 TEST(BadInput, CudaWithoutAGpuIsRefusedWithOneLine) {
   testing::TempDir dir;
   const std::string data = write_text_tokens(dir).string();
@@ -129,10 +129,32 @@ TEST(BadInput, CudaWithoutAGpuIsRefusedWithOneLine) {
     const bool not_built = r.err.find("built without CUDA") != std::string::npos;
     EXPECT_TRUE(none_visible || not_built) << r.err;
   }
-  const Result r = run(eval + " --dtype bf16");
+  // Asked of the CPU, or of auto where no GPU can be used: the line says why eval runs on the CPU.
+  const std::pair<std::string, std::string> devices[] = {
+      {"--device cpu", "(--device cpu)"}, {"--device auto", "(auto: "}, {"", "(auto: "}};
+  for (const auto& [device, reason] : devices) {
+    const Result r = run(eval + " --dtype bf16 " + device, "", "CUDA_VISIBLE_DEVICES=");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(count_lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("--dtype bf16 is a GPU precision and eval runs on the CPU " + reason), std::string::npos)
+        << r.err;
+  }
+}
+
+// A monitor's folder that cannot be made is refused before training, in one line naming the config key.
+TEST(BadInput, AMonitorFolderThatCannotBeMadeIsRefusedNamingTheKey) {
+  testing::TempDir dir;
+  const std::string data = write_text_tokens(dir).string();
+  std::ofstream(dir / "a-file") << "x";
+  nlohmann::json config = nlohmann::json::parse(slurp(samples() + "tiny_zero2.json"));
+  config["tensorboard"] = {{"enabled", true}, {"output_path", (dir / "a-file").string()}};
+  std::ofstream(dir / "tb.json") << config.dump();
+  const Result r = run("train --config " + (dir / "tb.json").string() + " --model gpt2-tiny --data " + data +
+                       " --steps 1 --threads 1");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_EQ(count_lines(r.err), 1) << r.err;
-  EXPECT_NE(r.err.find("--dtype bf16 is a GPU precision"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tb.json: tensorboard.output_path / tensorboard.job_name: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(expected a folder shardkit can write)"), std::string::npos) << r.err;
 }
 
 // A FIFO where a command expects a file used to block it forever in open(2); each is refused at once.

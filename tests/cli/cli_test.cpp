@@ -188,9 +188,11 @@ TEST(Cli, TrainCheckpointsResumesAndEvaluates) {
   EXPECT_LT(eval["loss"].get<double>(), 5.6) << "worse than uniform over 256 tokens";
   // On 3 ranks, each scoring its batches of 8 windows (8, 8 and 4 of 20): the same bits as one process
   // (with as many compute threads: the CPU's products split their sums by thread).
-  r = run("eval " + run_dir + " --data " + data + " --windows 20 --json --threads 1");
+  // (--device cpu: on a machine with fewer than 3 GPUs auto would take the GPU for one process only.)
+  const std::string cpu_eval = "eval " + run_dir + " --data " + data + " --windows 20 --json --threads 1 --device cpu";
+  r = run(cpu_eval);
   ASSERT_EQ(r.code, 0) << r.err;
-  const Result spread = run("eval " + run_dir + " --data " + data + " --windows 20 --json --threads 1", mpirun(3));
+  const Result spread = run(cpu_eval, mpirun(3));
   ASSERT_EQ(spread.code, 0) << spread.err;
   EXPECT_EQ(nlohmann::json::parse(spread.out), nlohmann::json::parse(r.out)) << "printed by rank 0 only, the same loss";
   // Its fp32 export, evaluated as Hugging Face weights (the folder, and its one file), scores the same.
@@ -219,6 +221,30 @@ TEST(Cli, TrainCheckpointsResumesAndEvaluates) {
 // A process killed (SIGKILL) while asynchronous checkpoints are being written leaves a run directory
 // whose `latest` checkpoint verifies and resumes; an unfinished step directory is never mistaken for
 // a checkpoint.
+// eval's default device is auto: the CPU where no GPU can be used (none visible here, or a build
+// without CUDA), said in the result with the reason, and the same loss as --device cpu.
+TEST(Cli, EvalPicksTheCpuWhereNoGpuCanBeUsedAndSaysWhy) {
+  testing::TempDir dir;
+  const std::string data = write_text_tokens(dir).string();
+  const std::string run_dir = (dir / "run").string();
+  ASSERT_EQ(run("train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --data " + data +
+                " --steps 1 --threads 1 --quiet --save-dir " + run_dir)
+                .code,
+            0);
+  const std::string eval = "eval " + run_dir + " --data " + data + " --windows 2 --threads 1";
+  const Result text = run(eval, "", "CUDA_VISIBLE_DEVICES=");
+  ASSERT_EQ(text.code, 0) << text.err;
+  EXPECT_NE(text.out.find(" on cpu (auto: "), std::string::npos) << text.out;
+  const bool built_without = text.out.find("this shardkit was built without CUDA") != std::string::npos;
+  EXPECT_TRUE(built_without || text.out.find("no GPU visible") != std::string::npos) << text.out;
+  const Result automatic = run(eval + " --json", "", "CUDA_VISIBLE_DEVICES=");
+  const Result cpu = run(eval + " --json --device cpu");
+  ASSERT_EQ(automatic.code, 0) << automatic.err;
+  ASSERT_EQ(cpu.code, 0) << cpu.err;
+  EXPECT_EQ(nlohmann::json::parse(automatic.out)["device"], "cpu");
+  EXPECT_EQ(nlohmann::json::parse(automatic.out), nlohmann::json::parse(cpu.out));
+}
+
 TEST(Cli, ARunKilledDuringAsynchronousSavesResumesFromItsLatestCheckpoint) {
   testing::TempDir dir;
   const std::string data = write_text_tokens(dir).string();

@@ -16,6 +16,7 @@
 #include "ckpt/run_lock.hpp"
 #include "ckpt/shard_format.hpp"
 #include "tests/cli/cli_support.hpp"
+#include "tests/support/event_file_reader.hpp"
 
 namespace shardkit {
 namespace {
@@ -177,6 +178,53 @@ TEST(Faults, AFullDiskFailsThatSaveOnlyAndTrainingGoesOnUnlessToldToStop) {
 
 // What a save costs training is measured, not assumed: a snapshot made slower by a known delay (on CPU
 // ranks the copy runs inside save()) costs training at least that delay, and the event says so.
+// tiny_zero2.json with both monitors writing into `output_path` (DeepSpeed's default job name).
+std::filesystem::path monitors_config(const testing::TempDir& dir, const std::filesystem::path& output_path) {
+  nlohmann::json config = nlohmann::json::parse(slurp(samples() + "tiny_zero2.json"));
+  config["tensorboard"] = {{"enabled", true}, {"output_path", output_path.string()}};
+  config["csv_monitor"] = {{"enabled", true}, {"output_path", output_path.string()}};
+  const std::filesystem::path file = dir / "monitors.json";
+  std::ofstream(file) << config.dump();
+  return file;
+}
+
+// A disk that fills up under the monitors (injected at step 3 of 6) stops them, each with one warning;
+// training, its metrics and every checkpoint go on.
+TEST(Faults, AFullDiskUnderTheMonitorsStopsThemNotTrainingOrSaves) {
+  testing::TempDir dir;
+  const auto data = write_text_tokens(dir);
+  const std::string args = "train --config " + monitors_config(dir, dir / "monitors").string() +
+                           " --model gpt2-tiny --data " + data.string() +
+                           " --steps 6 --save-interval 2 --threads 1 --save-dir " + (dir / "run").string() +
+                           " --metrics " + (dir / "m.jsonl").string();
+  const Result r = run(args, "", "SHARDKIT_FAULT=monitor-enospc SHARDKIT_FAULT_STEP=3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* output : {"warning: TensorBoard events to ", "warning: CSV files (one per tag) to "}) {
+    const size_t at = r.out.find(output);
+    ASSERT_NE(at, std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find(output, at + 1), std::string::npos) << "warned twice: " << r.out;
+    EXPECT_NE(r.out.find("No space left on device", at), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(latest_of(dir / "run"), "step-00000006");
+  EXPECT_EQ(run("ckpt verify " + (dir / "run").string()).code, 0);
+  EXPECT_EQ(read_metrics(dir / "m.jsonl").size(), 6u);
+  // Steps 1 and 2 reached the files; nothing after.
+  const std::filesystem::path folder = dir / "monitors" / "DeepSpeedJobName";
+  std::vector<int64_t> loss_x;
+  for (const auto& entry : std::filesystem::directory_iterator(folder)) {
+    if (entry.path().filename().string().find("tfevents") == std::string::npos) continue;
+    for (const auto& e : testing::read_event_file(entry.path())) {
+      for (const auto& v : e.values) {
+        if (v.tag == "Train/Samples/train_loss") loss_x.push_back(e.step);
+      }
+    }
+  }
+  EXPECT_EQ(loss_x, (std::vector<int64_t>{0, 12}));
+  const std::string losses = slurp(folder / "Train_Samples_train_loss.csv");
+  EXPECT_EQ(losses.rfind("step,train_loss\r\n0,", 0), 0u) << losses;
+  EXPECT_EQ(count_lines(losses), 3) << losses;
+}
+
 TEST(Faults, ASlowSnapshotCostsTrainingItsDelayAndTheCheckpointEventSaysSo) {
   testing::TempDir dir;
   const auto data = write_text_tokens(dir);

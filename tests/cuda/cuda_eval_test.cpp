@@ -38,7 +38,12 @@ TEST_P(CudaEval, TheGpuScoresACheckpointAsTheCpuDoes) {
   };
   const double cpu = loss("--device cpu");
   ASSERT_GT(cpu, 0.5);
-  EXPECT_NEAR(loss("--device cuda"), cpu, 1e-5 * cpu);
+  const double cuda = loss("--device cuda");
+  EXPECT_NEAR(cuda, cpu, 1e-5 * cpu);
+  // The default, auto, takes the GPU: the same bits as --device cuda.
+  EXPECT_EQ(loss(""), cuda);
+  const Result automatic = run("eval " + run_dir + " --data " + data + " --windows 10", "timeout -s KILL 120");
+  EXPECT_NE(automatic.out.find(" on cuda (auto: "), std::string::npos) << automatic.out << automatic.err;
   EXPECT_NEAR(loss("--device cuda --dtype bf16"), cpu, 2e-2 * cpu);
   EXPECT_NEAR(loss("--device cuda --dtype fp16"), cpu, 2e-2 * cpu);
 }

@@ -1020,5 +1020,37 @@ TEST(DsConfigLoad, SampleFilesHoldTheSeedConfigs) {
   }
 }
 
+TEST(DsConfigMonitor, SectionsAreReadWithDeepSpeedsDefaults) {
+  const DsConfig none = parse(with());
+  EXPECT_FALSE(none.monitor.tensorboard.enabled);
+  EXPECT_FALSE(none.monitor.csv_monitor.enabled);
+  EXPECT_EQ(none.monitor.tensorboard.folder(), "DeepSpeedJobName") << "output_path \"\": the working directory";
+  const DsConfig c = parse(with({{"tensorboard", {{"enabled", true}, {"output_path", "runs/tb"}, {"job_name", "j"}}},
+                                 {"csv_monitor", {{"enabled", true}}},
+                                 {"wandb", {{"enabled", true}, {"project", "p"}, {"team", "t"}, {"group", "g"}}},
+                                 {"comet", {{"enabled", false}, {"api_key", "k"}, {"samples_log_interval", 10}}}}));
+  EXPECT_TRUE(c.monitor.tensorboard.enabled);
+  EXPECT_EQ(c.monitor.tensorboard.folder(), std::filesystem::path("runs/tb/j"));
+  EXPECT_TRUE(c.monitor.csv_monitor.enabled);
+  EXPECT_EQ(c.monitor.csv_monitor.folder(), std::filesystem::path("DeepSpeedJobName"));
+  EXPECT_TRUE(c.monitor.wandb);
+  EXPECT_FALSE(c.monitor.comet);
+  EXPECT_EQ(c.warnings, std::vector<std::string>{}) << "their services' settings are known keys";
+  // Enabled outputs are part of the resolved config and read back the same.
+  const DsConfig back = parse(to_json(c));
+  EXPECT_EQ(back.monitor.tensorboard.folder(), c.monitor.tensorboard.folder());
+  EXPECT_TRUE(back.monitor.csv_monitor.enabled);
+}
+
+TEST(DsConfigMonitor, WrongTypesAndUnknownKeysNameTheKey) {
+  EXPECT_TRUE(Contains(error_of(with({{"tensorboard", {{"enabled", "yes"}}}})),
+                       "config.json: tensorboard.enabled must be true or false, got \"yes\""));
+  EXPECT_TRUE(Contains(error_of(with({{"csv_monitor", {{"enabled", true}, {"output_path", 5}}}})),
+                       "config.json: csv_monitor.output_path must be a string, got 5"));
+  EXPECT_TRUE(Contains(error_of(with({{"wandb", true}})), "config.json: wandb must be an object, got true"));
+  EXPECT_EQ(parse(with({{"tensorboard", {{"enabled", false}, {"path", "x"}}}})).warnings,
+            std::vector<std::string>{"unknown key 'tensorboard.path' ignored"});
+}
+
 }  // namespace
 }  // namespace shardkit::trainer
