@@ -31,8 +31,12 @@ constexpr const char* kStateKeys[] = {nullptr, "exp_avg", "exp_avg_sq"};
 // defaults (the settings that change the update, lr, betas, eps and weight_decay, always come from
 // the source).
 nlohmann::json adamw_defaults() {
-  return {{"amsgrad", false},   {"maximize", false},      {"foreach", nullptr},
-          {"capturable", false}, {"differentiable", false}, {"fused", nullptr},
+  return {{"amsgrad", false},
+          {"maximize", false},
+          {"foreach", nullptr},
+          {"capturable", false},
+          {"differentiable", false},
+          {"fused", nullptr},
           {"decoupled_weight_decay", true}};
 }
 
@@ -135,8 +139,7 @@ class Exporter {
 
   // The rank's items back to back, every archive laid out before a byte is written, then the tensors'
   // values streamed in pieces on the pool's threads.
-  void write_rank(const std::filesystem::path& dir, int rank, const ConvertOptions& options,
-                  SharedProgress& progress) {
+  void write_rank(const std::filesystem::path& dir, int rank, const ConvertOptions& options, SharedProgress& progress) {
     FileDescriptor file = create_fresh_file(dir / file_name(rank), O_WRONLY);
     std::vector<Item*> mine;
     std::vector<std::unique_ptr<torch::TorchFileWriter>> writers;
@@ -219,7 +222,8 @@ class Exporter {
   }
   const Value* path_value(const nlohmann::json& path) {
     std::vector<const Value*> parts;
-    for (const auto& p : path) parts.push_back(p.is_number() ? b_.integer(p.get<int64_t>()) : b_.str(p.get<std::string>()));
+    for (const auto& p : path)
+      parts.push_back(p.is_number() ? b_.integer(p.get<int64_t>()) : b_.str(p.get<std::string>()));
     return b_.tuple(std::move(parts));
   }
 
@@ -243,8 +247,8 @@ class Exporter {
       if (item.bytes) {
         index = cls("MetadataIndex", {{b_.str("fqn"), b_.str(item.key)}, {b_.str("index"), b_.none()}});
       } else {
-        chunks[it->second].push_back(
-            cls("ChunkStorageMetadata", {{b_.str("offsets"), b_.size(item.offsets)}, {b_.str("sizes"), b_.size(item.sizes)}}));
+        chunks[it->second].push_back(cls("ChunkStorageMetadata", {{b_.str("offsets"), b_.size(item.offsets)},
+                                                                  {b_.str("sizes"), b_.size(item.sizes)}}));
         index = cls("MetadataIndex", {{b_.str("fqn"), b_.str(item.key)},
                                       {b_.str("offset"), b_.size(item.offsets)},
                                       {b_.str("index"), b_.integer(static_cast<int64_t>(item.chunk_index))}});
@@ -280,7 +284,8 @@ class Exporter {
 
 DcpExportResult export_dcp(const DcpExportRequest& request, const ConvertOptions& options) {
   if (request.world_size < 1 || request.world_size > (1 << 20)) {
-    fail(ErrorKind::kInvalidInput, "--world-size " + std::to_string(request.world_size) + ": expected 1 to 1048576 ranks");
+    fail(ErrorKind::kInvalidInput,
+         "--world-size " + std::to_string(request.world_size) + ": expected 1 to 1048576 ranks");
   }
   const CheckpointSource src = open_checkpoint_source(request.source, request.model);
   Exporter exporter(src, request.world_size);

@@ -21,9 +21,9 @@
 #include "convert/deepspeed/ds_checkpoint.hpp"
 #include "convert/deepspeed/ds_layout.hpp"
 #include "convert/deepspeed/ds_run.hpp"
-#include "convert/torch/torch_writer.hpp"
 #include "convert/source.hpp"
 #include "convert/staging.hpp"
+#include "convert/torch/torch_writer.hpp"
 #include "model/registry.hpp"
 
 namespace shardkit::convert {
@@ -81,7 +81,9 @@ struct Storage {
 };
 
 torch::Dtype torch_dtype(ckpt::DType d) {
-  return d == ckpt::DType::kF32 ? torch::Dtype::kF32 : d == ckpt::DType::kBF16 ? torch::Dtype::kBF16 : torch::Dtype::kF16;
+  return d == ckpt::DType::kF32    ? torch::Dtype::kF32
+         : d == ckpt::DType::kBF16 ? torch::Dtype::kBF16
+                                   : torch::Dtype::kF16;
 }
 
 // The files of one rank (or the model states of stage 1/2), built as values with their storages.

@@ -20,7 +20,7 @@ struct CheckpointImportRequest {
   // DeepSpeed: the folder holding `latest`, or the tag folder. DCP: the folder holding `.metadata`.
   std::filesystem::path source;
   SourceFormat format = SourceFormat::kDeepSpeed;  // what `source` must be
-  std::filesystem::path output;  // a new run directory
+  std::filesystem::path output;                    // a new run directory
   // A preset or model file. Empty: a Hugging Face config.json in `source` or the folder above it (where
   // Hugging Face's Trainer saves one) when a family computes its model_type; otherwise no model, and
   // the tensors are those the checkpoint names.

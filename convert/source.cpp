@@ -196,7 +196,9 @@ CheckpointSource open_dcp_source(const std::filesystem::path& path, const std::s
   return s;
 }
 
-bool is_dcp_checkpoint(const std::filesystem::path& path) { return dcp::is_dcp_folder(path); }
+bool is_dcp_checkpoint(const std::filesystem::path& path) {
+  return dcp::is_dcp_folder(path);
+}
 
 bool is_deepspeed_checkpoint(const std::filesystem::path& path) {
   std::error_code ec;

@@ -1,7 +1,7 @@
 // A checkpoint to convert from, whatever wrote it: a shardkit checkpoint (run or step folder), a
-// DeepSpeed ZeRO checkpoint folder or a PyTorch Distributed Checkpoint (DCP) folder. Any way the converters see one tensor table, the training
-// counters, the run's config and a reader of the fp32 master weights and both Adam moments, so every
-// output (a shardkit checkpoint, DeepSpeed's files, consolidated weights) is one pass from any source.
+// DeepSpeed ZeRO checkpoint folder or a PyTorch Distributed Checkpoint (DCP) folder. Any way the converters see one
+// tensor table, the training counters, the run's config and a reader of the fp32 master weights and both Adam moments,
+// so every output (a shardkit checkpoint, DeepSpeed's files, consolidated weights) is one pass from any source.
 #pragma once
 
 #include <cstdint>
@@ -55,7 +55,8 @@ bool is_dcp_checkpoint(const std::filesystem::path& path);
 // Opens any of the three. `model` (a preset or model file) applies to a DeepSpeed or DCP source: its
 // tensors are checked against that model's table. Without it, a Hugging Face config.json beside the
 // checkpoint (Hugging Face's Trainer keeps one beside `latest`) names the model when a family computes
-// its model_type; otherwise the table is the parameters the checkpoint names. Error(kInvalidInput) naming the file otherwise.
+// its model_type; otherwise the table is the parameters the checkpoint names. Error(kInvalidInput) naming the file
+// otherwise.
 CheckpointSource open_checkpoint_source(const std::filesystem::path& path, const std::string& model = {});
 // A DeepSpeed checkpoint folder only (its reader's errors say what is missing).
 CheckpointSource open_deepspeed_source(const std::filesystem::path& path, const std::string& model = {});

@@ -12,7 +12,7 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -DSHARDKIT_FUZZ=ON -DSHARDKIT_CUDA
 cmake --build build-fuzz -j"$(nproc)" > /dev/null
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-for target in manifest ds_config safetensors_header token_file shard torch_file ds_checkpoint; do
+for target in manifest ds_config safetensors_header token_file shard torch_file ds_checkpoint dcp_checkpoint; do
   rm -rf "${work:?}"/*
   if [ -d "fuzz/corpus/$target" ]; then cp -r "fuzz/corpus/$target/." "$work/"; fi
   echo "-- fuzz_$target: ${seconds} s"

@@ -85,7 +85,7 @@ void DcpCheckpoint::find_layout() {
     }
   }
   layout_name_ = optim_prefix_ == "optimizer." || (optim_prefix_.empty() && model_prefix_.empty()) ? "torchtitan"
-                                                                                                    : "get_state_dict";
+                                                                                                   : "get_state_dict";
 }
 
 DcpCheckpoint::Source DcpCheckpoint::open_item(const Item& item) {
@@ -188,8 +188,8 @@ void DcpCheckpoint::build_table() {
   for (const Item& item : metadata_.items()) {
     if (!item.tensor || !item.key.starts_with(model_prefix_)) continue;
     if (!optim_prefix_.empty() && item.key.starts_with(optim_prefix_)) continue;
-    if (model_prefix_.empty() &&
-        std::any_of(std::begin(kNotModel), std::end(kNotModel), [&](const char* p) { return item.key.starts_with(p); })) {
+    if (model_prefix_.empty() && std::any_of(std::begin(kNotModel), std::end(kNotModel),
+                                             [&](const char* p) { return item.key.starts_with(p); })) {
       continue;
     }
     std::string fqn = item.key.substr(model_prefix_.size());
@@ -377,8 +377,8 @@ void DcpCheckpoint::read_run() {
       }
       for (const Value* name : names.items) {
         if (name->kind != Kind::kString) {
-          fail(ErrorKind::kInvalidInput, where + ": " + params->key +
-                                             " names parameters by number; get_state_dict's names are read");
+          fail(ErrorKind::kInvalidInput,
+               where + ": " + params->key + " names parameters by number; get_state_dict's names are read");
         }
         const auto it = table_name.find(name->text);
         if (it == table_name.end()) {

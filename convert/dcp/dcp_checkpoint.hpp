@@ -94,8 +94,8 @@ class DcpCheckpoint {
   bool has_moments_ = false;
   ckpt::TensorTable own_table_;
   const ckpt::TensorTable* table_ = nullptr;
-  std::vector<std::string> fqns_;                        // per table tensor: the fqn it was read from
-  std::vector<std::array<Source, kStates>> sources_;     // per table tensor
+  std::vector<std::string> fqns_;                     // per table tensor: the fqn it was read from
+  std::vector<std::array<Source, kStates>> sources_;  // per table tensor
   nlohmann::json shared_params_ = nlohmann::json::object();
   std::vector<std::unique_ptr<torch::TorchFile>> values_;  // bytes items opened
   nlohmann::json trainer_state_;

@@ -86,7 +86,8 @@ torch::Dtype tensor_dtype(const Value& props, const Reader& r, const std::string
   const Value* dtype = nullptr;
   const Value* layout = nullptr;
   if (const Value* state = props.get(torch::kStateAttribute); state && state->kind == Kind::kTuple) {
-    if (state->items.size() < 2) r.bad(what + " has a TensorProperties state of " + std::to_string(state->items.size()) + " fields");
+    if (state->items.size() < 2)
+      r.bad(what + " has a TensorProperties state of " + std::to_string(state->items.size()) + " fields");
     dtype = state->items[0];
     layout = state->items[1];
   } else {
@@ -100,7 +101,8 @@ torch::Dtype tensor_dtype(const Value& props, const Reader& r, const std::string
   }
   // PyTorch pickles the layout through torch.serialization._get_layout("torch.strided"); shardkit's
   // writer names the global torch.strided.
-  if (layout && !((layout->kind == Kind::kString || layout->kind == Kind::kGlobal) && layout->text == "torch.strided")) {
+  if (layout &&
+      !((layout->kind == Kind::kString || layout->kind == Kind::kGlobal) && layout->text == "torch.strided")) {
     r.bad(what + " is not a dense (torch.strided) tensor");
   }
   return *d;
@@ -209,7 +211,8 @@ Metadata::Metadata(const std::filesystem::path& folder, torch::ParseBudget* budg
     items_.push_back(std::move(item));
   }
   if (!locations.empty()) {
-    r.bad("storage_data names " + quoted_excerpt(locations.begin()->first.first) + ", which state_dict_metadata has not");
+    r.bad("storage_data names " + quoted_excerpt(locations.begin()->first.first) +
+          ", which state_dict_metadata has not");
   }
 }
 

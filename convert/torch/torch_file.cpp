@@ -15,7 +15,9 @@ constexpr int64_t kReadElems = int64_t{1} << 18;
 
 }  // namespace
 
-TorchFile::TorchFile(const std::filesystem::path& path, ParseBudget* budget) : zip_(path) { open(budget); }
+TorchFile::TorchFile(const std::filesystem::path& path, ParseBudget* budget) : zip_(path) {
+  open(budget);
+}
 
 TorchFile::TorchFile(const std::filesystem::path& path, uint64_t offset, uint64_t length, ParseBudget* budget)
     : zip_(path, offset, length) {
@@ -130,8 +132,9 @@ double TorchFile::scalar(const TensorRef& tensor, const std::string& what) const
     case Dtype::kBF16: {
       float f;
       const std::array<uint16_t, 1> h = {static_cast<uint16_t>(as(uint16_t{}))};
-      dtype == Dtype::kF16 ? ckpt::convert_fp16_to_fp32(h, std::span(&f, 1)) : ckpt::convert_bf16_to_fp32(h, std::span(&f, 1));
-      return f;
+      dtype == Dtype::kF16 ? ckpt::convert_fp16_to_fp32(h, std::span(&f, 1))
+                           : ckpt::convert_bf16_to_fp32(h, std::span(&f, 1));
+      return static_cast<double>(f);
     }
     case Dtype::kI64:
       return as(int64_t{});

@@ -436,7 +436,8 @@ class Machine {
 
 Value* Machine::global(std::string_view module, std::string_view name) {
   for (size_t i = 0; i < std::size(kKnown); ++i) {
-    if (kKnown[i].module == module && kKnown[i].name == name && (kKnown[i].files & (1u << static_cast<unsigned>(globals_)))) {
+    if (kKnown[i].module == module && kKnown[i].name == name &&
+        (kKnown[i].files & (1u << static_cast<unsigned>(globals_)))) {
       Value* v = make(Value::Kind::kGlobal);
       set_text(v, std::string(module) + "." + std::string(name));
       v->integer = static_cast<int64_t>(i);  // index into kKnown

@@ -74,7 +74,7 @@ class ZipWriter {
   std::vector<Placed> placed_;
   uint64_t end_ = 0;   // where the central directory starts
   uint64_t size_ = 0;  // the whole archive
-  std::mutex mutex_;  // guards the runs
+  std::mutex mutex_;   // guards the runs
   bool finished_ = false;
 };
 

@@ -214,7 +214,9 @@ TEST_P(DcpReal, ExportedForOtherWorldSizesReadsBackTheSame) {
   }
 }
 
-std::vector<std::string> fixture_names() { return testing::fixture_folders(kDataDir); }
+std::vector<std::string> fixture_names() {
+  return testing::fixture_folders(kDataDir);
+}
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, DcpReal, ::testing::ValuesIn(fixture_names()),
                          [](const ::testing::TestParamInfo<std::string>& param) {
@@ -278,7 +280,8 @@ TEST(DcpUntrusted, DamagedAndCraftedFoldersAreRefusedNamingTheFile) {
   {  // A global outside DCP's metadata classes.
     const auto f = copy_fixture(work, "net-w2");
     patch(f / ".metadata", "torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.metadatX");
-    expect_refused(work, f, {".metadata", "refused the Python global 'torch.distributed.checkpoint.metadatX.Metadata'"});
+    expect_refused(work, f,
+                   {".metadata", "refused the Python global 'torch.distributed.checkpoint.metadatX.Metadata'"});
     std::filesystem::remove_all(f);
   }
   {  // A storage location leading out of the folder.

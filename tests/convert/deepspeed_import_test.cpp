@@ -15,10 +15,10 @@
 #include "ckpt/checkpoint_reader.hpp"
 #include "ckpt/safetensors.hpp"
 #include "convert/consolidate.hpp"
-#include "convert/torch/unpickler.hpp"
-#include "convert/torch/zip_reader.hpp"
 #include "convert/export_deepspeed.hpp"
 #include "convert/import_checkpoint.hpp"
+#include "convert/torch/unpickler.hpp"
+#include "convert/torch/zip_reader.hpp"
 #include "model/registry.hpp"
 #include "tests/support/test_support.hpp"
 

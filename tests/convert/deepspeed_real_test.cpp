@@ -29,7 +29,9 @@ using testing::TempDir;
 const std::filesystem::path kDataDir = std::filesystem::path(SHARDKIT_TEST_DATA_DIR) / "deepspeed";
 
 // The fixture folders (those holding expected.json), sorted; empty when the data folder is missing.
-std::vector<std::string> fixture_names() { return testing::fixture_folders(kDataDir); }
+std::vector<std::string> fixture_names() {
+  return testing::fixture_folders(kDataDir);
+}
 
 nlohmann::json read_json(const std::filesystem::path& path) {
   std::ifstream in(path);

@@ -247,9 +247,9 @@ TEST(Unpickler, TorchSaveAndDcpMetadataEachHaveTheirOwnGlobals) {
   expect_unpickle_refused(dcp_class, "'torch.distributed.checkpoint.metadata.Metadata'");
   const pt::Pickle md = pt::unpickle(dcp_class, "m", nullptr, pt::Globals::kDcpMetadata);
   EXPECT_EQ(md.root().text, "torch.distributed.checkpoint.metadata.Metadata");
-  for (const auto& [module, name] : {std::pair{"deepspeed.runtime.fp16.loss_scaler", "LossScaler"},
-                                     std::pair{"torch._utils", "_rebuild_tensor_v2"},
-                                     std::pair{"collections", "OrderedDict"}, std::pair{"os", "system"}}) {
+  for (const auto& [module, name] :
+       {std::pair{"deepspeed.runtime.fp16.loss_scaler", "LossScaler"}, std::pair{"torch._utils", "_rebuild_tensor_v2"},
+        std::pair{"collections", "OrderedDict"}, std::pair{"os", "system"}}) {
     expect_refused([&] { pt::unpickle(metadata(module, name), "m", nullptr, pt::Globals::kDcpMetadata); },
                    {"refused the Python global '" + std::string(module) + "." + name + "'", ".metadata"});
   }

@@ -1,0 +1,114 @@
+// A PyTorch DCP checkpoint folder made of arbitrary bytes, read as `convert import-dcp`, `reshard` and
+// `consolidate` read one without a model: the .metadata pickle run with DCP's list of globals, its
+// chunks and storage locations checked, every item's torch.save archive opened inside its .distcp file,
+// the key layout, tied names, steps and parameter groups found, and a few values of every tensor's
+// states read through the chunks. Every input must give a result or an Error, never a crash, hang,
+// leak, out-of-bounds access, overflow or an allocation beyond the bounds.
+//
+// Input: records of a role byte, a 4-byte little-endian length and that many bytes: role 0 is
+// `.metadata`, role 1 + r the file `__r_0.distcp` (r < 4). The seeds are checkpoints real PyTorch wrote
+// (tests/data/dcp/net-w2 and gpt2-w2), packed this way at start-up into the folder named by
+// SHARDKIT_FUZZ_SEEDS (scripts/fuzz.sh passes the corpus folder).
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <string_view>
+
+#include "base/error.hpp"
+#include "convert/dcp/dcp_checkpoint.hpp"
+
+namespace {
+
+using shardkit::convert::dcp::DcpCheckpoint;
+
+constexpr int kMaxRanks = 4;
+
+const std::filesystem::path& scratch() {
+  static const std::filesystem::path p =
+      std::filesystem::temp_directory_path() / ("shardkit-fuzz-dcp-" + std::to_string(::getpid()));
+  return p;
+}
+
+void write_file(const std::filesystem::path& path, std::string_view bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void append_record(std::string& out, int role, const std::string& bytes) {
+  out.push_back(static_cast<char>(role));
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((bytes.size() >> (8 * i)) & 0xff));
+  out += bytes;
+}
+
+std::string file_name(int rank) {
+  return "__" + std::to_string(rank) + "_0.distcp";
+}
+
+void read_some(const DcpCheckpoint& ckpt) {
+  float out[8];
+  for (size_t t = 0; t < ckpt.table().size(); ++t) {
+    const int64_t n = std::min<int64_t>(ckpt.table()[t].numel(), 8);
+    for (int state = 0; state < 3; ++state) {
+      try {
+        ckpt.read(state, static_cast<int>(t), 0, std::span<float>(out, static_cast<size_t>(n)));
+      } catch (const shardkit::Error&) {
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  const char* seeds = std::getenv("SHARDKIT_FUZZ_SEEDS");
+  const std::filesystem::path data = std::filesystem::path(SHARDKIT_TEST_DATA_DIR) / "dcp";
+  std::error_code ec;
+  if (!seeds || !std::filesystem::is_directory(data, ec)) return 0;
+  for (const char* name : {"net-w2", "gpt2-w2"}) {
+    const std::filesystem::path dir = data / name / "dcp";
+    if (!std::filesystem::is_regular_file(dir / ".metadata", ec)) continue;
+    std::string packed;
+    append_record(packed, 0, read_file(dir / ".metadata"));
+    for (int r = 0; r < kMaxRanks && std::filesystem::is_regular_file(dir / file_name(r), ec); ++r) {
+      append_record(packed, 1 + r, read_file(dir / file_name(r)));
+    }
+    write_file(std::filesystem::path(seeds) / ("dcp_" + std::string(name)), packed);
+  }
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::filesystem::path dir = scratch() / "dcp";
+  std::filesystem::remove_all(scratch());
+  std::filesystem::create_directories(dir);
+  for (size_t at = 0; at + 5 <= size;) {
+    const int role = data[at];
+    uint32_t length = 0;
+    for (int i = 0; i < 4; ++i) length |= static_cast<uint32_t>(data[at + 1 + static_cast<size_t>(i)]) << (8 * i);
+    at += 5;
+    const size_t n = std::min<size_t>(length, size - at);
+    const std::string_view bytes(reinterpret_cast<const char*>(data) + at, n);
+    at += n;
+    if (role == 0) {
+      write_file(dir / ".metadata", bytes);
+    } else if (role <= kMaxRanks) {
+      write_file(dir / file_name(role - 1), bytes);
+    }
+  }
+  try {
+    const DcpCheckpoint ckpt(dir, nullptr);
+    read_some(ckpt);
+  } catch (const shardkit::Error&) {
+  }
+  return 0;
+}
