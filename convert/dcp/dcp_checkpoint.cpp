@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <regex>
 #include <set>
 #include <unordered_map>
 
@@ -39,8 +40,16 @@ DcpCheckpoint::DcpCheckpoint(const std::filesystem::path& folder, std::shared_pt
   for (const Item& item : metadata_.items()) {
     for (const Chunk& c : item.chunks) files.insert(c.location.file);
   }
-  for (const std::string& f : files) require_within_folder(folder_, folder_ / f);
-  world_size_ = static_cast<int>(files.size());
+  // PyTorch's file system writer names its files __<rank>_<n>.distcp (n counts a rank's writer
+  // threads): the ranks that saved are the distinct <rank>s; other names count one each.
+  static const std::regex kRankFile(R"(__(\d{1,9})_\d{1,9}\.distcp)");
+  std::set<std::string> ranks;
+  for (const std::string& f : files) {
+    require_within_folder(folder_, folder_ / f);
+    std::smatch m;
+    ranks.insert(std::regex_match(f, m, kRankFile) ? m[1].str() : f);
+  }
+  world_size_ = static_cast<int>(ranks.size());
   find_layout();
   build_table();
   read_counters();

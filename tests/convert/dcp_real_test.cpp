@@ -232,17 +232,19 @@ std::filesystem::path copy_fixture(const TempDir& work, const std::string& name)
   return to;
 }
 
-// Replaces the first `from` in `file` with `to`, of the same length.
-void patch(const std::filesystem::path& file, const std::string& from, const std::string& to) {
+// Replaces the first `from` in `file` (every one with `all`) with `to`, of the same length.
+void patch(const std::filesystem::path& file, const std::string& from, const std::string& to, bool all = false) {
   ASSERT_EQ(from.size(), to.size());
   std::string bytes;
   {
     std::ifstream in(file, std::ios::binary);
     bytes.assign(std::istreambuf_iterator<char>(in), {});
   }
-  const size_t at = bytes.find(from);
+  size_t at = bytes.find(from);
   ASSERT_NE(at, std::string::npos) << from << " is not in " << file;
-  bytes.replace(at, from.size(), to);
+  for (; at != std::string::npos; at = all ? bytes.find(from, at + to.size()) : std::string::npos) {
+    bytes.replace(at, from.size(), to);
+  }
   std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
 }
 
@@ -260,6 +262,21 @@ void expect_refused(const TempDir& work, const std::filesystem::path& folder, st
     for (const std::string& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
   }
   EXPECT_FALSE(std::filesystem::exists(r.output));
+}
+
+// PyTorch's writer with several threads writes __<rank>_<n>.distcp: the ranks, not the files, are the
+// world size an import defaults to.
+TEST(DcpFolder, TheFilesOfOneRankCountOnce) {
+  if (fixture_names().empty()) GTEST_SKIP() << "no fixtures in " << kDataDir;
+  TempDir work;
+  const auto f = copy_fixture(work, "net-w2");
+  std::filesystem::rename(f / "__1_0.distcp", f / "__0_1.distcp");
+  patch(f / ".metadata", "__1_0.distcp", "__0_1.distcp", true);
+  convert::CheckpointImportRequest r;
+  r.source = f;
+  r.format = convert::SourceFormat::kDcp;
+  r.output = work / "out";
+  EXPECT_EQ(convert::import_checkpoint(r, options()).world_size, 1);
 }
 
 TEST(DcpUntrusted, DamagedAndCraftedFoldersAreRefusedNamingTheFile) {
