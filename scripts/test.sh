@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs every test from a fresh clone, each test in one of two passes: system packages and
-# the clang-format check; the release build (with the CUDA backend where nvcc is installed, so that its
+# Builds and runs every test from a fresh clone, each test in one of two passes: system packages, the
+# clang-format check and the include graph's layers; the release build (with the CUDA backend where nvcc is installed, so that its
 # code is compiled), running the tests the sanitizer pass leaves out -- multi-rank runs at 1, 3 and 4
 # ranks, h5py and PyTorch interop, the CUDA tests (those that need a GPU skip), the help texts, the
 # samples' configs, the browser rendering of the report and the kill at each point of the save
@@ -25,6 +25,9 @@ echo "== system packages"
 
 echo "== format check (.clang-format)"
 git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror
+
+echo "== include graph (docs/ARCHITECTURE.md's layers)"
+python3 scripts/check_includes.py
 
 # Both builds carry line tables only (-g1): backtraces and sanitizer reports keep their file:line, and
 # the C++ compiles take about a quarter less time (release) than with full debug information.
