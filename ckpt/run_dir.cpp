@@ -132,4 +132,27 @@ RunDirCleanup clean_run_dir(const std::filesystem::path& run_dir) {
   return out;
 }
 
+void prune_committed(const std::filesystem::path& run_dir, int keep_last) {
+  std::vector<CheckpointListing> committed;
+  for (auto& c : list_checkpoints(run_dir)) {
+    if (c.committed) committed.push_back(std::move(c));
+  }
+  const auto keep = static_cast<size_t>(std::max(keep_last, 1));
+  for (size_t i = 0; i + keep < committed.size(); ++i) {
+    if (committed[i].latest) continue;
+    std::error_code ec;
+    std::filesystem::remove_all(run_dir / committed[i].name, ec);
+  }
+}
+
+std::string set_aside_damaged(const std::filesystem::path& step_dir) {
+  std::filesystem::path target = step_dir;
+  target += ".damaged";
+  std::error_code ec;
+  std::filesystem::remove_all(target, ec);  // an older set-aside copy of the same step
+  std::filesystem::rename(step_dir, target, ec);
+  if (ec) return "could not move " + step_dir.string() + " aside: " + ec.message();
+  return "moved " + step_dir.string() + " aside to " + target.filename().string();
+}
+
 }  // namespace shardkit::ckpt

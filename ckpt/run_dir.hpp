@@ -48,4 +48,12 @@ struct RunDirCleanup {
 };
 RunDirCleanup clean_run_dir(const std::filesystem::path& run_dir);
 
+// Removes all but the newest `keep_last` (at least 1) committed step directories of `run_dir`, never
+// the one `latest` names; what cannot be removed stays (a later prune tries again).
+void prune_committed(const std::filesystem::path& run_dir, int keep_last);
+
+// Renames a damaged step directory to <name>.damaged (kept for inspection, out of the run's way: the
+// resumed run saves those steps again), replacing an older copy set aside; returns a line saying so.
+std::string set_aside_damaged(const std::filesystem::path& step_dir);
+
 }  // namespace shardkit::ckpt

@@ -149,17 +149,7 @@ std::vector<SaveOutcome> Checkpointer::finish() {
 }
 
 void Checkpointer::prune() {
-  if (keep_last_ <= 0) return;
-  std::vector<ckpt::CheckpointListing> committed;
-  for (auto& c : ckpt::list_checkpoints(save_dir_)) {
-    if (c.committed) committed.push_back(std::move(c));
-  }
-  const size_t keep = static_cast<size_t>(keep_last_);
-  for (size_t i = 0; i + keep < committed.size(); ++i) {
-    if (committed[i].latest) continue;
-    std::error_code ec;
-    std::filesystem::remove_all(save_dir_ / committed[i].name, ec);
-  }
+  if (keep_last_ > 0) ckpt::prune_committed(save_dir_, keep_last_);
 }
 
 ResumeCandidates resume_candidates(const std::string& resume, const std::filesystem::path& save_dir) {
@@ -177,16 +167,6 @@ ResumeCandidates resume_candidates(const std::string& resume, const std::filesys
   }
   std::reverse(out.paths.begin(), out.paths.end());
   return out;
-}
-
-std::string set_aside(const std::filesystem::path& step_dir) {
-  std::filesystem::path target = step_dir;
-  target += ".damaged";
-  std::error_code ec;
-  std::filesystem::remove_all(target, ec);  // an older set-aside copy of the same step
-  std::filesystem::rename(step_dir, target, ec);
-  if (ec) return "could not move " + step_dir.string() + " aside: " + ec.message();
-  return "moved " + step_dir.string() + " aside to " + target.filename().string();
 }
 
 nlohmann::json load_checkpoint(const std::filesystem::path& path, const model::Model& model, Backend& backend) {

@@ -97,10 +97,6 @@ struct ResumeCandidates {
 };
 ResumeCandidates resume_candidates(const std::string& resume, const std::filesystem::path& save_dir);
 
-// Renames a damaged step directory to <name>.damaged (kept for inspection, out of the run's way: the
-// resumed run saves those steps again); returns a line saying so.
-std::string set_aside(const std::filesystem::path& step_dir);
-
 // Restores the backend's master weights and Adam moments from `path` (any world size and stage) and
 // returns the manifest's trainer_state. Error(kInvalidInput) when the checkpoint holds another model (other
 // tensors, or a manifest that describes another architecture);

@@ -461,7 +461,7 @@ bool Trainer::State::resume() {
   // checkpoint loaded if it named one of them.
   auto set_damaged_aside = [&](const std::filesystem::path& loaded) {
     if (root() && !damaged.empty()) {
-      for (const auto& dir : damaged) log("notice: " + set_aside(dir));
+      for (const auto& dir : damaged) log("notice: " + ckpt::set_aside_damaged(dir));
       bool stale = false;
       try {
         std::error_code ec;

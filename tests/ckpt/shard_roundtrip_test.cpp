@@ -2,6 +2,7 @@
 // random tables, every stage, several world sizes, compressed and not.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <random>
 
 #include "base/error.hpp"
@@ -168,6 +169,26 @@ TEST(ShardRoundTrip, RunDirectoryFollowsLatestAndListsIncompleteSaves) {
   EXPECT_FALSE(list[2].committed);
   EXPECT_NE(list[2].problem.find("no manifest"), std::string::npos);
   EXPECT_THROW(CheckpointReader(dir / "step-00000030"), Error);
+}
+
+// Pruning keeps the newest committed steps and the one `latest` names, and leaves an uncommitted one
+// for the cleanup; a damaged step is set aside under a name no listing takes for a step.
+TEST(ShardRoundTrip, PruningKeepsTheNewestAndLatestAndSettingAsideMovesOneStep) {
+  TempDir dir;
+  const ckpt::TensorTable table = testing::random_table(3, 5, 100);
+  for (int64_t step : {10, 20, 30, 40})
+    testing::write_synthetic_checkpoint(dir.path(), table, {1, 1, 16}, {}, kSeed, step);
+  std::filesystem::create_directories(dir / "step-00000050");  // never committed
+  std::ofstream(dir / "latest", std::ios::trunc) << "step-00000020";
+  ckpt::prune_committed(dir.path(), 1);
+  std::vector<std::string> left;
+  for (const auto& c : ckpt::list_checkpoints(dir.path())) left.push_back(c.name);
+  EXPECT_EQ(left, (std::vector<std::string>{"step-00000020", "step-00000040", "step-00000050"}));
+  EXPECT_NE(ckpt::set_aside_damaged(dir / "step-00000040").find("step-00000040.damaged"), std::string::npos);
+  EXPECT_TRUE(std::filesystem::is_directory(dir / "step-00000040.damaged"));
+  left.clear();
+  for (const auto& c : ckpt::list_checkpoints(dir.path())) left.push_back(c.name);
+  EXPECT_EQ(left, (std::vector<std::string>{"step-00000020", "step-00000050"}));
 }
 
 TEST(ShardRoundTrip, RefusesToOverwriteACommittedCheckpoint) {
