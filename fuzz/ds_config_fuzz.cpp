@@ -11,8 +11,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const int world_size = 1 + data[0] % 8;
   const std::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
+  shardkit::trainer::AutoContext context;
+  context.hidden_size = 768;
   try {
-    shardkit::trainer::parse_ds_config_text(text, world_size, {768}, "fuzz.json");
+    shardkit::trainer::parse_ds_config_text(text, world_size, context, "fuzz.json");
   } catch (const shardkit::Error&) {
   }
   return 0;
