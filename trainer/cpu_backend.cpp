@@ -37,7 +37,7 @@ void require_training_memory(const BackendOptions& o) {
   const MemoryPart parts[] = {{"parameters", static_cast<double>(held.parameters)},
                               {"gradients", static_cast<double>(held.gradients)},
                               {"optimizer states", static_cast<double>(held.optimizer_states)},
-                              {"activations", o.model->cpu_activation_bytes(o.micro_batch, o.seq_len)}};
+                              {"activations", o.model->cpu_activation_bytes(activation_plan(o))}};
   require_physical_memory("model " + o.model->name() + " at ZeRO stage " + std::to_string(z.stage) + " on " +
                               std::to_string(o.comm->size()) + (o.comm->size() == 1 ? " rank" : " ranks") +
                               ": training with a micro-batch of " + std::to_string(o.micro_batch) + " x " +
@@ -49,7 +49,7 @@ class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& o)
       : options_(o),
-        model_(o.model->make_cpu_model(o.micro_batch, o.seq_len)),
+        model_(o.model->make_cpu_model(activation_plan(o))),
         engine_(o.model->table(), o.model->groups(), decay_flags(*o.model), o.config->zero, comm_dtype(*o.config),
                 *o.comm, nvme_swaps(o)) {}
 
