@@ -33,10 +33,13 @@ struct MemoryPart {
   double bytes = 0;
 };
 
+// Whether `parts`, held by each of the `node_ranks` processes of this machine, fit its physical memory.
+bool fits_physical_memory(std::span<const MemoryPart> parts, int node_ranks = 1);
+
 // Error(kInvalidInput) "<what> needs <total> (<part> <bytes>, ...[, on <n> ranks]), more than this
-// machine's <physical> of memory" when `parts`, held by each of the `node_ranks` processes of this
-// machine, exceed its physical memory. The figures in the message are the machine's totals; parts of
-// 0 bytes are left out of it.
-void require_physical_memory(const std::string& what, std::span<const MemoryPart> parts, int node_ranks = 1);
+// machine's <physical> of memory[; would fit: <would_fit>]" unless fits_physical_memory(parts,
+// node_ranks). The figures in the message are the machine's totals; parts of 0 bytes are left out of it.
+void require_physical_memory(const std::string& what, std::span<const MemoryPart> parts, int node_ranks = 1,
+                             const std::string& would_fit = "");
 
 }  // namespace shardkit

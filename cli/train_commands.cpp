@@ -129,6 +129,11 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
                     "of a random initialisation; ignored when a checkpoint is resumed");
   train->add_option("--threads", o->options.threads, "Compute threads per rank (default: cores / ranks per node)")
       ->check(CLI::NonNegativeNumber);
+  train->add_flag("--activation-checkpointing", o->options.activation_checkpointing,
+                  "Keep only each transformer block's input in the forward pass and recompute the block in the "
+                  "backward pass: activation memory of one block plus the block inputs, for a second forward pass "
+                  "of the blocks; the same losses. The config's activation_checkpointing section turns it on too "
+                  "(its cpu_checkpointing keeps the inputs in host memory on GPUs)");
   train->add_flag("-q,--quiet", o->options.quiet,
                   "No console output but errors (no step lines or warnings; --metrics is still written)");
   train->footer(

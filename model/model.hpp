@@ -29,6 +29,22 @@ struct PassTimes {
   double backward_ms = 0;  // the rest of the backward pass
 };
 
+// What a model's activation buffers are sized and kept for: micro-batches of up to `batch` sequences
+// of `seq_len` tokens, and activation checkpointing (DeepSpeed's "activation_checkpointing" section,
+// train --activation-checkpointing).
+struct ActivationPlan {
+  int batch = 1;
+  int seq_len = 1;
+  // Keep only each block's input (the residual stream entering it) in the forward pass and rerun the
+  // block's forward pass, the same kernels in the same order, just before its backward pass into one
+  // block's buffers reused by every block: activation memory falls from L blocks' worth to L block
+  // inputs plus one block, for a second forward pass of the blocks. The gradients are the same bits.
+  bool checkpointing = false;
+  // With checkpointing on a GPU: the block inputs in page-locked host memory, copied back before each
+  // block is recomputed (DeepSpeed's cpu_checkpointing). CPU models hold everything in host memory.
+  bool inputs_on_host = false;
+};
+
 // A family's forward and backward passes in fp32 on the CPU, for batches of up to the batch and
 // sequence length it was made for. Parameters and gradients come from a ParameterStore.
 class CpuModel {
@@ -94,11 +110,11 @@ class Model {
   // nullopt: the name is no tensor of this family (the caller also checks it against the table).
   virtual std::optional<HfName> classify_hf_name(std::string_view name) const = 0;
 
-  // Bytes of activations a CPU model for `batch` x `seq_len` tokens holds, known before any is
-  // allocated (in double: a crafted configuration's figure may not fit an int64).
-  virtual double cpu_activation_bytes(int batch, int seq_len) const = 0;
-  // Error(kInvalidInput) when seq_len exceeds max_seq_len() or the activations exceed the machine.
-  virtual std::unique_ptr<CpuModel> make_cpu_model(int batch, int seq_len) const = 0;
+  // Bytes of activations a CPU model for `plan` holds, known before any is allocated (in double: a
+  // crafted configuration's figure may not fit an int64).
+  virtual double cpu_activation_bytes(const ActivationPlan& plan) const = 0;
+  // Error(kInvalidInput) when plan.seq_len exceeds max_seq_len() or the activations exceed the machine.
+  virtual std::unique_ptr<CpuModel> make_cpu_model(const ActivationPlan& plan) const = 0;
 };
 
 }  // namespace shardkit::model

@@ -9,6 +9,9 @@
 # benchmark's reduce_bucket_size. PROFILE=1 adds Nsight Compute's view (occupancy, pipe use, stall
 # reasons) of the attention and LayerNorm kernels at the step's shapes. NVME=1 adds ZeRO-Infinity
 # against host-memory offload and the disk (bench/gpu_nvme_bench.sh; NVME_BIG=1 with its 4 B model).
+# ACTCKPT=1 adds activation checkpointing: llama-2-7b's shape at stage 1 with ACTCKPT_SEQ (default
+# 8192) tokens a sample, without it (refused by the memory plan), with it, and with its inputs in host
+# memory: tokens/s, MFU, the plan against the measured memory (bench/gpu_scale_bench.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
@@ -90,6 +93,12 @@ fi
 if [ "${NVME:-0}" != 0 ]; then
   log "ZeRO-Infinity: optimizer states on NVMe against host memory and the disk (bench/gpu_nvme_bench.sh)"
   SK=build-gpu/shardkit BIG=${NVME_BIG:-0} timeout 900 bench/gpu_nvme_bench.sh "${NVME_DIR:-/tmp/gpu-nvme}" 2>&1
+fi
+
+if [ "${ACTCKPT:-0}" != 0 ]; then
+  log "activation checkpointing: llama-2-7b's shape, stage 1, ${ACTCKPT_SEQ:-8192} tokens a sample (bench/gpu_scale_bench.py)"
+  timeout 900 python3 bench/gpu_scale_bench.py --shardkit build-gpu/shardkit --family llama --cases s1,s1-ac,s1-ac-cpu \
+    --seq "${ACTCKPT_SEQ:-8192}" --micro-batch 1 --steps 4 --dir "$out/actckpt" 2>&1 | tee "$out/actckpt.txt"
 fi
 
 if [ "$gpus" -ge 2 ] && [ "${CKPT:-1}" != 0 ]; then

@@ -43,6 +43,16 @@ struct BackendOptions {
   std::function<void(const std::string&)> log;  // notices for the run's log (rank 0 prints them)
 };
 
+// The model's activations as the run asks for them: its micro-batch and sequence, and the config's
+// activation checkpointing (the train command's flag is merged into it).
+inline model::ActivationPlan activation_plan(const BackendOptions& o) {
+  const ActivationCheckpointingConfig& a = o.config->activation_checkpointing;
+  return {.batch = o.micro_batch,
+          .seq_len = o.seq_len,
+          .checkpointing = a.enabled,
+          .inputs_on_host = a.enabled && a.cpu_checkpointing};
+}
+
 // Fills elements [offset, offset + out.size()) of a tensor (initialisation).
 using InitFn = std::function<void(int tensor, int64_t offset, std::span<float> out)>;
 // Fills the ranges of a checkpoint read, all at once (state 0 = fp32 master, 1 = exp_avg, 2 = exp_avg_sq).

@@ -1,5 +1,6 @@
 // The CPU backend: the family's fp32 CPU model over the ZeRO engine of zero_engine.hpp, on MPI ranks.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -7,6 +8,7 @@
 #include "base/error.hpp"
 #include "base/fault.hpp"
 #include "base/host_memory.hpp"
+#include "base/text_format.hpp"
 #include "model/cpu/gemm.hpp"
 #include "model/cpu/ops.hpp"
 #include "trainer/backend.hpp"
@@ -31,25 +33,36 @@ nvme::SwapFactory nvme_swaps(const BackendOptions& o) {
 // --model and the config decide what a rank allocates: a model larger than the machine must be refused
 // with its figures before the allocation, not end in std::bad_alloc (or the out-of-memory killer)
 // after it. Every rank of the node holds its share (eval checks its weights the same way).
+// A run that would fit with activation checkpointing is told so.
 void require_training_memory(const BackendOptions& o) {
   const ZeroConfig& z = o.config->zero;
   const MemoryReport held = ZeroEngine::planned_memory(o.model->table(), z, o.comm->size(), o.comm->rank());
-  const MemoryPart parts[] = {{"parameters", static_cast<double>(held.parameters)},
-                              {"gradients", static_cast<double>(held.gradients)},
-                              {"optimizer states", static_cast<double>(held.optimizer_states)},
-                              {"activations", o.model->cpu_activation_bytes(o.micro_batch, o.seq_len)}};
+  const auto parts = [&](double activations) {
+    return std::array<MemoryPart, 4>{{{"parameters", static_cast<double>(held.parameters)},
+                                      {"gradients", static_cast<double>(held.gradients)},
+                                      {"optimizer states", static_cast<double>(held.optimizer_states)},
+                                      {"activations", activations}}};
+  };
+  const int node_ranks = o.comm->node_place().size;
+  const model::ActivationPlan plan = activation_plan(o);
+  model::ActivationPlan recomputed = plan;
+  recomputed.checkpointing = true;
+  const double recomputed_bytes = o.model->cpu_activation_bytes(recomputed);
+  const std::string would_fit = !plan.checkpointing && fits_physical_memory(parts(recomputed_bytes), node_ranks)
+                                    ? "--activation-checkpointing (activations " + format_bytes(recomputed_bytes) + ")"
+                                    : "";
   require_physical_memory("model " + o.model->name() + " at ZeRO stage " + std::to_string(z.stage) + " on " +
                               std::to_string(o.comm->size()) + (o.comm->size() == 1 ? " rank" : " ranks") +
                               ": training with a micro-batch of " + std::to_string(o.micro_batch) + " x " +
                               std::to_string(o.seq_len) + " tokens",
-                          parts, o.comm->node_place().size);
+                          parts(o.model->cpu_activation_bytes(plan)), node_ranks, would_fit);
 }
 
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& o)
       : options_(o),
-        model_(o.model->make_cpu_model(o.micro_batch, o.seq_len)),
+        model_(o.model->make_cpu_model(activation_plan(o))),
         engine_(o.model->table(), o.model->groups(), decay_flags(*o.model), o.config->zero, comm_dtype(*o.config),
                 *o.comm, nvme_swaps(o)) {}
 

@@ -49,7 +49,6 @@ constexpr const char* kUnusedTopLevelKeys[] = {"zero_allow_untested_optimizer",
                                                "data_types",
                                                "flops_profiler",
                                                "comms_logger",
-                                               "activation_checkpointing",
                                                "nebula",
                                                "amp",
                                                "torch_autocast",
@@ -620,6 +619,36 @@ SchedulerConfig parse_scheduler(Section& top, int64_t total_steps, double optimi
   return out;
 }
 
+// "activation_checkpointing": present, it turns the recomputation on (ds_config.hpp says why). What
+// DeepSpeed's other keys do is either what shardkit always does or nothing a data-parallel run can
+// use: contiguous_memory_optimization (DeepSpeed copies the checkpoints into one preallocated buffer of
+// number_checkpoints entries, against fragmentation) is how shardkit keeps them anyway, in one buffer
+// sized for every block; the rest get a line saying they have no effect.
+ActivationCheckpointingConfig parse_activation_checkpointing(Section& top) {
+  ActivationCheckpointingConfig out;
+  if (!top.has("activation_checkpointing")) return out;
+  Section section = top.child("activation_checkpointing");
+  out.enabled = true;
+  set_if(section.flag("cpu_checkpointing"), out.cpu_checkpointing);
+  section.flag("contiguous_memory_optimization");
+  section.integer("number_checkpoints", 1, kMaxInteger);
+  if (is_true(section, "partition_activations")) {
+    warn_ignored(section, "partition_activations",
+                 "it splits each checkpoint across model-parallel ranks, and shardkit has none: every rank keeps its "
+                 "own blocks' inputs");
+  }
+  if (is_true(section, "synchronize_checkpoint_boundary")) {
+    warn_ignored(section, "synchronize_checkpoint_boundary",
+                 "the recomputation is ordered on the GPU's stream, without host waits");
+  }
+  if (is_true(section, "profile")) {
+    warn_ignored(section, "profile",
+                 "wall_clock_breakdown times the passes (each block's recomputation counts in the backward pass)");
+  }
+  section.warn_unknown();
+  return out;
+}
+
 // Sections of the top level that change what DeepSpeed trains and that shardkit does not implement:
 // a warning each when enabled, an error where ignoring it would change what the batch keys mean.
 void warn_unimplemented(Section& top) {
@@ -812,6 +841,7 @@ DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const Aut
   set_if(top.flag("wall_clock_breakdown"), c.wall_clock_breakdown);
   c.monitor = parse_monitor(top);
   c.communication_data_type = parse_comm_dtype(top);
+  c.activation_checkpointing = parse_activation_checkpointing(top);
   if (c.bf16 && c.communication_data_type == ckpt::DType::kF16) {
     // bf16 has fp32's range and no loss scale: a gradient sum past 65504 becomes an infinity, and every
     // such step is skipped as an overflow.
@@ -855,6 +885,9 @@ nlohmann::json to_json(const DsConfig& c) {
   if (c.monitor.tensorboard.enabled) j["tensorboard"] = monitor_output_json(c.monitor.tensorboard);
   if (c.monitor.csv_monitor.enabled) j["csv_monitor"] = monitor_output_json(c.monitor.csv_monitor);
   if (c.zero.offload_optimizer.device == "nvme" || c.zero.offload_param.device == "nvme") j["aio"] = aio_json(c.aio);
+  if (c.activation_checkpointing.enabled) {
+    j["activation_checkpointing"] = {{"cpu_checkpointing", c.activation_checkpointing.cpu_checkpointing}};
+  }
   return j;
 }
 

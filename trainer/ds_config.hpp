@@ -109,6 +109,16 @@ struct MonitorConfig {
   bool comet = false;
 };
 
+// DeepSpeed's "activation_checkpointing" section. In DeepSpeed it configures deepspeed.checkpointing,
+// which the model's code then calls (or not); shardkit's models are its own, so the section present
+// turns the recomputation on (train --activation-checkpointing does so without one): each transformer
+// block's input is kept and the block's forward pass rerun before its backward pass
+// (model::ActivationPlan). Of the other keys only cpu_checkpointing changes anything.
+struct ActivationCheckpointingConfig {
+  bool enabled = false;
+  bool cpu_checkpointing = false;  // GPUs: the kept block inputs in page-locked host memory
+};
+
 struct DsConfig {
   // Batch sizes after DeepSpeed's resolution rule: train = micro * gas * world_size.
   int64_t train_batch_size = 0;
@@ -128,6 +138,7 @@ struct DsConfig {
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
   MonitorConfig monitor;
+  ActivationCheckpointingConfig activation_checkpointing;
   // One line per unknown or ignored key, e.g. "unknown key 'foo' ignored" (rank 0 prints them).
   std::vector<std::string> warnings;
 };

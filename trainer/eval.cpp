@@ -20,12 +20,18 @@ namespace {
 
 constexpr int kBatch = 8;  // windows scored per forward pass (fewer where a GPU has no room for them)
 
+// The CPU model's activations for forward passes alone: with checkpointing's buffers, one block's
+// activations (no backward pass reads the others) beside the block outputs.
+model::ActivationPlan scoring_plan(int batch, int seq_len) {
+  return {.batch = batch, .seq_len = seq_len, .checkpointing = true};
+}
+
 // The manifest's model config decides what evaluate allocates: a crafted one must be refused before
 // the allocation, not by the out-of-memory killer after it. DenseParams holds values and gradients
 // of every parameter, on each rank of the node.
 void require_memory_for(const model::Model& m, int seq_len, int node_ranks, const std::string& where) {
   const MemoryPart parts[] = {{"weights", 2.0 * static_cast<double>(m.table().total_elements()) * sizeof(float)},
-                              {"activations", m.cpu_activation_bytes(kBatch, seq_len)}};
+                              {"activations", m.cpu_activation_bytes(scoring_plan(kBatch, seq_len))}};
   require_physical_memory(where + ": evaluating its model", parts, node_ranks);
 }
 
@@ -33,7 +39,7 @@ void require_memory_for(const model::Model& m, int seq_len, int node_ranks, cons
 class CpuScorer final : public WindowScorer {
  public:
   CpuScorer(const model::Model& m, const InitFn& read, int batch, int seq_len)
-      : params_(m.table()), model_(m.make_cpu_model(batch, seq_len)), batch_(batch), seq_len_(seq_len) {
+      : params_(m.table()), model_(m.make_cpu_model(scoring_plan(batch, seq_len))), batch_(batch), seq_len_(seq_len) {
     for (size_t t = 0; t < m.table().size(); ++t) read(static_cast<int>(t), 0, params_.values(static_cast<int>(t)));
   }
   int batch() const override { return batch_; }

@@ -191,6 +191,18 @@ void Trainer::State::configure() {
     log("notice: offload_optimizer/offload_param device cpu have no effect on CPU ranks (the states are already in "
         "host memory)");
   }
+  ActivationCheckpointingConfig& checkpointing = config.activation_checkpointing;
+  if (checkpointing.enabled || options.activation_checkpointing) {
+    log(std::string("activation checkpointing (") +
+        (checkpointing.enabled ? "the config's activation_checkpointing section" : "--activation-checkpointing") +
+        "): each block keeps only its input and reruns its forward pass in the backward pass" +
+        (checkpointing.cpu_checkpointing && !cpu ? "; the inputs in page-locked host memory (cpu_checkpointing)" : ""));
+    checkpointing.enabled = true;
+    if (cpu && checkpointing.cpu_checkpointing) {
+      log("notice: activation_checkpointing.cpu_checkpointing has no effect on CPU ranks (the block inputs are already "
+          "in host memory)");
+    }
+  }
   model::cpu::set_compute_threads(options.threads > 0 ? options.threads : default_threads(comm));
   table = model->table();
   if (options.seq_len < 0 || options.seq_len > model->max_seq_len()) {

@@ -33,7 +33,10 @@ struct TrainOptions {
   std::filesystem::path init_from;  // Hugging Face weights to start from (when not resuming)
   std::string device = "cpu";       // cpu | cuda
   int threads = 0;                  // compute threads per rank; 0: cores / ranks on this node
-  bool quiet = false;               // no console lines (metrics and errors still written)
+  // Recompute each block's forward pass in the backward pass, as the config's activation_checkpointing
+  // section does (this turns it on without one).
+  bool activation_checkpointing = false;
+  bool quiet = false;  // no console lines (metrics and errors still written)
 };
 
 // One optimizer step as the metrics contract reports it.

@@ -64,11 +64,11 @@ class Gpt2Model final : public Model {
   }
   std::optional<HfName> classify_hf_name(std::string_view name) const override { return gpt2::classify_hf_name(name); }
 
-  double cpu_activation_bytes(int batch, int seq_len) const override {
-    return CpuGpt2::activation_bytes(config_, batch, seq_len);
+  double cpu_activation_bytes(const ActivationPlan& plan) const override {
+    return CpuGpt2::activation_bytes(config_, plan);
   }
-  std::unique_ptr<CpuModel> make_cpu_model(int batch, int seq_len) const override {
-    return std::make_unique<CpuGpt2>(config_, batch, seq_len);
+  std::unique_ptr<CpuModel> make_cpu_model(const ActivationPlan& plan) const override {
+    return std::make_unique<CpuGpt2>(config_, plan);
   }
 
  private:

@@ -15,15 +15,16 @@
 namespace shardkit::model::llama {
 namespace {}  // namespace
 
-CpuLlama::CpuLlama(const LlamaConfig& config, int batch, int seq_len)
-    : config_(config), max_batch_(batch), max_seq_(seq_len) {
+CpuLlama::CpuLlama(const LlamaConfig& config, const ActivationPlan& plan)
+    : config_(config), max_batch_(plan.batch), max_seq_(plan.seq_len), checkpointing_(plan.checkpointing) {
+  const int batch = plan.batch, seq_len = plan.seq_len;
   validate(config, "model " + config.name);
   if (batch < 1 || seq_len < 1 || seq_len > config.max_position_embeddings) {
     fail(ErrorKind::kInvalidInput, "batch " + std::to_string(batch) + " x sequence " + std::to_string(seq_len) +
                                        " does not fit the model (max_position_embeddings " +
                                        std::to_string(config.max_position_embeddings) + ")");
   }
-  cpu::require_activation_memory(config.name, batch, seq_len, activation_bytes(config, batch, seq_len));
+  cpu::require_activation_memory(config.name, batch, seq_len, activation_bytes(config, plan));
   final_group_ = config.n_layer + 1;
 
   RopeTables rope = rope_tables(config, seq_len);
@@ -31,7 +32,8 @@ CpuLlama::CpuLlama(const LlamaConfig& config, int batch, int seq_len)
   sin_ = std::move(rope.sin);
 
   const size_t N = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
-  const size_t L = static_cast<size_t>(config.n_layer), H = static_cast<size_t>(config.hidden_size);
+  const size_t L = checkpointing_ ? 1 : static_cast<size_t>(config.n_layer);  // layers of buffers (L')
+  const size_t H = static_cast<size_t>(config.hidden_size);
   const size_t QW = static_cast<size_t>(config.n_head) * static_cast<size_t>(config.head_dim);
   const size_t KW = static_cast<size_t>(config.n_kv_head) * static_cast<size_t>(config.head_dim);
   const size_t I = static_cast<size_t>(config.intermediate_size);
@@ -51,7 +53,7 @@ CpuLlama::CpuLlama(const LlamaConfig& config, int batch, int seq_len)
   gate_.resize(L * N * I);
   up_.resize(L * N * I);
   act_.resize(L * N * I);
-  res3_.resize(L * N * H);
+  res3_.resize(static_cast<size_t>(config.n_layer) * N * H);
   xnf_.resize(N * H);
   rstdf_.resize(N);
   logits_.resize(static_cast<size_t>(cpu::kHeadBlockRows) * static_cast<size_t>(config.vocab_size));
@@ -68,22 +70,28 @@ CpuLlama::CpuLlama(const LlamaConfig& config, int batch, int seq_len)
 }
 
 int64_t CpuLlama::activation_bytes() const {
-  return static_cast<int64_t>(activation_bytes(config_, max_batch_, max_seq_));
+  return static_cast<int64_t>(activation_bytes(config_, {max_batch_, max_seq_, checkpointing_}));
 }
 
-double CpuLlama::activation_bytes(const LlamaConfig& c, int batch, int seq_len) noexcept {
-  // The buffers the constructor sizes: per layer 4 N x H (xn1, res2, xn2, res3), 2 N x NH*D (q, atty),
-  // 2 N x NKV*D, 3 N x I, 2 N statistics and the attention; outside the layers 5 N x H (encoded, xnf,
-  // dres, dxn, dtmp), 2 N x NH*D, 2 N x NKV*D, 3 N x I, N statistics, the rotation tables and a block
-  // of logits.
-  const double n = static_cast<double>(batch) * seq_len;
+double CpuLlama::activation_bytes(const LlamaConfig& c, const ActivationPlan& plan) noexcept {
+  // The buffers the constructor sizes: per layer the output res3 (N x H), and for every layer or only
+  // one (checkpointing) 3 N x H (xn1, res2, xn2), 2 N x NH*D (q, atty), 2 N x NKV*D, 3 N x I,
+  // 2 N statistics and the attention; outside the layers 5 N x H (encoded, xnf, dres, dxn, dtmp),
+  // 2 N x NH*D, 2 N x NKV*D, 3 N x I, N statistics, the rotation tables and a block of logits.
+  const double n = static_cast<double>(plan.batch) * plan.seq_len;
   const double h = c.hidden_size, i = c.intermediate_size;
   const double qw = static_cast<double>(c.n_head) * c.head_dim, kw = static_cast<double>(c.n_kv_head) * c.head_dim;
-  const double attention = static_cast<double>(batch) * c.n_head * seq_len * seq_len;
-  const double per_layer = n * (4 * h + 2 * qw + 2 * kw + 3 * i + 2) + attention;
-  const double outside = n * (5 * h + 2 * qw + 2 * kw + 3 * i + 1) + static_cast<double>(seq_len) * c.head_dim +
+  const double attention = static_cast<double>(plan.batch) * c.n_head * plan.seq_len * plan.seq_len;
+  const double per_layer = n * (3 * h + 2 * qw + 2 * kw + 3 * i + 2) + attention;
+  const double layers = plan.checkpointing ? 1 : c.n_layer;
+  const double outside = n * (5 * h + 2 * qw + 2 * kw + 3 * i + 1) + static_cast<double>(plan.seq_len) * c.head_dim +
                          static_cast<double>(cpu::kHeadBlockRows) * c.vocab_size;
-  return (c.n_layer * per_layer + outside) * sizeof(float);
+  return (c.n_layer * n * h + layers * per_layer + outside) * sizeof(float);
+}
+
+const float* CpuLlama::layer_input(int l) const noexcept {
+  const size_t rows = static_cast<size_t>(max_batch_) * static_cast<size_t>(max_seq_);
+  return l == 0 ? encoded_.data() : res3_.data() + static_cast<size_t>(l - 1) * rows * config_.hidden_size;
 }
 
 void CpuLlama::forward_layers(ParameterStore& p, const int32_t* inputs, int B, int T) {
@@ -92,57 +100,64 @@ void CpuLlama::forward_layers(ParameterStore& p, const int32_t* inputs, int B, i
                                    std::to_string(max_batch_) + "x" + std::to_string(max_seq_));
   }
   const LlamaConfig& c = config_;
-  const int N = B * T, H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
-  const int QW = c.n_head * D, KW = c.n_kv_head * D;
-  const auto eps = static_cast<float>(c.rms_norm_eps);
-  const size_t rows = static_cast<size_t>(max_batch_) * static_cast<size_t>(max_seq_);
-  const size_t att_stride = static_cast<size_t>(max_batch_) * c.n_head * max_seq_ * max_seq_;
+  const int N = B * T, H = c.hidden_size;
 
   p.acquire(0);
   ops::embedding_forward(encoded_.data(), inputs, p.param(0), N, H);
   p.release(0);
 
-  const float* x = encoded_.data();
   for (int l = 0; l < c.n_layer; ++l) {
     p.acquire(1 + l);
-    auto w = [&](int k) { return p.param(layer_tensor(l, k)); };
-    const size_t at = static_cast<size_t>(l) * rows;
-    float* xn1 = xn1_.data() + at * H;
-    float* q = q_.data() + at * QW;
-    float* k = k_.data() + at * KW;
-    float* v = v_.data() + at * KW;
-    float* atty = atty_.data() + at * QW;
-    float* res2 = res2_.data() + at * H;
-    float* xn2 = xn2_.data() + at * H;
-    float* gate = gate_.data() + at * I;
-    float* up = up_.data() + at * I;
-    float* act = act_.data() + at * I;
-    float* res3 = res3_.data() + at * H;
-    float* tmp = dtmp_.data();  // forward scratch: the projections before the residual add
-
-    ops::rmsnorm_forward(xn1, rstd1_.data() + at, x, w(kInputNorm), N, H, eps);
-    ops::linear_forward(q, xn1, w(kQ), N, H, QW);
-    ops::linear_forward(k, xn1, w(kK), N, H, KW);
-    ops::linear_forward(v, xn1, w(kV), N, H, KW);
-    ops::rope_forward(q, cos_.data(), sin_.data(), B, T, c.n_head, D);
-    ops::rope_forward(k, cos_.data(), sin_.data(), B, T, c.n_kv_head, D);
-    cpu::attention_forward(atty, att_.data() + l * att_stride, q, k, v, {B, T, c.n_head, c.n_kv_head, D, QW, KW});
-    ops::linear_forward(tmp, atty, w(kO), N, QW, H);
-    cpu::residual_forward(res2, x, tmp, int64_t{N} * H);
-    ops::rmsnorm_forward(xn2, rstd2_.data() + at, res2, w(kPostNorm), N, H, eps);
-    ops::linear_forward(gate, xn2, w(kGate), N, H, I);
-    ops::linear_forward(up, xn2, w(kUp), N, H, I);
-    ops::swiglu_forward(act, gate, up, int64_t{N} * I);
-    ops::linear_forward(tmp, act, w(kDown), N, I, H);
-    cpu::residual_forward(res3, res2, tmp, int64_t{N} * H);
+    forward_layer(p, l, B, T, true);
     p.release(1 + l);
-    x = res3;
   }
 
   p.acquire(final_group_);
-  ops::rmsnorm_forward(xnf_.data(), rstdf_.data(), x, p.param(final_norm_tensor(c)), N, H, eps);
+  ops::rmsnorm_forward(xnf_.data(), rstdf_.data(), layer_input(c.n_layer), p.param(final_norm_tensor(c)), N, H,
+                       static_cast<float>(c.rms_norm_eps));
   // The untied head belongs to this group and stays acquired for head(); a tied one is group 0's.
   if (c.tie_word_embeddings) p.release(final_group_);
+}
+
+void CpuLlama::forward_layer(ParameterStore& p, int l, int B, int T, bool with_output) {
+  const LlamaConfig& c = config_;
+  const int N = B * T, H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const int QW = c.n_head * D, KW = c.n_kv_head * D;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const size_t rows = static_cast<size_t>(max_batch_) * static_cast<size_t>(max_seq_);
+  const size_t att_stride = static_cast<size_t>(max_batch_) * c.n_head * max_seq_ * max_seq_;
+  auto w = [&](int k) { return p.param(layer_tensor(l, k)); };
+  const size_t at = layer_slot(l) * rows;
+  const float* x = layer_input(l);
+  float* xn1 = xn1_.data() + at * H;
+  float* q = q_.data() + at * QW;
+  float* k = k_.data() + at * KW;
+  float* v = v_.data() + at * KW;
+  float* atty = atty_.data() + at * QW;
+  float* res2 = res2_.data() + at * H;
+  float* xn2 = xn2_.data() + at * H;
+  float* gate = gate_.data() + at * I;
+  float* up = up_.data() + at * I;
+  float* act = act_.data() + at * I;
+  float* tmp = dtmp_.data();  // forward scratch: the projections before the residual add (unused backward)
+
+  ops::rmsnorm_forward(xn1, rstd1_.data() + at, x, w(kInputNorm), N, H, eps);
+  ops::linear_forward(q, xn1, w(kQ), N, H, QW);
+  ops::linear_forward(k, xn1, w(kK), N, H, KW);
+  ops::linear_forward(v, xn1, w(kV), N, H, KW);
+  ops::rope_forward(q, cos_.data(), sin_.data(), B, T, c.n_head, D);
+  ops::rope_forward(k, cos_.data(), sin_.data(), B, T, c.n_kv_head, D);
+  cpu::attention_forward(atty, att_.data() + layer_slot(l) * att_stride, q, k, v,
+                         {B, T, c.n_head, c.n_kv_head, D, QW, KW});
+  ops::linear_forward(tmp, atty, w(kO), N, QW, H);
+  cpu::residual_forward(res2, x, tmp, int64_t{N} * H);
+  ops::rmsnorm_forward(xn2, rstd2_.data() + at, res2, w(kPostNorm), N, H, eps);
+  ops::linear_forward(gate, xn2, w(kGate), N, H, I);
+  ops::linear_forward(up, xn2, w(kUp), N, H, I);
+  ops::swiglu_forward(act, gate, up, int64_t{N} * I);
+  if (!with_output) return;  // the backward pass reads act, not the layer's output
+  ops::linear_forward(tmp, act, w(kDown), N, I, H);
+  cpu::residual_forward(res3_.data() + static_cast<size_t>(l) * rows * H, res2, tmp, int64_t{N} * H);
 }
 
 double CpuLlama::head(ParameterStore& p, const int32_t* targets, int N, float grad_scale, bool train) {
@@ -185,7 +200,6 @@ void CpuLlama::backward_layers(ParameterStore& p, const int32_t* inputs, int B, 
   const int64_t NH = int64_t{N} * H;
   const size_t rows = static_cast<size_t>(max_batch_) * static_cast<size_t>(max_seq_);
   const size_t att_stride = static_cast<size_t>(max_batch_) * c.n_head * max_seq_ * max_seq_;
-  auto layer_output = [&](int l) { return l < 0 ? encoded_.data() : res3_.data() + static_cast<size_t>(l) * rows * H; };
 
   // Final norm: dxn_ holds d(xnf) from the head.
   std::fill(dres_.begin(), dres_.begin() + NH, 0.0f);
@@ -194,17 +208,18 @@ void CpuLlama::backward_layers(ParameterStore& p, const int32_t* inputs, int B, 
     p.acquire(final_group_);
     p.open_grads(final_group_);
   }
-  ops::rmsnorm_backward(dres_.data(), p.grad(norm), dxn_.data(), layer_output(c.n_layer - 1), p.param(norm),
-                        rstdf_.data(), N, H);
+  ops::rmsnorm_backward(dres_.data(), p.grad(norm), dxn_.data(), layer_input(c.n_layer), p.param(norm), rstdf_.data(),
+                        N, H);
   p.close_grads(final_group_);
   p.release(final_group_);
 
   for (int l = c.n_layer - 1; l >= 0; --l) {
     p.acquire(1 + l);
+    if (checkpointing_) forward_layer(p, l, B, T, false);
     p.open_grads(1 + l);
     auto w = [&](int k) { return p.param(layer_tensor(l, k)); };
     auto g = [&](int k) { return p.grad(layer_tensor(l, k)); };
-    const size_t at = static_cast<size_t>(l) * rows;
+    const size_t at = layer_slot(l) * rows;
     float* dres = dres_.data();  // in: d(layer output); out: d(layer input)
 
     // res3 = res2 + down(silu(gate(xn2)) * up(xn2)), xn2 = norm(res2)
@@ -218,7 +233,7 @@ void CpuLlama::backward_layers(ParameterStore& p, const int32_t* inputs, int B, 
     // res2 = input + o(attention(rope(q(xn1)), rope(k(xn1)), v(xn1))), xn1 = norm(input)
     ops::linear_backward(datty_.data(), g(kO), dres, atty_.data() + at * QW, w(kO), N, QW, H, false);
     cpu::attention_backward(dq_.data(), dk_.data(), dv_.data(), datty_.data(), q_.data() + at * QW, k_.data() + at * KW,
-                            v_.data() + at * KW, att_.data() + l * att_stride,
+                            v_.data() + at * KW, att_.data() + layer_slot(l) * att_stride,
                             {B, T, c.n_head, c.n_kv_head, D, QW, KW});
     ops::rope_backward(dq_.data(), cos_.data(), sin_.data(), B, T, c.n_head, D);
     ops::rope_backward(dk_.data(), cos_.data(), sin_.data(), B, T, c.n_kv_head, D);
@@ -226,8 +241,7 @@ void CpuLlama::backward_layers(ParameterStore& p, const int32_t* inputs, int B, 
     ops::linear_backward(dxn_.data(), g(kQ), dq_.data(), xn1, w(kQ), N, H, QW, false);
     ops::linear_backward(dxn_.data(), g(kK), dk_.data(), xn1, w(kK), N, H, KW, true);
     ops::linear_backward(dxn_.data(), g(kV), dv_.data(), xn1, w(kV), N, H, KW, true);
-    ops::rmsnorm_backward(dres, g(kInputNorm), dxn_.data(), layer_output(l - 1), w(kInputNorm), rstd1_.data() + at, N,
-                          H);
+    ops::rmsnorm_backward(dres, g(kInputNorm), dxn_.data(), layer_input(l), w(kInputNorm), rstd1_.data() + at, N, H);
     p.close_grads(1 + l);
     p.release(1 + l);
   }

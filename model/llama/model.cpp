@@ -45,11 +45,11 @@ class LlamaModel final : public Model {
     return llama::classify_hf_name(config_, name);
   }
 
-  double cpu_activation_bytes(int batch, int seq_len) const override {
-    return CpuLlama::activation_bytes(config_, batch, seq_len);
+  double cpu_activation_bytes(const ActivationPlan& plan) const override {
+    return CpuLlama::activation_bytes(config_, plan);
   }
-  std::unique_ptr<CpuModel> make_cpu_model(int batch, int seq_len) const override {
-    return std::make_unique<CpuLlama>(config_, batch, seq_len);
+  std::unique_ptr<CpuModel> make_cpu_model(const ActivationPlan& plan) const override {
+    return std::make_unique<CpuLlama>(config_, plan);
   }
 
  private:

@@ -274,5 +274,28 @@ TEST(BadInput, TrainRefusesAModelLargerThanTheMachineBeforeAllocatingIt) {
   }
 }
 
+// A run that fits only with activation checkpointing is refused with the option named: gpt2 at 4 x
+// 1,024 tokens keeps 5 GB of activations (12 layers' attention probabilities among them), 0.7 GB with
+// each block recomputed; SHARDKIT_HOST_MEMORY makes this a 5 GiB machine.
+TEST(BadInput, TrainOffersActivationCheckpointingWhereItWouldFit) {
+  testing::TempDir dir;
+  const std::string data = write_text_tokens(dir).string();
+  write(dir / "four.json", R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1})");
+  const std::string command =
+      "train --config " + (dir / "four.json").string() + " --model gpt2 --seq-len 1024 --data " + data + " --steps 1";
+  const Result r = run(command, "timeout -s KILL 120", "SHARDKIT_HOST_MEMORY=5GiB");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(count_lines(r.err), 1) << r.err;
+  for (const char* says : {"model gpt2 at ZeRO stage 0 on 1 rank: training with a micro-batch of 4 x 1024 tokens needs",
+                           "more than this machine's 5.37 GB of memory; would fit: --activation-checkpointing "
+                           "(activations "}) {
+    EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+  }
+  // Not offered where it is on already.
+  const Result on = run(command + " --activation-checkpointing", "timeout -s KILL 120", "SHARDKIT_HOST_MEMORY=1GiB");
+  EXPECT_EQ(on.code, 2) << on.err;
+  EXPECT_EQ(on.err.find("would fit"), std::string::npos) << on.err;
+}
+
 }  // namespace
 }  // namespace shardkit

@@ -1,6 +1,6 @@
 // The memory plan said at start-up is what the rank then holds: for each stage, with the optimizer
-// and the parameters offloaded, for both families, the plan's parameters, gradients, optimizer states
-// and activations are the memory line's (the same bytes, the same rounding, offloaded ones named as
+// and the parameters offloaded, with activation checkpointing, for both families, the plan's parameters, gradients,
+// optimizer states and activations are the memory line's (the same bytes, the same rounding, offloaded ones named as
 // such); its total is the device memory the run then takes (measured after the first step, working
 // buffers, cuBLAS's and NCCL's included) to 10 %. And a run that cannot fit is refused before it
 // allocates, with the settings that would fit. Skipped without a GPU.
@@ -93,18 +93,26 @@ TEST(CudaMemoryPlan, ThePlanMatchesTheMemoryMeasuredAfterTheFirstStep) {
         .write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * sizeof(uint16_t)));
   }
   // Stage 2's gradient buckets (GPT-2), stage 3's gathered groups and reductions with accumulation
-  // (Llama, untied head): shapes whose working buffers are gigabytes, not lost in cuBLAS's workspaces.
+  // (Llama, untied head): shapes whose working buffers are gigabytes, not lost in cuBLAS's workspaces;
+  // and activation checkpointing, with the block inputs on the GPU and in host memory.
   struct Case {
     const char* model;
     int stage, micro_batch, accumulation;
+    const char* checkpointing = "";  // the activation_checkpointing section, if any
   };
-  for (const Case& c : {Case{"gpt2-large", 2, 4, 1}, Case{"tinyllama-1.1b", 3, 4, 2}}) {
-    SCOPED_TRACE(std::string(c.model) + " stage " + std::to_string(c.stage));
-    const std::string path = (dir / (std::string(c.model) + ".json")).string();
+  const Case cases[] = {{"gpt2-large", 2, 4, 1},
+                        {"tinyllama-1.1b", 3, 4, 2},
+                        {"tinyllama-1.1b", 1, 8, 1, R"({"cpu_checkpointing": false})"},
+                        {"gpt2-large", 1, 8, 1, R"({"cpu_checkpointing": true})"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.model) + " stage " + std::to_string(c.stage) + " " + c.checkpointing);
+    const std::string path = (dir / (std::string(c.model) + std::to_string(c.stage) + ".json")).string();
     std::ofstream(path) << R"({"train_micro_batch_size_per_gpu": )" << c.micro_batch
                         << R"(, "gradient_accumulation_steps": )" << c.accumulation
                         << R"(, "bf16": {"enabled": true}, "zero_optimization": {"stage": )" << c.stage
-                        << R"(}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}})";
+                        << R"(}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}})"
+                        << (*c.checkpointing ? std::string(R"(, "activation_checkpointing": )") + c.checkpointing : "")
+                        << "}";
     const Result r = run("train --config " + path + " --model " + c.model + " --device cuda --data " + data +
                              " --seq-len 1024 --steps 2",
                          "timeout -s KILL 300 " + mpirun(1));
@@ -115,7 +123,8 @@ TEST(CudaMemoryPlan, ThePlanMatchesTheMemoryMeasuredAfterTheFirstStep) {
     EXPECT_EQ(find(out, "GPU memory after the first step: .* in use on rank 0, planned " + size), planned);
     const double measured = parse_bytes(find(out, "GPU memory after the first step: " + size + " in use"));
     EXPECT_NEAR(parse_bytes(planned) / measured, 1.0, 0.10) << "planned " << planned << ", measured " << measured;
-    std::printf("%s at stage %d: planned %s, measured %.2f GB\n", c.model, c.stage, planned.c_str(), measured / 1e9);
+    std::printf("%s at stage %d %s: planned %s, measured %.2f GB\n", c.model, c.stage, c.checkpointing, planned.c_str(),
+                measured / 1e9);
   }
 }
 

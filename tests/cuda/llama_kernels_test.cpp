@@ -285,7 +285,7 @@ TEST(LlamaCuda, UnsupportedShapesAreRefusedByName) {
   EXPECT_NE(cuda_unsupported(wide).find("RMSNorm"), std::string::npos) << cuda_unsupported(wide);
   odd.name = "odd-llama";
   try {
-    trainer::cuda::make_gpu_model<float>(*make_model(odd), 1, 8, nullptr, nullptr);
+    trainer::cuda::make_gpu_model<float>(*make_model(odd), {.batch = 1, .seq_len = 8}, nullptr, nullptr);
     ADD_FAILURE() << "head_dim 16 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("model odd-llama: head_dim 16"), std::string::npos) << e.what();

@@ -115,6 +115,37 @@ TEST(TrainMpi, EveryStageMatchesOneRankAtStage0) {
   }
 }
 
+// Activation checkpointing changes where activations live, not what is computed: at every stage the
+// losses, learning rates and loss scales are the same bits with it (from the config's section or the
+// command line's flag) as without.
+TEST(TrainMpi, ActivationCheckpointingTrainsBitForBitLikeKeepingEveryActivation) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  Workspace ws(world);
+  for (const std::string& model : ws.models(true)) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      const std::string name = "s" + std::to_string(stage);
+      const std::vector<StepRecord> kept = train(world, options(ws.config(stage, name), ws / "tokens.bin", 4, model));
+      nlohmann::json with_section = nlohmann::json::parse(std::ifstream(ws.config(stage, name)));
+      with_section["activation_checkpointing"] = {{"partition_activations", false}, {"cpu_checkpointing", false}};
+      TrainOptions from_config = options(ws.write_json(name + "-ac.json", with_section), ws / "tokens.bin", 4, model);
+      TrainOptions from_flag = options(ws.config(stage, name), ws / "tokens.bin", 4, model);
+      from_flag.activation_checkpointing = true;
+      for (const TrainOptions& o : {from_config, from_flag}) {
+        const std::vector<StepRecord> recomputed = train(world, o);
+        const std::string what = model + ", stage " + std::to_string(stage) + ", " + o.config.filename().string() +
+                                 (o.activation_checkpointing ? " and the flag" : "");
+        ASSERT_EQ(recomputed.size(), kept.size()) << what;
+        for (size_t i = 0; i < kept.size(); ++i) {
+          EXPECT_EQ(recomputed[i].loss, kept[i].loss) << what << " step " << kept[i].step;
+          EXPECT_EQ(recomputed[i].grad_norm, kept[i].grad_norm) << what << " step " << kept[i].step;
+          EXPECT_EQ(recomputed[i].lr, kept[i].lr) << what << " step " << kept[i].step;
+          EXPECT_EQ(recomputed[i].loss_scale, kept[i].loss_scale) << what << " step " << kept[i].step;
+        }
+      }
+    }
+  }
+}
+
 TEST(TrainMpi, ResumeAtTheSameWorldSizeAndStageIsBitExact) {
   comm::MpiCollective world(MPI_COMM_WORLD);
   Workspace ws(world);

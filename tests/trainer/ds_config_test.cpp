@@ -110,7 +110,8 @@ auto fields(const SchedulerConfig& s) {
 }
 auto fields(const DsConfig& c) {
   return std::tie(c.train_batch_size, c.micro_batch_per_gpu, c.gradient_accumulation_steps, c.bf16, c.gradient_clipping,
-                  c.steps_per_print, c.wall_clock_breakdown, c.communication_data_type);
+                  c.steps_per_print, c.wall_clock_breakdown, c.communication_data_type,
+                  c.activation_checkpointing.enabled, c.activation_checkpointing.cpu_checkpointing);
 }
 
 void expect_same(const DsConfig& a, const DsConfig& b) {
@@ -767,14 +768,65 @@ TEST(DsConfigKeys, KnownButUnusedKeysAreSilent) {
                       {"zero_optimization", {{"stage3_gather_16bit_weights_on_model_save", true}}},
                       {"optimizer", {{"type", "Adam"}, {"params", {{"torch_adam", false}}}}},
                       {"scheduler", {{"type", "WarmupLR"}, {"params", {{"last_batch_iteration", -1}}}}}});
-  for (const char* key : {"zero_allow_untested_optimizer", "dump_state", "memory_breakdown", "sparse_gradients",
-                          "checkpoint", "data_types", "flops_profiler", "tensorboard", "wandb", "csv_monitor",
-                          "activation_checkpointing", "aio", "comms_logger"}) {
+  for (const char* key :
+       {"zero_allow_untested_optimizer", "dump_state", "memory_breakdown", "sparse_gradients", "checkpoint",
+        "data_types", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "aio", "comms_logger"}) {
     config[key] = json::object();
   }
   config["prescale_gradients"] = false;
   config["gradient_predivide_factor"] = 1.0;
   EXPECT_EQ(parse(config).warnings, std::vector<std::string>{});
+}
+
+// The section turns the recomputation on (shardkit owns the model code that DeepSpeed leaves to the
+// caller); cpu_checkpointing is kept; DeepSpeed's other keys are read, the ones that change nothing
+// here say so when set, and the resolved config writes the section back.
+TEST(DsConfigActivationCheckpointing, TheSectionTurnsItOnAndItsKeysAreRead) {
+  EXPECT_FALSE(parse(with()).activation_checkpointing.enabled);
+  EXPECT_FALSE(parse(with({{"activation_checkpointing", nullptr}})).activation_checkpointing.enabled);
+  const DsConfig empty = parse(with({{"activation_checkpointing", json::object()}}));
+  EXPECT_TRUE(empty.activation_checkpointing.enabled);
+  EXPECT_FALSE(empty.activation_checkpointing.cpu_checkpointing);
+  EXPECT_EQ(empty.warnings, std::vector<std::string>{});
+
+  // DeepSpeed's documented section, as its examples write it.
+  const DsConfig quiet = parse(with({{"activation_checkpointing",
+                                      {{"partition_activations", false},
+                                       {"cpu_checkpointing", true},
+                                       {"contiguous_memory_optimization", true},
+                                       {"number_checkpoints", 32},
+                                       {"synchronize_checkpoint_boundary", false},
+                                       {"profile", false}}}}));
+  EXPECT_TRUE(quiet.activation_checkpointing.enabled);
+  EXPECT_TRUE(quiet.activation_checkpointing.cpu_checkpointing);
+  EXPECT_EQ(quiet.warnings, std::vector<std::string>{});
+  const DsConfig back = parse(with({{"activation_checkpointing", to_json(quiet)["activation_checkpointing"]}}));
+  EXPECT_TRUE(back.activation_checkpointing.enabled);
+  EXPECT_TRUE(back.activation_checkpointing.cpu_checkpointing);
+  EXPECT_FALSE(to_json(parse(with())).contains("activation_checkpointing"));
+
+  const DsConfig noted = parse(with({{"activation_checkpointing",
+                                      {{"partition_activations", true},
+                                       {"synchronize_checkpoint_boundary", true},
+                                       {"profile", true},
+                                       {"number_checkpoints", nullptr},
+                                       {"checkpoint_in_cpu", true}}}}));
+  const std::vector<std::string> expected = {
+      "activation_checkpointing.partition_activations ignored: it splits each checkpoint across model-parallel "
+      "ranks, and shardkit has none: every rank keeps its own blocks' inputs",
+      "activation_checkpointing.synchronize_checkpoint_boundary ignored: the recomputation is ordered on the GPU's "
+      "stream, without host waits",
+      "activation_checkpointing.profile ignored: wall_clock_breakdown times the passes (each block's recomputation "
+      "counts in the backward pass)",
+      "unknown key 'activation_checkpointing.checkpoint_in_cpu' ignored"};
+  EXPECT_EQ(noted.warnings, expected);
+
+  EXPECT_TRUE(Contains(error_of(with({{"activation_checkpointing", {{"cpu_checkpointing", "yes"}}}})),
+                       "activation_checkpointing.cpu_checkpointing must be true or false"));
+  EXPECT_TRUE(Contains(error_of(with({{"activation_checkpointing", {{"number_checkpoints", 0}}}})),
+                       "activation_checkpointing.number_checkpoints is 0, must be >= 1"));
+  EXPECT_TRUE(
+      Contains(error_of(with({{"activation_checkpointing", true}})), "activation_checkpointing must be an object"));
 }
 
 TEST(DsConfigKeys, KeysDeepSpeedReadsAreNotUnknown) {
@@ -885,6 +937,7 @@ TEST(DsConfigRoundTrip, ParseOfToJsonGivesTheSameConfig) {
             {"scheduler",
              {{"type", "WarmupCosineLR"}, {"params", {{"total_num_steps", 100}, {"cos_min_ratio", 0.1}}}}}}),
       with({{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_type", "linear"}}}}}}),
+      with({{"activation_checkpointing", {{"cpu_checkpointing", true}, {"contiguous_memory_optimization", true}}}}),
   };
   for (const json& config : configs) {
     SCOPED_TRACE(config.dump());

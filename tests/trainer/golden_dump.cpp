@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(static_cast<size_t>(B) * T);
   tokens.read(0, int64_t{B} * T, model->vocab_size(), inputs.data());
   tokens.read(1, int64_t{B} * T, model->vocab_size(), targets.data());
-  const auto cpu = model->make_cpu_model(B, T);
+  const auto cpu = model->make_cpu_model({.batch = B, .seq_len = T});
   const double loss = cpu->forward_backward(params, inputs.data(), targets.data(), B, T, 1.0f);
   const double eval_loss = cpu->forward(params, inputs.data(), targets.data(), B, T);
 

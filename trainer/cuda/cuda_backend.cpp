@@ -28,12 +28,11 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const BackendOptions& o)
       : options_(o),
         context_(*o.comm),
-        plan_(check_memory_plan<T>(
-            *o.model, o.config->zero,
-            RunShape{o.micro_batch, o.seq_len, static_cast<int>(o.config->gradient_accumulation_steps),
-                     comm_dtype(*o.config)},
-            *o.comm, context_, o.log)),
-        model_(make_gpu_model<T>(*o.model, o.micro_batch, o.seq_len, context_.cublas(), context_.stream())),
+        plan_(check_memory_plan<T>(*o.model, o.config->zero,
+                                   RunShape{activation_plan(o), static_cast<int>(o.config->gradient_accumulation_steps),
+                                            comm_dtype(*o.config)},
+                                   *o.comm, context_, o.log)),
+        model_(make_gpu_model<T>(*o.model, activation_plan(o), context_.cublas(), context_.stream())),
         engine_(o.model->table(), o.model->groups(), decay_flags(*o.model), o.config->zero, comm_dtype(*o.config),
                 *o.comm, context_.nccl(), context_.stream(),
                 nvme::swap_factory(*o.config, true, sizeof(T), *o.comm, o.log)),

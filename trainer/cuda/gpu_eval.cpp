@@ -126,7 +126,7 @@ class GpuScorer final : public WindowScorer {
   void open(int rows) {
     gpu_.reset();
     rows_ = 0;
-    gpu_ = make_gpu_model<T>(model_, rows, seq_len_, context_.cublas(), context_.stream());
+    gpu_ = make_gpu_model<T>(model_, {.batch = rows, .seq_len = seq_len_}, context_.cublas(), context_.stream());
     rows_ = rows;
     if (batch_ == 0) batch_ = rows;
   }

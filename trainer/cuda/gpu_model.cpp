@@ -57,32 +57,31 @@ void require_gpu_kernels(const model::Model& m) {
 }
 
 template <typename T>
-std::unique_ptr<GpuModel<T>> make_gpu_model(const model::Model& m, int batch, int seq_len, cublasHandle_t cublas,
-                                            cudaStream_t stream) {
+std::unique_ptr<GpuModel<T>> make_gpu_model(const model::Model& m, const model::ActivationPlan& plan,
+                                            cublasHandle_t cublas, cudaStream_t stream) {
   require_gpu_kernels(m);
   if (const model::gpt2::GptConfig* c = model::gpt2::config_of(m)) {
-    return std::make_unique<model::gpt2::GpuGpt2<T>>(*c, batch, seq_len, cublas, stream);
+    return std::make_unique<model::gpt2::GpuGpt2<T>>(*c, plan, cublas, stream);
   }
-  return std::make_unique<model::llama::GpuLlama<T>>(*model::llama::config_of(m), batch, seq_len, cublas, stream);
+  return std::make_unique<model::llama::GpuLlama<T>>(*model::llama::config_of(m), plan, cublas, stream);
 }
 
 template <typename T>
-int64_t planned_activation_bytes(const model::Model& m, int batch, int seq_len) {
+ActivationBytes planned_activation_bytes(const model::Model& m, const model::ActivationPlan& plan) {
   require_gpu_kernels(m);
   if (const model::gpt2::GptConfig* c = model::gpt2::config_of(m)) {
-    return model::gpt2::GpuGpt2<T>::planned_activation_bytes(*c, batch, seq_len);
+    return model::gpt2::GpuGpt2<T>::planned_activation_bytes(*c, plan);
   }
-  return model::llama::GpuLlama<T>::planned_activation_bytes(*model::llama::config_of(m), batch, seq_len);
+  return model::llama::GpuLlama<T>::planned_activation_bytes(*model::llama::config_of(m), plan);
 }
 
-template int64_t planned_activation_bytes<float>(const model::Model&, int, int);
-template int64_t planned_activation_bytes<__nv_bfloat16>(const model::Model&, int, int);
-template int64_t planned_activation_bytes<__half>(const model::Model&, int, int);
-template std::unique_ptr<GpuModel<float>> make_gpu_model<float>(const model::Model&, int, int, cublasHandle_t,
-                                                                cudaStream_t);
-template std::unique_ptr<GpuModel<__nv_bfloat16>> make_gpu_model<__nv_bfloat16>(const model::Model&, int, int,
-                                                                                cublasHandle_t, cudaStream_t);
-template std::unique_ptr<GpuModel<__half>> make_gpu_model<__half>(const model::Model&, int, int, cublasHandle_t,
-                                                                  cudaStream_t);
+#define SHARDKIT_INSTANTIATE_MODEL(T)                                                                        \
+  template ActivationBytes planned_activation_bytes<T>(const model::Model&, const model::ActivationPlan&);   \
+  template std::unique_ptr<GpuModel<T>> make_gpu_model<T>(const model::Model&, const model::ActivationPlan&, \
+                                                          cublasHandle_t, cudaStream_t);
+SHARDKIT_INSTANTIATE_MODEL(float)
+SHARDKIT_INSTANTIATE_MODEL(__nv_bfloat16)
+SHARDKIT_INSTANTIATE_MODEL(__half)
+#undef SHARDKIT_INSTANTIATE_MODEL
 
 }  // namespace shardkit::trainer::cuda

@@ -12,7 +12,9 @@
 
 #include "model/model.hpp"
 #include "model/param_store.hpp"
+#include "trainer/cuda/block_outputs.hpp"
 #include "trainer/cuda/cuda_common.hpp"
+#include "trainer/cuda/encoder_backward.hpp"
 
 namespace shardkit::trainer::cuda {
 
@@ -63,12 +65,26 @@ int64_t buffer_bytes(DeviceBuffer<U> Model::*, size_t count) {
   return static_cast<int64_t>(count * sizeof(U));
 }
 
+// What a family's model holds for `plan` beside the buffers it lists (`listed` bytes): its block
+// outputs (`blocks` of `width` values a token) and the embeddings' backward pass.
+template <typename T>
+ActivationBytes planned_model_activations(int64_t listed, int blocks, int width, int vocab_size,
+                                          const model::ActivationPlan& plan) {
+  const int tokens = plan.batch * plan.seq_len;
+  ActivationBytes out =
+      BlockOutputs<T>::bytes_for(blocks, static_cast<size_t>(tokens) * static_cast<size_t>(width), plan.inputs_on_host);
+  out.device += listed + EncoderBackward::bytes_for(tokens, vocab_size);
+  return out;
+}
+
 // A family's forward and backward passes on one GPU, in T with fp32 accumulation, for micro-batches of
-// the batch and sequence length it was made for.
+// the batch and sequence length it was made for; with activation checkpointing, each block's forward
+// pass rerun before its backward pass (model::ActivationPlan).
 template <typename T>
 class GpuModel {
  public:
   virtual ~GpuModel() = default;
+  // Device memory of the activations (their page-locked host memory is in planned_activation_bytes).
   virtual int64_t activation_bytes() const = 0;
 
   // A micro-batch of device token ids (batch x seq_len): adds the gradient of grad_scale * loss into
@@ -92,10 +108,11 @@ void require_gpu_kernels(const model::Model& model);
 
 // The CUDA model of `model`'s family (require_gpu_kernels first).
 template <typename T>
-std::unique_ptr<GpuModel<T>> make_gpu_model(const model::Model& model, int batch, int seq_len, cublasHandle_t cublas,
-                                            cudaStream_t stream);
-// What that model's activation_bytes() will be, without a device (require_gpu_kernels first).
+std::unique_ptr<GpuModel<T>> make_gpu_model(const model::Model& model, const model::ActivationPlan& plan,
+                                            cublasHandle_t cublas, cudaStream_t stream);
+// What that model's activations will take, without a device (require_gpu_kernels first): on the device
+// its activation_bytes(), and the block inputs it keeps in host memory.
 template <typename T>
-int64_t planned_activation_bytes(const model::Model& model, int batch, int seq_len);
+ActivationBytes planned_activation_bytes(const model::Model& model, const model::ActivationPlan& plan);
 
 }  // namespace shardkit::trainer::cuda

@@ -41,29 +41,34 @@ std::string cuda_unsupported(const GptConfig& config) {
 }
 
 template <typename T>
-GpuGpt2<T>::GpuGpt2(const GptConfig& config, int batch, int seq_len, cublasHandle_t cublas, cudaStream_t stream)
+GpuGpt2<T>::GpuGpt2(const GptConfig& config, const ActivationPlan& plan, cublasHandle_t cublas, cudaStream_t stream)
     : config_(config),
-      B_(batch),
-      S_(seq_len),
+      B_(plan.batch),
+      S_(plan.seq_len),
+      checkpointing_(plan.checkpointing),
       cublas_(cublas),
       stream_(stream),
       matmul_(stream),
-      encoder_backward_(batch * seq_len, config.vocab_size) {
+      encoder_backward_(plan.batch * plan.seq_len, config.vocab_size),
+      outputs_(config.n_layer, static_cast<size_t>(plan.batch) * plan.seq_len * config.n_embd, plan.inputs_on_host,
+               stream) {
   logits_ld_ = padded_vocab(config.vocab_size);
-  head_rows_ = head_block_rows(logits_ld_, sizeof(T), batch * seq_len);
-  activation_buffers(config, batch, seq_len,
+  head_rows_ = head_block_rows(logits_ld_, sizeof(T), B_ * S_);
+  activation_buffers(config, plan,
                      [&](auto member, size_t count) { allocate_activation(this->*member, count, activation_bytes_); });
   CUDA_CHECK(cudaMemsetAsync(wte_padded_.data(), 0, wte_padded_.bytes(), stream_));
-  activation_bytes_ += encoder_backward_.bytes();
+  activation_bytes_ += encoder_backward_.bytes() + outputs_.bytes().device;
   loss_sum_.resize(kSumScratch);
   loss_host_.resize(1);
 }
 
 template <typename T>
 template <typename F>
-void GpuGpt2<T>::activation_buffers(const GptConfig& config, int batch, int seq_len, F&& buffer) {
-  const size_t N = static_cast<size_t>(batch) * seq_len, C = static_cast<size_t>(config.n_embd);
-  const size_t L = static_cast<size_t>(config.n_layer), NH = static_cast<size_t>(config.n_head);
+void GpuGpt2<T>::activation_buffers(const GptConfig& config, const ActivationPlan& plan, F&& buffer) {
+  const size_t N = static_cast<size_t>(plan.batch) * plan.seq_len, C = static_cast<size_t>(config.n_embd);
+  // Layers of per-layer buffers: every layer's, or under checkpointing the one being recomputed.
+  const size_t L = plan.checkpointing ? 1 : static_cast<size_t>(config.n_layer);
+  const size_t NH = static_cast<size_t>(config.n_head);
   const int logits_ld = padded_vocab(config.vocab_size);
   buffer(&GpuGpt2::encoded_, N * C);
   buffer(&GpuGpt2::ln1_, L * N * C);
@@ -73,7 +78,6 @@ void GpuGpt2<T>::activation_buffers(const GptConfig& config, int batch, int seq_
   buffer(&GpuGpt2::ln2_, L * N * C);
   buffer(&GpuGpt2::fch_, L * N * 4 * C);
   buffer(&GpuGpt2::fch_gelu_, L * N * 4 * C);
-  buffer(&GpuGpt2::res3_, L * N * C);
   buffer(&GpuGpt2::lnf_, N * C);
   buffer(&GpuGpt2::logits_, static_cast<size_t>(head_block_rows(logits_ld, sizeof(T), static_cast<int>(N))) *
                                 static_cast<size_t>(logits_ld));
@@ -98,47 +102,54 @@ void GpuGpt2<T>::activation_buffers(const GptConfig& config, int batch, int seq_
 }
 
 template <typename T>
-int64_t GpuGpt2<T>::planned_activation_bytes(const GptConfig& config, int batch, int seq_len) {
+ActivationBytes GpuGpt2<T>::planned_activation_bytes(const GptConfig& config, const ActivationPlan& plan) {
   int64_t total = 0;
-  activation_buffers(config, batch, seq_len, [&](auto member, size_t count) { total += buffer_bytes(member, count); });
-  return total + EncoderBackward::bytes_for(batch * seq_len, config.vocab_size);
+  activation_buffers(config, plan, [&](auto member, size_t count) { total += buffer_bytes(member, count); });
+  return planned_model_activations<T>(total, config.n_layer, config.n_embd, config.vocab_size, plan);
 }
 
 template <typename T>
 void GpuGpt2<T>::forward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
-  const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
+  const int C = config_.n_embd, L = config_.n_layer;
   const int N = B_ * S_;
-  const size_t NC = static_cast<size_t>(N) * C;
   p.acquire(0);
   encoder_forward(encoded_.data(), inputs, p.param(kWte), p.param(kWpe), B_, S_, C, stream_);
   p.release(0);
   const T* residual = encoded_.data();
   for (int l = 0; l < L; ++l) {
     p.acquire(1 + l);
-    auto w = [&](int k) { return p.param(block_tensor(l, k)); };
-    const size_t lc = static_cast<size_t>(l) * NC, ln = static_cast<size_t>(l) * N;
-    // Biases, the GELU and the residual additions run in the matrix products' epilogues.
-    layernorm_forward(ln1_.data() + lc, ln1_mean_.data() + ln, ln1_rstd_.data() + ln, residual, w(kLn1W), w(kLn1B), N,
-                      C, stream_);
-    matmul_.run<T>(Epilogue::kBias, false, false, N, 3 * C, C, ln1_.data() + lc, C, w(kQkvW), 3 * C,
-                   qkv_.data() + 3 * lc, 3 * C, w(kQkvB));
-    attention_forward(atty_.data() + lc, lse_.data() + ln * NH, qkv_.data() + 3 * lc, B_, S_, C, NH, stream_);
-    matmul_.run<T>(Epilogue::kBias, false, false, N, C, C, atty_.data() + lc, C, w(kAttProjW), C, res2_.data() + lc, C,
-                   w(kAttProjB), nullptr, residual);
-    layernorm_forward(ln2_.data() + lc, ln2_mean_.data() + ln, ln2_rstd_.data() + ln, res2_.data() + lc, w(kLn2W),
-                      w(kLn2B), N, C, stream_);
-    matmul_.run<T>(Epilogue::kBiasGelu, false, false, N, 4 * C, C, ln2_.data() + lc, C, w(kFcW), 4 * C,
-                   fch_gelu_.data() + 4 * lc, 4 * C, w(kFcB), fch_.data() + 4 * lc);
-    matmul_.run<T>(Epilogue::kBias, false, false, N, C, 4 * C, fch_gelu_.data() + 4 * lc, 4 * C, w(kFcProjW), C,
-                   res3_.data() + lc, C, w(kFcProjB), nullptr, res2_.data() + lc);
+    forward_block(p, l, residual, true);
     p.release(1 + l);
-    residual = res3_.data() + lc;
+    residual = outputs_.written(l);
   }
   const int lnf = block_tensor(L, 0);
   p.acquire(L + 1);
   layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), residual, p.param(lnf), p.param(lnf + 1), N, C,
                     stream_);
   p.release(L + 1);
+}
+
+template <typename T>
+void GpuGpt2<T>::forward_block(GpuParamStore<T>& p, int l, const T* input, bool with_output) {
+  const int C = config_.n_embd, NH = config_.n_head;
+  const int N = B_ * S_;
+  auto w = [&](int k) { return p.param(block_tensor(l, k)); };
+  const size_t lc = layer_slot(l) * static_cast<size_t>(N) * C, ln = layer_slot(l) * static_cast<size_t>(N);
+  // Biases, the GELU and the residual additions run in the matrix products' epilogues.
+  layernorm_forward(ln1_.data() + lc, ln1_mean_.data() + ln, ln1_rstd_.data() + ln, input, w(kLn1W), w(kLn1B), N, C,
+                    stream_);
+  matmul_.run<T>(Epilogue::kBias, false, false, N, 3 * C, C, ln1_.data() + lc, C, w(kQkvW), 3 * C, qkv_.data() + 3 * lc,
+                 3 * C, w(kQkvB));
+  attention_forward(atty_.data() + lc, lse_.data() + ln * NH, qkv_.data() + 3 * lc, B_, S_, C, NH, stream_);
+  matmul_.run<T>(Epilogue::kBias, false, false, N, C, C, atty_.data() + lc, C, w(kAttProjW), C, res2_.data() + lc, C,
+                 w(kAttProjB), nullptr, input);
+  layernorm_forward(ln2_.data() + lc, ln2_mean_.data() + ln, ln2_rstd_.data() + ln, res2_.data() + lc, w(kLn2W),
+                    w(kLn2B), N, C, stream_);
+  matmul_.run<T>(Epilogue::kBiasGelu, false, false, N, 4 * C, C, ln2_.data() + lc, C, w(kFcW), 4 * C,
+                 fch_gelu_.data() + 4 * lc, 4 * C, w(kFcB), fch_.data() + 4 * lc);
+  if (!with_output) return;  // the backward pass reads fch_gelu, not the block's output
+  matmul_.run<T>(Epilogue::kBias, false, false, N, C, 4 * C, fch_gelu_.data() + 4 * lc, 4 * C, w(kFcProjW), C,
+                 outputs_.output(l), C, w(kFcProjB), nullptr, res2_.data() + lc);
 }
 
 template <typename T>
@@ -189,6 +200,7 @@ template <typename T>
 double GpuGpt2<T>::forward(GpuParamStore<T>& p, const int32_t* inputs, const int32_t* targets) {
   forward_blocks(p, inputs);
   head(p, targets, 0.0f, false);
+  outputs_.join();
   read_back(loss_host_.data(), loss_sum_.data(), 1, stream_);
   p.synchronize(stream_);
   return loss_host_.data()[0] / (static_cast<double>(B_) * S_);
@@ -206,21 +218,23 @@ void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
   const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
   const int N = B_ * S_;
   const size_t NC = static_cast<size_t>(N) * C;
-  auto block_output = [&](int l) { return l < 0 ? encoded_.data() : res3_.data() + static_cast<size_t>(l) * NC; };
   const int lnf = block_tensor(L, 0);
+  outputs_.start_backward();
   CUDA_CHECK(cudaMemsetAsync(dres_.data(), 0, NC * sizeof(T), stream_));
   p.acquire(L + 1);
   p.open_grads(L + 1);
-  layernorm_backward(dres_.data(), p.grad(lnf), p.grad(lnf + 1), dbuf_c_.data(), block_output(L - 1), p.param(lnf),
+  layernorm_backward(dres_.data(), p.grad(lnf), p.grad(lnf + 1), dbuf_c_.data(), outputs_.input(L - 1), p.param(lnf),
                      lnf_mean_.data(), lnf_rstd_.data(), N, C, scratch_.data(), stream_);
   p.close_grads(L + 1);
   p.release(L + 1);
   for (int l = L - 1; l >= 0; --l) {
     p.acquire(1 + l);
+    const T* input = l == 0 ? encoded_.data() : outputs_.input(l - 1);
+    if (checkpointing_) forward_block(p, l, input, false);
     p.open_grads(1 + l);
     auto w = [&](int k) { return p.param(block_tensor(l, k)); };
     auto g = [&](int k) { return p.grad(block_tensor(l, k)); };
-    const size_t lc = static_cast<size_t>(l) * NC, ln = static_cast<size_t>(l) * N;
+    const size_t lc = layer_slot(l) * NC, ln = layer_slot(l) * N;
     T* dres = dres_.data();
     // d(fc output) = (dres @ fcproj^T) * gelu'(fc pre-activation), the GELU's backward in the epilogue.
     matmul_.run<T>(Epilogue::kDGelu, false, true, N, 4 * C, C, dres, C, w(kFcProjW), C, dbuf_4c2_.data(), 4 * C,
@@ -237,13 +251,14 @@ void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
                        lse_.data() + ln * NH, B_, S_, C, NH, stream_);
     matmul_backward(cublas_, stream_, scratch_.data(), dbuf_c2_.data(), g(kQkvW), g(kQkvB), dbuf_3c_.data(),
                     ln1_.data() + lc, w(kQkvW), N, C, 3 * C);
-    layernorm_backward(dres, g(kLn1W), g(kLn1B), dbuf_c2_.data(), block_output(l - 1), w(kLn1W), ln1_mean_.data() + ln,
+    layernorm_backward(dres, g(kLn1W), g(kLn1B), dbuf_c2_.data(), input, w(kLn1W), ln1_mean_.data() + ln,
                        ln1_rstd_.data() + ln, N, C, scratch_.data(), stream_);
     p.close_grads(1 + l);
     p.release(1 + l);
   }
   encoder_backward_.run(p.grad(kWte), p.grad(kWpe), dres_.data(), inputs, B_, S_, C, stream_);
   p.close_grads(0);
+  outputs_.join();
 }
 
 template class GpuGpt2<float>;

@@ -24,13 +24,13 @@ std::string cuda_unsupported(const GptConfig& config);
 template <typename T>
 class GpuGpt2 final : public GpuModel<T> {
  public:
-  GpuGpt2(const GptConfig& config, int batch, int seq_len, cublasHandle_t cublas, cudaStream_t stream);
+  GpuGpt2(const GptConfig& config, const ActivationPlan& plan, cublasHandle_t cublas, cudaStream_t stream);
 
   // Parameter groups: 0 = embeddings, 1..L = blocks, L+1 = final LayerNorm (as the CPU model).
   const std::vector<TensorGroup>& groups() const noexcept { return groups_; }
   int64_t activation_bytes() const noexcept { return activation_bytes_; }
-  // What activation_bytes() will be for this shape, before any allocation.
-  static int64_t planned_activation_bytes(const GptConfig& config, int batch, int seq_len);
+  // What activation_bytes() will be for this plan, before any allocation (and the host's share).
+  static ActivationBytes planned_activation_bytes(const GptConfig& config, const ActivationPlan& plan);
 
   // A micro-batch of device token ids (batch x seq_len): adds the gradient of grad_scale * loss into
   // the store's gradient buffers and returns the mean loss (the one host synchronisation of the pass).
@@ -48,8 +48,13 @@ class GpuGpt2 final : public GpuModel<T> {
   // Every activation buffer with its element count, `buffer(&GpuGpt2::member, count)`: what the
   // constructor allocates and planned_activation_bytes() adds up, listed once.
   template <typename F>
-  static void activation_buffers(const GptConfig& config, int batch, int seq_len, F&& buffer);
+  static void activation_buffers(const GptConfig& config, const ActivationPlan& plan, F&& buffer);
   void forward_blocks(GpuParamStore<T>& p, const int32_t* inputs);
+  // Block l's forward pass from `input` into its layer's buffers (layer_slot(l)), the block's parameters
+  // acquired; its output (into outputs_) only `with_output` (a recomputation has it already).
+  void forward_block(GpuParamStore<T>& p, int l, const T* input, bool with_output);
+  // Where layer l's activations live: its own buffers, or the one block's buffers under checkpointing.
+  size_t layer_slot(int l) const noexcept { return checkpointing_ ? 0 : static_cast<size_t>(l); }
   // The output projection (tied to wte) fused with the loss (into loss_sum_), in blocks of rows; with
   // `backward` also its gradients (dx into dbuf_c_, wte's into the store).
   void head(GpuParamStore<T>& p, const int32_t* targets, float grad_scale, bool backward);
@@ -57,6 +62,7 @@ class GpuGpt2 final : public GpuModel<T> {
 
   GptConfig config_;
   int B_, S_;
+  bool checkpointing_;
   cublasHandle_t cublas_;
   cudaStream_t stream_;
   Matmul matmul_;
@@ -67,8 +73,10 @@ class GpuGpt2 final : public GpuModel<T> {
   int64_t activation_bytes_ = 0;
   Clock::time_point backward_start_;  // PassTimes::backward_ms runs from here to finish()
 
-  // Activations: per layer l and N = B*S rows.
-  DeviceBuffer<T> encoded_, ln1_, qkv_, atty_, res2_, ln2_, fch_, fch_gelu_, res3_, lnf_, logits_, wte_padded_;
+  // Activations: per layer l (L' layers: L, or 1 under checkpointing) and N = B*S rows; the blocks'
+  // outputs (N, C) each in outputs_.
+  DeviceBuffer<T> encoded_, ln1_, qkv_, atty_, res2_, ln2_, fch_, fch_gelu_, lnf_, logits_, wte_padded_;
+  BlockOutputs<T> outputs_;
   DeviceBuffer<float> ln1_mean_, ln1_rstd_, ln2_mean_, ln2_rstd_, lnf_mean_, lnf_rstd_, lse_, losses_;
   // Backward scratch.
   DeviceBuffer<T> dres_, dbuf_c_, dbuf_c2_, dbuf_3c_, dbuf_4c2_;

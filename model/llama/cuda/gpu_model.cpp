@@ -33,15 +33,19 @@ std::string cuda_unsupported(const LlamaConfig& c) {
 }
 
 template <typename T>
-GpuLlama<T>::GpuLlama(const LlamaConfig& config, int batch, int seq_len, cublasHandle_t cublas, cudaStream_t stream)
+GpuLlama<T>::GpuLlama(const LlamaConfig& config, const ActivationPlan& plan, cublasHandle_t cublas, cudaStream_t stream)
     : config_(config),
-      B_(batch),
-      S_(seq_len),
+      B_(plan.batch),
+      S_(plan.seq_len),
+      checkpointing_(plan.checkpointing),
       final_group_(config.n_layer + 1),
       cublas_(cublas),
       stream_(stream),
       matmul_(stream),
-      embedding_backward_(batch * seq_len, config.vocab_size) {
+      embedding_backward_(plan.batch * plan.seq_len, config.vocab_size),
+      outputs_(config.n_layer, static_cast<size_t>(plan.batch) * plan.seq_len * config.hidden_size, plan.inputs_on_host,
+               stream) {
+  const int batch = plan.batch, seq_len = plan.seq_len;
   validate(config, "model " + config.name);
   if (batch < 1 || seq_len < 1 || seq_len > config.max_position_embeddings) {
     fail(ErrorKind::kInvalidInput, "batch " + std::to_string(batch) + " x sequence " + std::to_string(seq_len) +
@@ -50,7 +54,7 @@ GpuLlama<T>::GpuLlama(const LlamaConfig& config, int batch, int seq_len, cublasH
   }
   logits_ld_ = padded_vocab(config.vocab_size);
   head_rows_ = head_block_rows(logits_ld_, sizeof(T), batch * seq_len);
-  activation_buffers(config, batch, seq_len,
+  activation_buffers(config, plan,
                      [&](auto member, size_t count) { allocate_activation(this->*member, count, activation_bytes_); });
   const RopeTables rope = rope_tables(config, seq_len);
   if (rope.cos.size() != cos_.size() || rope.sin.size() != sin_.size()) {
@@ -59,16 +63,19 @@ GpuLlama<T>::GpuLlama(const LlamaConfig& config, int batch, int seq_len, cublasH
   CUDA_CHECK(cudaMemcpy(cos_.data(), rope.cos.data(), cos_.bytes(), cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(sin_.data(), rope.sin.data(), sin_.bytes(), cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemsetAsync(head_padded_.data(), 0, head_padded_.bytes(), stream_));
-  activation_bytes_ += embedding_backward_.bytes();
+  activation_bytes_ += embedding_backward_.bytes() + outputs_.bytes().device;
   loss_sum_.resize(kSumScratch);
   loss_host_.resize(1);
 }
 
 template <typename T>
 template <typename F>
-void GpuLlama<T>::activation_buffers(const LlamaConfig& config, int batch, int seq_len, F&& buffer) {
-  const size_t N = static_cast<size_t>(batch) * static_cast<size_t>(seq_len);
-  const size_t L = static_cast<size_t>(config.n_layer), H = static_cast<size_t>(config.hidden_size);
+void GpuLlama<T>::activation_buffers(const LlamaConfig& config, const ActivationPlan& plan, F&& buffer) {
+  const int seq_len = plan.seq_len;
+  const size_t N = static_cast<size_t>(plan.batch) * static_cast<size_t>(seq_len);
+  // Layers of per-layer buffers: every layer's, or under checkpointing the one being recomputed.
+  const size_t L = plan.checkpointing ? 1 : static_cast<size_t>(config.n_layer);
+  const size_t H = static_cast<size_t>(config.hidden_size);
   const size_t I = static_cast<size_t>(config.intermediate_size), NH = static_cast<size_t>(config.n_head);
   const size_t QW = NH * static_cast<size_t>(config.head_dim);
   const size_t KW = static_cast<size_t>(config.n_kv_head) * static_cast<size_t>(config.head_dim);
@@ -87,7 +94,6 @@ void GpuLlama<T>::activation_buffers(const LlamaConfig& config, int batch, int s
   buffer(&GpuLlama::gate_, L * N * I);
   buffer(&GpuLlama::up_, L * N * I);
   buffer(&GpuLlama::act_, L * N * I);
-  buffer(&GpuLlama::res3_, L * N * H);
   buffer(&GpuLlama::xnf_, N * H);
   buffer(&GpuLlama::logits_, static_cast<size_t>(head_block_rows(logits_ld, sizeof(T), static_cast<int>(N))) *
                                  static_cast<size_t>(logits_ld));
@@ -110,19 +116,16 @@ void GpuLlama<T>::activation_buffers(const LlamaConfig& config, int batch, int s
 }
 
 template <typename T>
-int64_t GpuLlama<T>::planned_activation_bytes(const LlamaConfig& config, int batch, int seq_len) {
+ActivationBytes GpuLlama<T>::planned_activation_bytes(const LlamaConfig& config, const ActivationPlan& plan) {
   int64_t total = 0;
-  activation_buffers(config, batch, seq_len, [&](auto member, size_t count) { total += buffer_bytes(member, count); });
-  return total + EncoderBackward::bytes_for(batch * seq_len, config.vocab_size);
+  activation_buffers(config, plan, [&](auto member, size_t count) { total += buffer_bytes(member, count); });
+  return planned_model_activations<T>(total, config.n_layer, config.hidden_size, config.vocab_size, plan);
 }
 
 template <typename T>
 void GpuLlama<T>::forward_layers(GpuParamStore<T>& p, const int32_t* inputs) {
   const LlamaConfig& c = config_;
-  const int N = B_ * S_, H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
-  const int QW = c.n_head * D, KW = c.n_kv_head * D;
-  const auto eps = static_cast<float>(c.rms_norm_eps);
-  const AttentionShape shape{B_, S_, c.n_head, c.n_kv_head, D, QW, KW};
+  const int N = B_ * S_, H = c.hidden_size;
 
   p.acquire(0);
   embedding_forward(encoded_.data(), inputs, p.param(0), N, H, stream_);
@@ -131,42 +134,54 @@ void GpuLlama<T>::forward_layers(GpuParamStore<T>& p, const int32_t* inputs) {
   const T* x = encoded_.data();
   for (int l = 0; l < c.n_layer; ++l) {
     p.acquire(1 + l);
-    auto w = [&](int k) { return p.param(layer_tensor(l, k)); };
-    const size_t at = static_cast<size_t>(l) * static_cast<size_t>(N);
-    T* xn1 = xn1_.data() + at * H;
-    T* q = q_.data() + at * QW;
-    T* k = k_.data() + at * KW;
-    T* v = v_.data() + at * KW;
-    T* atty = atty_.data() + at * QW;
-    T* res2 = res2_.data() + at * H;
-    T* xn2 = xn2_.data() + at * H;
-    T* gate = gate_.data() + at * I;
-    T* up = up_.data() + at * I;
-    T* act = act_.data() + at * I;
-    T* res3 = res3_.data() + at * H;
-
-    // nn.Linear's y = x W^T (W [out, in]); the residual additions run in the products' epilogues.
-    rmsnorm_forward(xn1, rstd1_.data() + at, x, w(kInputNorm), N, H, eps, stream_);
-    matmul_.run<T>(Epilogue::kNone, false, true, N, QW, H, xn1, H, w(kQ), H, q, QW);
-    matmul_.run<T>(Epilogue::kNone, false, true, N, KW, H, xn1, H, w(kK), H, k, KW);
-    matmul_.run<T>(Epilogue::kNone, false, true, N, KW, H, xn1, H, w(kV), H, v, KW);
-    rope_forward(q, cos_.data(), sin_.data(), B_, S_, c.n_head, D, stream_);
-    rope_forward(k, cos_.data(), sin_.data(), B_, S_, c.n_kv_head, D, stream_);
-    attention_forward(atty, lse_.data() + at * c.n_head, q, k, v, shape, stream_);
-    matmul_.run<T>(Epilogue::kNone, false, true, N, H, QW, atty, QW, w(kO), QW, res2, H, nullptr, nullptr, x);
-    rmsnorm_forward(xn2, rstd2_.data() + at, res2, w(kPostNorm), N, H, eps, stream_);
-    matmul_.run<T>(Epilogue::kNone, false, true, N, I, H, xn2, H, w(kGate), H, gate, I);
-    matmul_.run<T>(Epilogue::kNone, false, true, N, I, H, xn2, H, w(kUp), H, up, I);
-    swiglu_forward(act, gate, up, int64_t{N} * I, stream_);
-    matmul_.run<T>(Epilogue::kNone, false, true, N, H, I, act, I, w(kDown), I, res3, H, nullptr, nullptr, res2);
+    forward_layer(p, l, x, true);
     p.release(1 + l);
-    x = res3;
+    x = outputs_.written(l);
   }
 
   p.acquire(final_group_);
-  rmsnorm_forward(xnf_.data(), rstdf_.data(), x, p.param(final_norm_tensor(c)), N, H, eps, stream_);
+  rmsnorm_forward(xnf_.data(), rstdf_.data(), x, p.param(final_norm_tensor(c)), N, H,
+                  static_cast<float>(c.rms_norm_eps), stream_);
   // The untied head belongs to this group and stays acquired for head(); a tied one is group 0's.
   if (c.tie_word_embeddings) p.release(final_group_);
+}
+
+template <typename T>
+void GpuLlama<T>::forward_layer(GpuParamStore<T>& p, int l, const T* x, bool with_output) {
+  const LlamaConfig& c = config_;
+  const int N = B_ * S_, H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
+  const int QW = c.n_head * D, KW = c.n_kv_head * D;
+  const auto eps = static_cast<float>(c.rms_norm_eps);
+  const AttentionShape shape{B_, S_, c.n_head, c.n_kv_head, D, QW, KW};
+  auto w = [&](int k) { return p.param(layer_tensor(l, k)); };
+  const size_t at = layer_slot(l) * static_cast<size_t>(N);
+  T* xn1 = xn1_.data() + at * H;
+  T* q = q_.data() + at * QW;
+  T* k = k_.data() + at * KW;
+  T* v = v_.data() + at * KW;
+  T* atty = atty_.data() + at * QW;
+  T* res2 = res2_.data() + at * H;
+  T* xn2 = xn2_.data() + at * H;
+  T* gate = gate_.data() + at * I;
+  T* up = up_.data() + at * I;
+  T* act = act_.data() + at * I;
+
+  // nn.Linear's y = x W^T (W [out, in]); the residual additions run in the products' epilogues.
+  rmsnorm_forward(xn1, rstd1_.data() + at, x, w(kInputNorm), N, H, eps, stream_);
+  matmul_.run<T>(Epilogue::kNone, false, true, N, QW, H, xn1, H, w(kQ), H, q, QW);
+  matmul_.run<T>(Epilogue::kNone, false, true, N, KW, H, xn1, H, w(kK), H, k, KW);
+  matmul_.run<T>(Epilogue::kNone, false, true, N, KW, H, xn1, H, w(kV), H, v, KW);
+  rope_forward(q, cos_.data(), sin_.data(), B_, S_, c.n_head, D, stream_);
+  rope_forward(k, cos_.data(), sin_.data(), B_, S_, c.n_kv_head, D, stream_);
+  attention_forward(atty, lse_.data() + at * c.n_head, q, k, v, shape, stream_);
+  matmul_.run<T>(Epilogue::kNone, false, true, N, H, QW, atty, QW, w(kO), QW, res2, H, nullptr, nullptr, x);
+  rmsnorm_forward(xn2, rstd2_.data() + at, res2, w(kPostNorm), N, H, eps, stream_);
+  matmul_.run<T>(Epilogue::kNone, false, true, N, I, H, xn2, H, w(kGate), H, gate, I);
+  matmul_.run<T>(Epilogue::kNone, false, true, N, I, H, xn2, H, w(kUp), H, up, I);
+  swiglu_forward(act, gate, up, int64_t{N} * I, stream_);
+  if (!with_output) return;  // the backward pass reads act, not the layer's output
+  matmul_.run<T>(Epilogue::kNone, false, true, N, H, I, act, I, w(kDown), I, outputs_.output(l), H, nullptr, nullptr,
+                 res2);
 }
 
 template <typename T>
@@ -202,6 +217,7 @@ template <typename T>
 double GpuLlama<T>::forward(GpuParamStore<T>& p, const int32_t* inputs, const int32_t* targets) {
   forward_layers(p, inputs);
   head(p, targets, 0.0f, false);
+  outputs_.join();
   if (!config_.tie_word_embeddings) p.release(final_group_);  // no backward pass to keep it for
   read_back(loss_host_.data(), loss_sum_.data(), 1, stream_);
   p.synchronize(stream_);
@@ -242,7 +258,7 @@ void GpuLlama<T>::backward_layers(GpuParamStore<T>& p, const int32_t* inputs) {
   const int QW = c.n_head * D, KW = c.n_kv_head * D;
   const AttentionShape shape{B_, S_, c.n_head, c.n_kv_head, D, QW, KW};
   const size_t NH = static_cast<size_t>(N) * H;
-  auto layer_output = [&](int l) { return l < 0 ? encoded_.data() : res3_.data() + static_cast<size_t>(l) * NH; };
+  outputs_.start_backward();
 
   // Final norm: dxn_ holds d(xnf) from the head.
   CUDA_CHECK(cudaMemsetAsync(dres_.data(), 0, NH * sizeof(T), stream_));
@@ -251,17 +267,19 @@ void GpuLlama<T>::backward_layers(GpuParamStore<T>& p, const int32_t* inputs) {
     p.acquire(final_group_);
     p.open_grads(final_group_);
   }
-  rmsnorm_backward(dres_.data(), p.grad(norm), dxn_.data(), layer_output(c.n_layer - 1), p.param(norm), rstdf_.data(),
+  rmsnorm_backward(dres_.data(), p.grad(norm), dxn_.data(), outputs_.input(c.n_layer - 1), p.param(norm), rstdf_.data(),
                    N, H, scratch_.data(), stream_);
   p.close_grads(final_group_);
   p.release(final_group_);
 
   for (int l = c.n_layer - 1; l >= 0; --l) {
     p.acquire(1 + l);
+    const T* x = l == 0 ? encoded_.data() : outputs_.input(l - 1);
+    if (checkpointing_) forward_layer(p, l, x, false);
     p.open_grads(1 + l);
     auto w = [&](int k) { return p.param(layer_tensor(l, k)); };
     auto g = [&](int k) { return p.grad(layer_tensor(l, k)); };
-    const size_t at = static_cast<size_t>(l) * static_cast<size_t>(N);
+    const size_t at = layer_slot(l) * static_cast<size_t>(N);
     T* dres = dres_.data();  // in: d(layer output); out: d(layer input)
     const T* xn1 = xn1_.data() + at * H;
     const T* xn2 = xn2_.data() + at * H;
@@ -285,8 +303,8 @@ void GpuLlama<T>::backward_layers(GpuParamStore<T>& p, const int32_t* inputs) {
     linear_backward(cublas_, dxn_.data(), g(kQ), dq_.data(), xn1, w(kQ), N, H, QW, false);
     linear_backward(cublas_, dxn_.data(), g(kK), dk_.data(), xn1, w(kK), N, H, KW, true);
     linear_backward(cublas_, dxn_.data(), g(kV), dv_.data(), xn1, w(kV), N, H, KW, true);
-    rmsnorm_backward(dres, g(kInputNorm), dxn_.data(), layer_output(l - 1), w(kInputNorm), rstd1_.data() + at, N, H,
-                     scratch_.data(), stream_);
+    rmsnorm_backward(dres, g(kInputNorm), dxn_.data(), x, w(kInputNorm), rstd1_.data() + at, N, H, scratch_.data(),
+                     stream_);
     p.close_grads(1 + l);
     p.release(1 + l);
   }
@@ -294,6 +312,7 @@ void GpuLlama<T>::backward_layers(GpuParamStore<T>& p, const int32_t* inputs) {
   if (!c.tie_word_embeddings) p.open_grads(0);
   embedding_backward_.run(p.grad(0), static_cast<float*>(nullptr), dres_.data(), inputs, B_, S_, H, stream_);
   p.close_grads(0);
+  outputs_.join();
 }
 
 template class GpuLlama<float>;

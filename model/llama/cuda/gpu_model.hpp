@@ -26,11 +26,11 @@ std::string cuda_unsupported(const LlamaConfig& config);
 template <typename T>
 class GpuLlama final : public GpuModel<T> {
  public:
-  GpuLlama(const LlamaConfig& config, int batch, int seq_len, cublasHandle_t cublas, cudaStream_t stream);
+  GpuLlama(const LlamaConfig& config, const ActivationPlan& plan, cublasHandle_t cublas, cudaStream_t stream);
 
   int64_t activation_bytes() const noexcept override { return activation_bytes_; }
-  // What activation_bytes() will be for this shape, before any allocation.
-  static int64_t planned_activation_bytes(const LlamaConfig& config, int batch, int seq_len);
+  // What activation_bytes() will be for this plan, before any allocation (and the host's share).
+  static ActivationBytes planned_activation_bytes(const LlamaConfig& config, const ActivationPlan& plan);
 
   double forward_backward(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets, float grad_scale,
                           PassTimes* times) override;
@@ -43,8 +43,13 @@ class GpuLlama final : public GpuModel<T> {
   // Every activation buffer with its element count, `buffer(&GpuLlama::member, count)`: what the
   // constructor allocates and planned_activation_bytes() adds up, listed once.
   template <typename F>
-  static void activation_buffers(const LlamaConfig& config, int batch, int seq_len, F&& buffer);
+  static void activation_buffers(const LlamaConfig& config, const ActivationPlan& plan, F&& buffer);
   void forward_layers(GpuParamStore<T>& p, const int32_t* inputs);
+  // Layer l's forward pass from `x` into its layer's buffers (layer_slot(l)), the layer's parameters
+  // acquired; its output (into outputs_) only `with_output` (a recomputation has it already).
+  void forward_layer(GpuParamStore<T>& p, int l, const T* x, bool with_output);
+  // Where layer l's activations live: its own buffers, or the one layer's buffers under checkpointing.
+  size_t layer_slot(int l) const noexcept { return checkpointing_ ? 0 : static_cast<size_t>(l); }
   // The head's loss (into loss_sum_) and, with `backward`, its gradient (into dxn_) over the final
   // norm's output.
   void head(GpuParamStore<T>& p, const int32_t* targets, float grad_scale, bool backward);
@@ -52,6 +57,7 @@ class GpuLlama final : public GpuModel<T> {
 
   LlamaConfig config_;
   int B_, S_;
+  bool checkpointing_;
   int final_group_;  // the final norm's group (with the untied head)
   cublasHandle_t cublas_;
   cudaStream_t stream_;
@@ -64,8 +70,10 @@ class GpuLlama final : public GpuModel<T> {
 
   // The rotation's tables (S, D/2), uploaded once.
   DeviceBuffer<float> cos_, sin_;
-  // Activations: per layer l and N = B*S rows (q, atty: N x NH*D; k, v: N x NKV*D; gate, up, act: N x I).
-  DeviceBuffer<T> encoded_, xn1_, q_, k_, v_, atty_, res2_, xn2_, gate_, up_, act_, res3_, xnf_, logits_, head_padded_;
+  // Activations: per layer l (L' layers: L, or 1 under checkpointing) and N = B*S rows (q, atty:
+  // N x NH*D; k, v: N x NKV*D; gate, up, act: N x I); the layers' outputs (N, H) each in outputs_.
+  DeviceBuffer<T> encoded_, xn1_, q_, k_, v_, atty_, res2_, xn2_, gate_, up_, act_, xnf_, logits_, head_padded_;
+  BlockOutputs<T> outputs_;
   DeviceBuffer<float> rstd1_, rstd2_, rstdf_, lse_, losses_;
   // Backward scratch.
   DeviceBuffer<T> dres_, dxn_, datty_, dq_, dk_, dv_, dgate_, dup_;
