@@ -22,7 +22,8 @@ namespace {
 
 struct TrainCli {
   trainer::TrainOptions options;
-  std::string device = "cpu";
+  // Words the command line takes, turned into options' enums once, at this border.
+  std::string device = "cpu", save_mode = "async", snapshot_staging = "auto";
   std::string config, data, save_dir, metrics, init_from;
 };
 
@@ -32,7 +33,12 @@ int run_train(TrainCli& o, int* argc, char*** argv) {
   o.options.save_dir = o.save_dir;
   o.options.metrics = o.metrics;
   o.options.init_from = o.init_from;
-  o.options.device = o.device;
+  o.options.device = o.device == "cuda" ? trainer::ComputeDevice::kCuda : trainer::ComputeDevice::kCpu;
+  o.options.save_mode = o.save_mode == "sync" ? trainer::SaveMode::kSync : trainer::SaveMode::kAsync;
+  o.options.snapshot_staging = o.snapshot_staging == "device" ? trainer::SnapshotStaging::kDevice
+                               : o.snapshot_staging == "host" ? trainer::SnapshotStaging::kHost
+                               : o.snapshot_staging == "none" ? trainer::SnapshotStaging::kNone
+                                                              : trainer::SnapshotStaging::kAuto;
   return run_on_ranks(argc, argv, [&](comm::MpiCollective& world) {
     trainer::Trainer t(world, o.options);
     t.run();
@@ -89,11 +95,11 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
                    "Save every K steps (and at the end) into --save-dir; 0: only at the end (default 0)")
       ->check(CLI::NonNegativeNumber);
   train
-      ->add_option("--save-mode", o->options.save_mode,
+      ->add_option("--save-mode", o->save_mode,
                    "async (default): training continues while the checkpoint is written and committed; sync: it waits")
       ->check(CLI::IsMember({"async", "sync"}));
   train
-      ->add_option("--snapshot-staging", o->options.snapshot_staging,
+      ->add_option("--snapshot-staging", o->snapshot_staging,
                    "Where a save copies the optimizer states to, so that training may go on. device (GPU ranks): "
                    "GPU memory (milliseconds; drained to host memory while training goes on); host: host memory "
                    "(from a GPU, the next optimizer step waits for that copy); none (states in host memory: CPU "

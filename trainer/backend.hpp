@@ -33,6 +33,15 @@ namespace shardkit::trainer {
 // (NVMe-swapped states are always read where they live).
 enum class SnapshotStaging { kAuto, kDevice, kHost, kNone };
 
+// How a save runs (the train command's --save-mode).
+enum class SaveMode {
+  kAsync,  // snapshot, then write and commit on a background thread while training continues
+  kSync,   // the training loop waits until the checkpoint is committed
+};
+
+// Where a rank computes (the train command's --device).
+enum class ComputeDevice { kCpu, kCuda };
+
 struct BackendOptions {
   const model::Model* model = nullptr;
   const DsConfig* config = nullptr;

@@ -21,11 +21,6 @@
 
 namespace shardkit::trainer {
 
-enum class SaveMode {
-  kAsync,  // snapshot, then write and commit on a background thread while training continues
-  kSync,   // the training loop waits until the checkpoint is committed
-};
-
 struct SaveOutcome {
   std::filesystem::path path;
   int64_t step = 0;

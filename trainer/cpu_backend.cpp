@@ -23,7 +23,7 @@ namespace {
 // Offloading to the CPU changes nothing on CPU ranks.
 nvme::SwapFactory nvme_swaps(const BackendOptions& o) {
   const ZeroConfig& z = o.config->zero;
-  if (z.offload_param.device == "nvme" && z.stage != 3) {
+  if (z.offload_param.device == OffloadDevice::kNvme && z.stage != 3) {
     fail(ErrorKind::kInvalidInput, "zero_optimization.offload_param device nvme needs ZeRO stage 3 (stage " +
                                        std::to_string(z.stage) + " keeps every parameter on every rank)");
   }

@@ -353,19 +353,24 @@ OffloadConfig parse_offload(Section& zero, const std::string& key, const std::st
   if (const std::optional<bool> legacy = zero.flag(deprecated_key)) {
     if (zero.has(key)) zero.bad(deprecated_key, "is deprecated and cannot be given together with " + key);
     zero.warn(zero.name(deprecated_key) + " is deprecated (use " + zero.name(key) + ")");
-    if (*legacy) out.device = "cpu";
+    if (*legacy) out.device = OffloadDevice::kCpu;
     return out;
   }
   // The other keys (ratio, buffer_size, max_in_cpu, ...) tune parts of DeepSpeed's swapper that
   // shardkit does not have: they are accepted without a warning.
   Section offload = zero.child(key);
-  set_if(offload.text("device"), out.device);
-  if (out.device != "none" && out.device != "cpu" && out.device != "nvme") {
-    offload.bad("device", "is '" + out.device + "', must be none, cpu or nvme");
+  if (const std::optional<std::string> device = offload.text("device")) {
+    if (*device == "cpu") {
+      out.device = OffloadDevice::kCpu;
+    } else if (*device == "nvme") {
+      out.device = OffloadDevice::kNvme;
+    } else if (*device != "none") {
+      offload.bad("device", "is '" + *device + "', must be none, cpu or nvme");
+    }
   }
   set_if(offload.flag("pin_memory"), out.pin_memory);
   set_if(offload.text("nvme_path"), out.nvme_path);
-  if (out.device == "nvme" && out.nvme_path.empty()) {
+  if (out.device == OffloadDevice::kNvme && out.nvme_path.empty()) {
     offload.bad("nvme_path", "must be given for device nvme (the folder of the swap files)");
   }
   set_if(offload.integer("buffer_count", 1, kMaxInt), out.buffer_count);
@@ -729,8 +734,8 @@ json fp16_json(const Fp16Config& f) {
 }
 
 json offload_json(const OffloadConfig& o) {
-  json out = {{"device", o.device}, {"pin_memory", o.pin_memory}};
-  if (o.device == "nvme") {
+  json out = {{"device", offload_device_name(o.device)}, {"pin_memory", o.pin_memory}};
+  if (o.device == OffloadDevice::kNvme) {
     out["nvme_path"] = o.nvme_path;
     out["buffer_count"] = o.buffer_count;
     out["fast_init"] = o.fast_init;
@@ -884,11 +889,25 @@ nlohmann::json to_json(const DsConfig& c) {
   if (c.communication_data_type) j["communication_data_type"] = comm_dtype_name(*c.communication_data_type);
   if (c.monitor.tensorboard.enabled) j["tensorboard"] = monitor_output_json(c.monitor.tensorboard);
   if (c.monitor.csv_monitor.enabled) j["csv_monitor"] = monitor_output_json(c.monitor.csv_monitor);
-  if (c.zero.offload_optimizer.device == "nvme" || c.zero.offload_param.device == "nvme") j["aio"] = aio_json(c.aio);
+  if (c.zero.offload_optimizer.device == OffloadDevice::kNvme || c.zero.offload_param.device == OffloadDevice::kNvme) {
+    j["aio"] = aio_json(c.aio);
+  }
   if (c.activation_checkpointing.enabled) {
     j["activation_checkpointing"] = {{"cpu_checkpointing", c.activation_checkpointing.cpu_checkpointing}};
   }
   return j;
+}
+
+const char* offload_device_name(OffloadDevice device) noexcept {
+  switch (device) {
+    case OffloadDevice::kCpu:
+      return "cpu";
+    case OffloadDevice::kNvme:
+      return "nvme";
+    case OffloadDevice::kNone:
+      break;
+  }
+  return "none";
 }
 
 }  // namespace shardkit::trainer

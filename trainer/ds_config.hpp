@@ -26,8 +26,13 @@ struct Fp16Config {
   double min_loss_scale = 1;
 };
 
+// Where offload_optimizer / offload_param put their states: parsed once from the config's "device".
+enum class OffloadDevice { kNone, kCpu, kNvme };
+// "none", "cpu", "nvme": the config's words, for messages and the resolved config.
+const char* offload_device_name(OffloadDevice device) noexcept;
+
 struct OffloadConfig {
-  std::string device = "none";  // "none" | "cpu" | "nvme"
+  OffloadDevice device = OffloadDevice::kNone;
   bool pin_memory = false;
   // Device "nvme" (ZeRO-Infinity): the folder of the swap files, the swapper's bounce buffers, and
   // DeepSpeed's lazy initialisation of the swap (accepted; shardkit allocates the file up front).

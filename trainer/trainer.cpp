@@ -159,8 +159,9 @@ Trainer::Trainer(comm::MpiCollective& comm, const TrainOptions& options) : s_(st
   SlowPhases phases([&s](const std::string& line) { s.log(line); });
   s.phases = &phases;
   const std::string params = format_count(s.table.total_elements()) + " parameters";
-  phases.run("allocating the model and ZeRO states (" + params + ", " + options.device + ")",
-             [&] { s.backend = options.device == "cuda" ? make_cuda_backend(bo) : make_cpu_backend(bo); });
+  const bool cuda = options.device == ComputeDevice::kCuda;
+  phases.run("allocating the model and ZeRO states (" + params + ", " + (cuda ? "cuda" : "cpu") + ")",
+             [&] { s.backend = cuda ? make_cuda_backend(bo) : make_cpu_backend(bo); });
   s.schedule = std::make_unique<LrSchedule>(s.config.scheduler, s.config.optimizer.lr);
   s.scaler = std::make_unique<LossScaler>(s.config.fp16, s.config.bf16);
   s.tokens = std::make_unique<TokenFile>(options.data);
@@ -182,12 +183,13 @@ void Trainer::State::configure() {
   config = load_ds_config(options.config, comm.size(),
                           {model->hidden_size(), options.steps, options.lr, options.warmup_steps});
   for (const std::string& w : config.warnings) log("warning: " + options.config.string() + ": " + w);
-  const bool cpu = options.device != "cuda";
+  const bool cpu = options.device == ComputeDevice::kCpu;
   if (cpu && (config.fp16.enabled || config.bf16)) {
     log(std::string("notice: ") + (config.bf16 ? "bf16" : "fp16") +
         " requested: on CPU ranks the arithmetic stays fp32; loss scaling and overflow checks run as configured");
   }
-  if (cpu && (config.zero.offload_optimizer.device == "cpu" || config.zero.offload_param.device == "cpu")) {
+  if (cpu && (config.zero.offload_optimizer.device == OffloadDevice::kCpu ||
+              config.zero.offload_param.device == OffloadDevice::kCpu)) {
     log("notice: offload_optimizer/offload_param device cpu have no effect on CPU ranks (the states are already in "
         "host memory)");
   }
@@ -211,9 +213,6 @@ void Trainer::State::configure() {
                                        model->name() + " supports");
   }
   seq_len = options.seq_len > 0 ? options.seq_len : model->max_seq_len();
-  if (!options.save_dir.empty() && options.save_mode != "async" && options.save_mode != "sync") {
-    fail(ErrorKind::kInvalidInput, "--save-mode is '" + options.save_mode + "', must be async or sync");
-  }
 }
 
 BackendOptions Trainer::State::backend_options() {
@@ -223,17 +222,10 @@ BackendOptions Trainer::State::backend_options() {
   bo.micro_batch = static_cast<int>(config.micro_batch_per_gpu);
   bo.seq_len = seq_len;
   bo.comm = &comm;
-  const std::string& staging = options.snapshot_staging;
-  if (staging == "device" && options.device != "cuda") {
+  if (options.snapshot_staging == SnapshotStaging::kDevice && options.device != ComputeDevice::kCuda) {
     fail(ErrorKind::kInvalidInput, "--snapshot-staging device needs --device cuda (CPU ranks copy in host memory)");
   }
-  if (staging != "auto" && staging != "device" && staging != "host" && staging != "none") {
-    fail(ErrorKind::kInvalidInput, "--snapshot-staging is '" + staging + "', must be auto, device, host or none");
-  }
-  bo.snapshot_staging = staging == "device" ? SnapshotStaging::kDevice
-                        : staging == "host" ? SnapshotStaging::kHost
-                        : staging == "none" ? SnapshotStaging::kNone
-                                            : SnapshotStaging::kAuto;
+  bo.snapshot_staging = options.snapshot_staging;
   bo.log = [this](const std::string& line) { log(line); };
   return bo;
 }
@@ -242,8 +234,7 @@ void Trainer::State::open_checkpointing(SlowPhases& slow) {
   if (options.save_dir.empty()) return;
   take_save_dir();
   checkpointer = std::make_unique<Checkpointer>(comm, options.save_dir, options.keep_last, ckpt::ShardOptions{},
-                                                options.save_mode == "sync" ? SaveMode::kSync : SaveMode::kAsync,
-                                                [this](const std::string& line) { log(line); });
+                                                options.save_mode, [this](const std::string& line) { log(line); });
   slow.run("allocating the checkpoint snapshot buffers", [&] { backend->reserve_snapshot(); });
 }
 

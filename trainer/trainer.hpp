@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/mpi.hpp"
+#include "trainer/backend.hpp"
 
 namespace shardkit::trainer {
 
@@ -22,17 +23,17 @@ struct TrainOptions {
   std::optional<double> lr;             // fills the config's "auto" learning rate (ds_config.hpp's AutoContext)
   std::optional<int64_t> warmup_steps;  // fills its "auto" warmup_num_steps
   std::filesystem::path save_dir;
-  int64_t save_interval = 0;              // 0: save only at the end (when save_dir is set)
-  int keep_last = 0;                      // 0: keep every checkpoint
-  std::string save_mode = "async";        // async | sync
-  std::string snapshot_staging = "auto";  // auto | device | host | none (backend.hpp's SnapshotStaging)
-  bool stop_on_save_error = false;        // a failed save ends the run (default: reported, training goes on)
-  std::string resume = "auto";            // auto | none | PATH
+  int64_t save_interval = 0;  // 0: save only at the end (when save_dir is set)
+  int keep_last = 0;          // 0: keep every checkpoint
+  SaveMode save_mode = SaveMode::kAsync;
+  SnapshotStaging snapshot_staging = SnapshotStaging::kAuto;
+  bool stop_on_save_error = false;  // a failed save ends the run (default: reported, training goes on)
+  std::string resume = "auto";      // auto | none | PATH
   std::filesystem::path metrics;
   uint64_t seed = 1234;
   std::filesystem::path init_from;  // Hugging Face weights to start from (when not resuming)
-  std::string device = "cpu";       // cpu | cuda
-  int threads = 0;                  // compute threads per rank; 0: cores / ranks on this node
+  ComputeDevice device = ComputeDevice::kCpu;
+  int threads = 0;  // compute threads per rank; 0: cores / ranks on this node
   // Recompute each block's forward pass in the backward pass, as the config's activation_checkpointing
   // section does (this turns it on without one).
   bool activation_checkpointing = false;

@@ -94,8 +94,8 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::Tensor
 MemoryReport ZeroEngine::planned_memory(const ckpt::TensorTable& table, const ZeroConfig& config, int world_size,
                                         int rank) {
   const ZeroPlan plan(table, world_size, rank, config.stage);
-  const bool optimizer_swapped = config.stage != 0 && config.offload_optimizer.device == "nvme";
-  const bool params_swapped = config.stage == 3 && config.offload_param.device == "nvme";
+  const bool optimizer_swapped = config.stage != 0 && config.offload_optimizer.device == OffloadDevice::kNvme;
+  const bool params_swapped = config.stage == 3 && config.offload_param.device == OffloadDevice::kNvme;
   return bytes_of(buffer_sizes(plan, optimizer_swapped, params_swapped), config.stage, params_swapped, true);
 }
 

@@ -75,7 +75,7 @@ TrainOptions options(const std::filesystem::path& config, const std::filesystem:
   o.steps = 6;
   o.resume = "none";
   o.seed = 3;
-  o.device = "cuda";
+  o.device = trainer::ComputeDevice::kCuda;
   o.quiet = true;
   o.threads = 4;
   return o;

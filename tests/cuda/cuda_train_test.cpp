@@ -57,7 +57,7 @@ TrainOptions options(const std::filesystem::path& config, const std::filesystem:
   o.steps = steps;
   o.resume = "none";
   o.seed = 3;
-  o.device = device;
+  o.device = device == "cuda" ? trainer::ComputeDevice::kCuda : trainer::ComputeDevice::kCpu;
   o.quiet = true;
   o.threads = 4;
   return o;

@@ -24,7 +24,7 @@ class Workspace : public testing::SharedDir {
  public:
   explicit Workspace(comm::MpiCollective& world) : SharedDir(world) { write_tokens("tokens.bin", 6000); }
 
-  TrainOptions options(int stage, const std::string& name, const std::string& save_mode) {
+  TrainOptions options(int stage, const std::string& name, trainer::SaveMode save_mode) {
     TrainOptions o;
     o.config = write_json(
         name + ".json",
@@ -64,8 +64,8 @@ TEST(CheckpointMpi, AsyncSavesHoldWhatSyncSavesHoldAndLeaveTheRunUnchanged) {
   Workspace ws(world);
   for (int stage : {2, 3}) {
     const std::string s = std::to_string(stage);
-    const TrainOptions sync = ws.options(stage, "sync" + s, "sync");
-    const TrainOptions async = ws.options(stage, "async" + s, "async");
+    const TrainOptions sync = ws.options(stage, "sync" + s, trainer::SaveMode::kSync);
+    const TrainOptions async = ws.options(stage, "async" + s, trainer::SaveMode::kAsync);
     const auto a = train(world, sync);
     const auto b = train(world, async);
     ASSERT_EQ(a.size(), b.size());
@@ -86,7 +86,7 @@ TEST(CheckpointMpi, AsyncSavesHoldWhatSyncSavesHoldAndLeaveTheRunUnchanged) {
 TEST(CheckpointMpi, AFailedBackgroundSaveIsReportedTheRunGoesOnOrStopsAndResumesExactly) {
   comm::MpiCollective world(MPI_COMM_WORLD);
   Workspace ws(world);
-  const auto reference = train(world, ws.options(2, "reference", "sync"));
+  const auto reference = train(world, ws.options(2, "reference", trainer::SaveMode::kSync));
   // The save of step 4 cannot create its directory: a file stands where it must go (a file, not a
   // directory without a manifest, which the trainer would clear away at start as a killed save's).
   auto block = [&](const TrainOptions& run) {
@@ -97,7 +97,7 @@ TEST(CheckpointMpi, AFailedBackgroundSaveIsReportedTheRunGoesOnOrStopsAndResumes
     world.barrier();
   };
 
-  TrainOptions goes_on = ws.options(2, "goes-on", "async");
+  TrainOptions goes_on = ws.options(2, "goes-on", trainer::SaveMode::kAsync);
   goes_on.resume = "auto";  // the directory holds no checkpoint yet: the run starts fresh
   block(goes_on);
   const auto records = train(world, goes_on);
@@ -106,7 +106,7 @@ TEST(CheckpointMpi, AFailedBackgroundSaveIsReportedTheRunGoesOnOrStopsAndResumes
   EXPECT_TRUE(std::filesystem::is_regular_file(goes_on.save_dir / "step-00000004")) << "not the save's to remove";
   EXPECT_EQ(ckpt::CheckpointReader(goes_on.save_dir).manifest().step, 6) << "the next save was tried";
 
-  TrainOptions stops = ws.options(2, "stops", "async");
+  TrainOptions stops = ws.options(2, "stops", trainer::SaveMode::kAsync);
   stops.resume = "auto";
   stops.stop_on_save_error = true;
   block(stops);
@@ -127,7 +127,7 @@ TEST(CheckpointMpi, AFailedBackgroundSaveIsReportedTheRunGoesOnOrStopsAndResumes
     EXPECT_EQ(continued[i].step, reference[i + 2].step);
     EXPECT_EQ(continued[i].loss, reference[i + 2].loss) << "step " << continued[i].step;
   }
-  expect_same_checkpoint(ws.options(2, "reference", "sync").save_dir / "step-00000006",
+  expect_same_checkpoint(ws.options(2, "reference", trainer::SaveMode::kSync).save_dir / "step-00000006",
                          stops.save_dir / "step-00000006");
 }
 

@@ -106,7 +106,7 @@ TEST(MonitorMpi, TensorBoardAndCsvHoldEveryStepsScalarsWithDeepSpeedsTagsAndXAxi
   o.steps = kSteps;
   o.save_dir = ws / "ckpt";
   o.save_interval = 2;
-  o.save_mode = "sync";  // each save's scalar is written right after its step
+  o.save_mode = trainer::SaveMode::kSync;  // each save's scalar is written right after its step
   o.resume = "none";
   o.threads = 1;
   o.quiet = true;

@@ -518,8 +518,8 @@ TEST(DsConfigZero, ReadsEveryField) {
   expected.sub_group_size = 7000;
   expected.round_robin_gradients = true;
   EXPECT_EQ(fields(c.zero), fields(expected));
-  EXPECT_EQ(fields(c.zero.offload_optimizer), fields(OffloadConfig{"cpu", true}));
-  EXPECT_EQ(fields(c.zero.offload_param), fields(OffloadConfig{"nvme", false, "/nvme"}));
+  EXPECT_EQ(fields(c.zero.offload_optimizer), fields(OffloadConfig{OffloadDevice::kCpu, true}));
+  EXPECT_EQ(fields(c.zero.offload_param), fields(OffloadConfig{OffloadDevice::kNvme, false, "/nvme"}));
   EXPECT_TRUE(c.warnings.empty());  // offload keys shardkit does not use are accepted silently
 }
 
@@ -542,7 +542,7 @@ TEST(DsConfigZero, NvmeOffloadAndTheAioBlockAreRead) {
                                    {"thread_count", 2},
                                    {"single_submit", true},
                                    {"overlap_events", false}}}}));
-  OffloadConfig expected{"nvme", true, "/local_nvme"};
+  OffloadConfig expected{OffloadDevice::kNvme, true, "/local_nvme"};
   expected.buffer_count = 5;
   expected.fast_init = true;
   EXPECT_EQ(fields(c.zero.offload_optimizer), fields(expected));
@@ -611,11 +611,12 @@ TEST(DsConfigZero, Stage3SizesAlsoReadUnderTheirFieldNames) {
 
 TEST(DsConfigZero, DeprecatedCpuOffloadMeansOptimizerOffloadToCpu) {
   const DsConfig c = parse(with({{"zero_optimization", {{"stage", 2}, {"cpu_offload", true}}}}));
-  EXPECT_EQ(c.zero.offload_optimizer.device, "cpu");
-  EXPECT_EQ(c.zero.offload_param.device, "none");
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNone);
   ASSERT_EQ(c.warnings.size(), 1u);
   EXPECT_TRUE(Contains(c.warnings[0], "zero_optimization.cpu_offload is deprecated"));
-  EXPECT_EQ(parse(with({{"zero_optimization", {{"cpu_offload", false}}}})).zero.offload_optimizer.device, "none");
+  EXPECT_EQ(parse(with({{"zero_optimization", {{"cpu_offload", false}}}})).zero.offload_optimizer.device,
+            OffloadDevice::kNone);
   EXPECT_TRUE(Contains(
       error_of(with({{"zero_optimization", {{"cpu_offload", true}, {"offload_optimizer", {{"device", "cpu"}}}}}})),
       "zero_optimization.cpu_offload is deprecated and cannot be given together with offload_optimizer"));

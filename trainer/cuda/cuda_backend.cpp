@@ -203,17 +203,18 @@ class CudaBackend final : public Backend {
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
   cuda::require_gpu_kernels(*options.model);
   const ZeroConfig& z = options.config->zero;
-  if (z.offload_optimizer.device != "none" && z.stage == 0) {
-    fail(ErrorKind::kInvalidInput, "zero_optimization.offload_optimizer device " + z.offload_optimizer.device +
+  if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage == 0) {
+    fail(ErrorKind::kInvalidInput, "zero_optimization.offload_optimizer device " +
+                                       std::string(offload_device_name(z.offload_optimizer.device)) +
                                        " needs ZeRO stage 1, 2 or 3 (stage 0 keeps no optimizer partition)");
   }
-  if (z.offload_param.device != "none" && z.stage != 3) {
+  if (z.offload_param.device != OffloadDevice::kNone && z.stage != 3) {
     fail(ErrorKind::kInvalidInput, "zero_optimization.offload_param needs ZeRO stage 3 (stage " +
                                        std::to_string(z.stage) + " keeps every parameter on each GPU)");
   }
   // The swap holds copies of the master weights, which the host optimizer writes as it updates them.
   // With the optimizer on the GPU the parameters would be a seventh of what it keeps there.
-  if (z.offload_param.device == "nvme" && z.offload_optimizer.device == "none") {
+  if (z.offload_param.device == OffloadDevice::kNvme && z.offload_optimizer.device == OffloadDevice::kNone) {
     fail(ErrorKind::kInvalidInput,
          "zero_optimization.offload_param device nvme needs offload_optimizer device \"cpu\" or \"nvme\" on "
          "GPUs (the optimizer's fp32 states on the GPU take six times the parameters' memory)");

@@ -46,11 +46,11 @@ FixedBuffers fixed_buffers_of(const ZeroPlan& plan, const ZeroConfig& config) {
   // offload_param cpu: page-locked whatever its pin_memory says. Copies from and to pageable memory
   // make the host wait (for the stream, for the copy), which would stall every gather and defeat
   // the prefetch. DeepSpeed takes pin_memory as a speed hint; pinned memory is only faster.
-  if (stage == 3 && config.offload_param.device == "cpu") b.param_home = ParamHome::kHost;
-  if (stage == 3 && config.offload_param.device == "nvme") b.param_home = ParamHome::kSwap;
+  if (stage == 3 && config.offload_param.device == OffloadDevice::kCpu) b.param_home = ParamHome::kHost;
+  if (stage == 3 && config.offload_param.device == OffloadDevice::kNvme) b.param_home = ParamHome::kSwap;
   b.states = static_cast<size_t>(plan.optimizer_size());
-  b.states_on_nvme = config.offload_optimizer.device == "nvme";
-  b.states_on_host = b.states_on_nvme || config.offload_optimizer.device == "cpu";
+  b.states_on_nvme = config.offload_optimizer.device == OffloadDevice::kNvme;
+  b.states_on_host = b.states_on_nvme || config.offload_optimizer.device == OffloadDevice::kCpu;
   return b;
 }
 

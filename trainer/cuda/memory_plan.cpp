@@ -50,28 +50,30 @@ std::vector<Alternative> alternatives(const ZeroConfig& zero, const model::Activ
     z.stage = stage;
     add("zero_optimization.stage " + std::to_string(stage), z);
   }
-  if (zero.offload_optimizer.device == "none") {
+  if (zero.offload_optimizer.device == OffloadDevice::kNone) {
     ZeroConfig z = zero;
     z.stage = std::max(zero.stage, 1);
-    z.offload_optimizer.device = "cpu";
+    z.offload_optimizer.device = OffloadDevice::kCpu;
     add("offload_optimizer cpu" + std::string(zero.stage == 0 ? " at stage 1" : ""), z);
   }
-  if (zero.offload_param.device != "cpu") {
+  if (zero.offload_param.device != OffloadDevice::kCpu) {
     ZeroConfig z = zero;
     z.stage = 3;
-    if (z.offload_optimizer.device == "none") z.offload_optimizer.device = "cpu";
-    z.offload_param.device = "cpu";
-    add("stage 3 with offload_optimizer " + z.offload_optimizer.device + " and offload_param cpu", z);
+    if (z.offload_optimizer.device == OffloadDevice::kNone) z.offload_optimizer.device = OffloadDevice::kCpu;
+    z.offload_param.device = OffloadDevice::kCpu;
+    add("stage 3 with offload_optimizer " + std::string(offload_device_name(z.offload_optimizer.device)) +
+            " and offload_param cpu",
+        z);
   }
   // Where host memory is what is short: the states in swap files on a local NVMe drive.
-  if (zero.offload_optimizer.device != "nvme") {
+  if (zero.offload_optimizer.device != OffloadDevice::kNvme) {
     ZeroConfig z = zero;
     z.stage = std::max(zero.stage, 1);
-    z.offload_optimizer.device = "nvme";
+    z.offload_optimizer.device = OffloadDevice::kNvme;
     add("offload_optimizer nvme (with its nvme_path)" + std::string(zero.stage == 0 ? " at stage 1" : ""), z);
-    if (z.offload_param.device != "cpu") {
+    if (z.offload_param.device != OffloadDevice::kCpu) {
       z.stage = 3;
-      z.offload_param.device = "cpu";
+      z.offload_param.device = OffloadDevice::kCpu;
       add("stage 3 with offload_optimizer nvme and offload_param cpu", z);
     }
   }

@@ -52,8 +52,9 @@ SwapFactory swap_factory(const DsConfig& config, bool gpu, int param_bytes, comm
   const ZeroConfig& z = config.zero;
   std::optional<SwapOptions> optimizer, params;
   std::vector<std::string> notes;
-  if (z.offload_optimizer.device == "nvme") optimizer = swap_options(config, "offload_optimizer", gpu, notes);
-  if (z.offload_param.device == "nvme") params = swap_options(config, "offload_param", gpu, notes);
+  if (z.offload_optimizer.device == OffloadDevice::kNvme)
+    optimizer = swap_options(config, "offload_optimizer", gpu, notes);
+  if (z.offload_param.device == OffloadDevice::kNvme) params = swap_options(config, "offload_param", gpu, notes);
   if (!optimizer && !params) return {};
   note_aio(config.aio, gpu, notes);
   for (const std::string& line : notes) log(line);
