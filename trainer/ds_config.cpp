@@ -898,16 +898,4 @@ nlohmann::json to_json(const DsConfig& c) {
   return j;
 }
 
-const char* offload_device_name(OffloadDevice device) noexcept {
-  switch (device) {
-    case OffloadDevice::kCpu:
-      return "cpu";
-    case OffloadDevice::kNvme:
-      return "nvme";
-    case OffloadDevice::kNone:
-      break;
-  }
-  return "none";
-}
-
 }  // namespace shardkit::trainer

@@ -28,8 +28,11 @@ struct Fp16Config {
 
 // Where offload_optimizer / offload_param put their states: parsed once from the config's "device".
 enum class OffloadDevice { kNone, kCpu, kNvme };
-// "none", "cpu", "nvme": the config's words, for messages and the resolved config.
-const char* offload_device_name(OffloadDevice device) noexcept;
+// "none", "cpu", "nvme": the config's words, for messages and the resolved config. Inline: the CUDA
+// module's memory plan names them without linking the config parser.
+constexpr const char* offload_device_name(OffloadDevice device) noexcept {
+  return device == OffloadDevice::kCpu ? "cpu" : device == OffloadDevice::kNvme ? "nvme" : "none";
+}
 
 struct OffloadConfig {
   OffloadDevice device = OffloadDevice::kNone;

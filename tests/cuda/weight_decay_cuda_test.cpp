@@ -20,19 +20,21 @@
 namespace shardkit {
 namespace {
 
+using trainer::OffloadDevice;
+
 struct Case {
   int stage;
-  const char* offload_optimizer;
-  const char* offload_param;
+  OffloadDevice offload_optimizer;
+  OffloadDevice offload_param;
 };
 
 TEST(WeightDecayCuda, WithZeroGradientsExactlyTheDecayingTensorsMove) {
   comm::MpiCollective world(MPI_COMM_WORLD);
   REQUIRE_GPUS(world.size());
   trainer::cuda::DeviceContext context(world);
-  const Case cases[] = {{0, "none", "none"}, {1, "none", "none"}, {2, "none", "none"},
-                        {3, "none", "none"}, {1, "cpu", "none"},  {2, "cpu", "none"},
-                        {3, "cpu", "none"},  {3, "cpu", "cpu"},   {3, "none", "cpu"}};
+  constexpr OffloadDevice kNone = OffloadDevice::kNone, kCpu = OffloadDevice::kCpu;
+  const Case cases[] = {{0, kNone, kNone}, {1, kNone, kNone}, {2, kNone, kNone}, {3, kNone, kNone}, {1, kCpu, kNone},
+                        {2, kCpu, kNone},  {3, kCpu, kNone},  {3, kCpu, kCpu},   {3, kNone, kCpu}};
   for (const char* name : {"gpt2-tiny", "llama-tiny"}) {
     const auto model = model::resolve_model(name);
     const std::vector<bool> decays = trainer::decay_flags(*model);
@@ -45,7 +47,8 @@ TEST(WeightDecayCuda, WithZeroGradientsExactlyTheDecayingTensorsMove) {
                                                  world, context.nccl(), context.stream());
       const float decay = testing::step_with_zero_gradients(engine);
       const std::string where = std::string(name) + " stage " + std::to_string(s.stage) + " offload_optimizer " +
-                                s.offload_optimizer + " offload_param " + s.offload_param + " rank " +
+                                trainer::offload_device_name(s.offload_optimizer) + " offload_param " +
+                                trainer::offload_device_name(s.offload_param) + " rank " +
                                 std::to_string(world.rank()) + "/" + std::to_string(world.size()) + ": ";
       // The master partition as a save snapshots it.
       const size_t flat = static_cast<size_t>(engine.layout().flat_size());
