@@ -9,45 +9,29 @@
 // `.metadata`, role 1 + r the file `__r_0.distcp` (r < 4). The seeds are checkpoints real PyTorch wrote
 // (tests/data/dcp/net-w2 and gpt2-w2), packed this way at start-up into the folder named by
 // SHARDKIT_FUZZ_SEEDS (scripts/fuzz.sh passes the corpus folder).
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <string_view>
 
 #include "base/error.hpp"
 #include "convert/dcp/dcp_checkpoint.hpp"
+#include "fuzz/folder_input.hpp"
 
 namespace {
 
 using shardkit::convert::dcp::DcpCheckpoint;
+using shardkit::fuzz::append_record;
+using shardkit::fuzz::read_file;
+using shardkit::fuzz::write_file;
 
 constexpr int kMaxRanks = 4;
 
 const std::filesystem::path& scratch() {
-  static const std::filesystem::path p =
-      std::filesystem::temp_directory_path() / ("shardkit-fuzz-dcp-" + std::to_string(::getpid()));
+  static const std::filesystem::path p = shardkit::fuzz::scratch_dir("dcp");
   return p;
-}
-
-void write_file(const std::filesystem::path& path, std::string_view bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc)
-      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void append_record(std::string& out, int role, const std::string& bytes) {
-  out.push_back(static_cast<char>(role));
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((bytes.size() >> (8 * i)) & 0xff));
-  out += bytes;
 }
 
 std::string file_name(int rank) {
@@ -91,20 +75,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::filesystem::path dir = scratch() / "dcp";
   std::filesystem::remove_all(scratch());
   std::filesystem::create_directories(dir);
-  for (size_t at = 0; at + 5 <= size;) {
-    const int role = data[at];
-    uint32_t length = 0;
-    for (int i = 0; i < 4; ++i) length |= static_cast<uint32_t>(data[at + 1 + static_cast<size_t>(i)]) << (8 * i);
-    at += 5;
-    const size_t n = std::min<size_t>(length, size - at);
-    const std::string_view bytes(reinterpret_cast<const char*>(data) + at, n);
-    at += n;
+  shardkit::fuzz::for_each_record(data, size, 0, [&](int role, std::string_view bytes) {
     if (role == 0) {
       write_file(dir / ".metadata", bytes);
     } else if (role <= kMaxRanks) {
       write_file(dir / file_name(role - 1), bytes);
     }
-  }
+  });
   try {
     const DcpCheckpoint ckpt(dir, nullptr);
     read_some(ckpt);

@@ -9,46 +9,31 @@
 // many bytes: role 0 is the model states, role 1 + r rank r's optimizer states (r < 8). The seeds are
 // checkpoints real DeepSpeed wrote (tests/data/deepspeed/net-*, the smallest), packed this way at
 // start-up into the folder named by SHARDKIT_FUZZ_SEEDS (scripts/fuzz.sh passes the corpus folder).
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <regex>
 #include <string>
 #include <string_view>
 
 #include "base/error.hpp"
 #include "convert/deepspeed/ds_checkpoint.hpp"
+#include "fuzz/folder_input.hpp"
 
 namespace {
+
+using shardkit::fuzz::append_record;
+using shardkit::fuzz::read_file;
+using shardkit::fuzz::write_file;
 
 using namespace shardkit::convert::deepspeed;
 
 constexpr int kMaxRanks = 8;
 
 const std::filesystem::path& scratch() {
-  static const std::filesystem::path p =
-      std::filesystem::temp_directory_path() / ("shardkit-fuzz-ds-" + std::to_string(::getpid()));
+  static const std::filesystem::path p = shardkit::fuzz::scratch_dir("ds");
   return p;
-}
-
-void write_file(const std::filesystem::path& path, std::string_view bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc)
-      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void append_record(std::string& out, int role, const std::string& bytes) {
-  out.push_back(static_cast<char>(role));
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((bytes.size() >> (8 * i)) & 0xff));
-  out += bytes;
 }
 
 // A real checkpoint's tag folder packed as a fuzz input.
@@ -107,21 +92,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::filesystem::create_directories(dir);
   const bool stage3_names = data[0] & 1;
   const std::string prefix = data[0] & 2 ? "bf16_" : "";
-  for (size_t at = 1; at + 5 <= size;) {
-    const int role = data[at];
-    uint32_t length = 0;
-    for (int i = 0; i < 4; ++i) length |= static_cast<uint32_t>(data[at + 1 + static_cast<size_t>(i)]) << (8 * i);
-    at += 5;
-    const size_t n = std::min<size_t>(length, size - at);
-    const std::string_view bytes(reinterpret_cast<const char*>(data) + at, n);
-    at += n;
+  shardkit::fuzz::for_each_record(data, size, 1, [&](int role, std::string_view bytes) {
     if (role == 0) {
       write_file(dir / (stage3_names ? "zero_pp_rank_0_mp_rank_00_model_states.pt" : "mp_rank_00_model_states.pt"),
                  bytes);
     } else if (role <= kMaxRanks) {
       write_file(dir / (prefix + "zero_pp_rank_" + std::to_string(role - 1) + "_mp_rank_00_optim_states.pt"), bytes);
     }
-  }
+  });
   try {
     const DeepSpeedCheckpoint ckpt(dir, nullptr);
     read_some(ckpt);

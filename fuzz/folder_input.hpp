@@ -1,0 +1,54 @@
+// What the fuzzers of whole checkpoint folders share: a fuzz input is a list of records (a role byte,
+// a 4-byte little-endian length and that many bytes), each written as one file of a scratch folder, and
+// real checkpoints are packed the same way as seeds.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <string_view>
+
+namespace shardkit::fuzz {
+
+// A folder of this process's own under the temporary directory.
+inline std::filesystem::path scratch_dir(std::string_view name) {
+  return std::filesystem::temp_directory_path() /
+         ("shardkit-fuzz-" + std::string(name) + "-" + std::to_string(::getpid()));
+}
+
+inline void write_file(const std::filesystem::path& path, std::string_view bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+inline void append_record(std::string& out, int role, const std::string& bytes) {
+  out.push_back(static_cast<char>(role));
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((bytes.size() >> (8 * i)) & 0xff));
+  out += bytes;
+}
+
+// Calls on_record(role, bytes) for each record of data[at, size); a length past the end is cut short.
+template <typename OnRecord>
+void for_each_record(const uint8_t* data, size_t size, size_t at, OnRecord on_record) {
+  while (at + 5 <= size) {
+    const int role = data[at];
+    uint32_t length = 0;
+    for (int i = 0; i < 4; ++i) length |= static_cast<uint32_t>(data[at + 1 + static_cast<size_t>(i)]) << (8 * i);
+    at += 5;
+    const size_t n = std::min<size_t>(length, size - at);
+    on_record(role, std::string_view(reinterpret_cast<const char*>(data) + at, n));
+    at += n;
+  }
+}
+
+}  // namespace shardkit::fuzz
