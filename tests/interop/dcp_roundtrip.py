@@ -34,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "convert"))
 import write_deepspeed_fixtures as fx  # noqa: E402 (models, batches, DeepSpeed engine, launcher)
 import write_dcp_fixtures as dcpfx  # noqa: E402 (the FSDP2 source run)
+from deepspeed_roundtrip import Results  # noqa: E402 (one RESULT line per check, the failures counted)
 
 SCRIPT = os.path.abspath(__file__)
 CASES = {"gpt2": "gpt2-w2", "net": "net-w2"}
@@ -124,16 +125,6 @@ def deepspeed_rank(model_name, folder, expected_dir, out_json):
 
 # ---------------------------------------------------------------------------------------------------
 # The driver.
-
-class Results:
-    def __init__(self):
-        self.failed = 0
-
-    def report(self, ok, **fields):
-        self.failed += 0 if ok else 1
-        print("RESULT " + json.dumps(dict(fields, ok=bool(ok))), flush=True)
-        return ok
-
 
 def run(results, argv, log, **fields):
     with open(log, "w") as out:
