@@ -232,8 +232,8 @@ int run_import(const ImportCli& c) {
 void add_convert_commands(CLI::App& app, Action& action) {
   CLI::App* convert = app.add_subcommand(
       "convert",
-      "Reshard checkpoints, export consolidated weights, import Hugging Face weights, move DeepSpeed checkpoints "
-      "in and out");
+      "Reshard checkpoints, export consolidated weights, import Hugging Face weights, move DeepSpeed and PyTorch "
+      "DCP checkpoints in and out");
   convert->require_subcommand(1);
 
   auto r = std::make_shared<ReshardCli>();
