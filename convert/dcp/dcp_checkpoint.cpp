@@ -25,6 +25,7 @@ constexpr const char* kNotModel[] = {"train_state.", "lr_scheduler.", "dataloade
 constexpr const char* kStateNames[] = {"weights", "exp_avg", "exp_avg_sq"};
 // Elements compared per read when looking for a tied name.
 constexpr int64_t kCompareElems = int64_t{1} << 20;
+constexpr int64_t kFirstCompareElems = 4096;
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -175,8 +176,10 @@ bool DcpCheckpoint::same_values(const Source& a, const Source& b) const {
   if (a.item->shape != b.item->shape || a.item->dtype != b.item->dtype) return false;
   const int64_t numel = a.item->numel();
   std::vector<float> x, y;
-  for (int64_t at = 0; at < numel; at += kCompareElems) {
-    const auto n = static_cast<size_t>(std::min(kCompareElems, numel - at));
+  // A small first piece: most pairs differ at once, and a model with many frozen tensors of one shape
+  // compares each against every parameter of that shape.
+  for (int64_t at = 0, piece = kFirstCompareElems; at < numel; at += piece, piece = kCompareElems) {
+    const auto n = static_cast<size_t>(std::min(piece, numel - at));
     x.resize(n);
     y.resize(n);
     read_source(a, at, x);
