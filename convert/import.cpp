@@ -9,6 +9,15 @@
 
 namespace shardkit::convert {
 
+nlohmann::json fresh_trainer_state(const std::filesystem::path& imported_from) {
+  return {{"step", 0},
+          {"consumed_samples", 0},
+          {"skipped_steps", 0},
+          {"optimizer_steps", 0},
+          {"lr_scheduler", {{"last_batch_iteration", -1}}},
+          {"imported_from", imported_from.string()}};
+}
+
 std::filesystem::path import_weights(const ImportRequest& request, const ConvertOptions& options) {
   const model::HfWeights weights(request.weights);
   const ckpt::TensorTable& table = weights.table();
@@ -21,14 +30,7 @@ std::filesystem::path import_weights(const ImportRequest& request, const Convert
   meta.layout = spec;
   meta.states = ckpt::optimizer_state_names();
   meta.shard.threads = 1;
-  // A fresh start: no optimizer step taken, the scheduler before its first step; the loss scaler and
-  // the data order come from the training run's own config and seed.
-  meta.trainer_state = {{"step", 0},
-                        {"consumed_samples", 0},
-                        {"skipped_steps", 0},
-                        {"optimizer_steps", 0},
-                        {"lr_scheduler", {{"last_batch_iteration", -1}}},
-                        {"imported_from", request.weights.string()}};
+  meta.trainer_state = fresh_trainer_state(request.weights);
   meta.model = weights.model()->to_json();
 
   // The weights, and for a single file the config.json beside it that HfWeights read.

@@ -6,6 +6,8 @@
 
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "convert/stream.hpp"
 
 namespace shardkit::convert {
@@ -19,5 +21,9 @@ struct ImportRequest {
 
 // Returns the step directory written.
 std::filesystem::path import_weights(const ImportRequest& request, const ConvertOptions& options);
+
+// The trainer_state of weights imported to start from: no optimizer step taken, the scheduler before
+// its first step (the loss scaler and the data order come from the training run's own config and seed).
+nlohmann::json fresh_trainer_state(const std::filesystem::path& imported_from);
 
 }  // namespace shardkit::convert

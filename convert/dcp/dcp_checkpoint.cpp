@@ -22,6 +22,10 @@ using Kind = Value::Kind;
 constexpr const char* kOptimizerPrefixes[] = {"optim.", "optimizer."};
 // Top-level entries of torchtitan's state dict that are not the model's.
 constexpr const char* kNotModel[] = {"train_state.", "lr_scheduler.", "dataloader."};
+
+bool not_model(std::string_view key) {
+  return std::any_of(std::begin(kNotModel), std::end(kNotModel), [&](const char* p) { return key.starts_with(p); });
+}
 constexpr const char* kStateNames[] = {"weights", "exp_avg", "exp_avg_sq"};
 // Elements compared per read when looking for a tied name.
 constexpr int64_t kCompareElems = int64_t{1} << 20;
@@ -89,9 +93,10 @@ void DcpCheckpoint::find_layout() {
                                          "' nor 'model." + first + "')");
     }
   } else {
+    // Weights alone: under "model." when every tensor but torchtitan's other entries is there.
     model_prefix_ = "model.";
     for (const Item& item : metadata_.items()) {
-      if (item.tensor && !item.key.starts_with("model.")) model_prefix_.clear();
+      if (item.tensor && !item.key.starts_with("model.") && !not_model(item.key)) model_prefix_.clear();
     }
   }
   layout_name_ = optim_prefix_ == "optimizer." || (optim_prefix_.empty() && model_prefix_.empty()) ? "torchtitan"
@@ -200,8 +205,7 @@ void DcpCheckpoint::build_table() {
   for (const Item& item : metadata_.items()) {
     if (!item.tensor || !item.key.starts_with(model_prefix_)) continue;
     if (!optim_prefix_.empty() && item.key.starts_with(optim_prefix_)) continue;
-    if (model_prefix_.empty() && std::any_of(std::begin(kNotModel), std::end(kNotModel),
-                                             [&](const char* p) { return item.key.starts_with(p); })) {
+    if (model_prefix_.empty() && not_model(item.key)) {
       continue;
     }
     std::string fqn = item.key.substr(model_prefix_.size());

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <map>
 
@@ -277,6 +278,36 @@ TEST(DcpFolder, TheFilesOfOneRankCountOnce) {
   r.format = convert::SourceFormat::kDcp;
   r.output = work / "out";
   EXPECT_EQ(convert::import_checkpoint(r, options()).world_size, 1);
+}
+
+// A checkpoint of the weights alone (here: the optimizer's entries renamed out of the way, as under
+// torchtitan's train_state) imports as `convert import` makes a start: the weights, zero moments, step 0.
+TEST(DcpFolder, WeightsAloneImportAsAStart) {
+  if (fixture_names().empty()) GTEST_SKIP() << "no fixtures in " << kDataDir;
+  TempDir work;
+  const auto f = copy_fixture(work, "net-w2");
+  patch(f / ".metadata", "optim.state.", "train_state.", true);
+  convert::CheckpointImportRequest r;
+  r.source = f;
+  r.format = convert::SourceFormat::kDcp;
+  r.output = work / "out";
+  const convert::CheckpointImportResult result = convert::import_checkpoint(r, options());
+  EXPECT_EQ(result.step, 0);
+  ckpt::CheckpointReader reader(result.step_dir);
+  EXPECT_EQ(reader.manifest().trainer_state.at("optimizer_steps"), 0);
+  const ckpt::safetensors::Reader expected(kDataDir / "net-w2" / "expected.safetensors");
+  ASSERT_EQ(reader.tensors().size(), read_json(kDataDir / "net-w2" / "expected.json").at("params").size());
+  for (size_t t = 0; t < reader.tensors().size(); ++t) {
+    const ckpt::TensorInfo& tensor = reader.tensors()[t];
+    const ckpt::safetensors::TensorInfo* info = expected.header().find("fp32/" + tensor.name);
+    ASSERT_NE(info, nullptr) << tensor.name;
+    std::vector<float> want(static_cast<size_t>(tensor.numel())), got(want.size()), moment(want.size(), 1.0f);
+    expected.read(*info, 0, std::as_writable_bytes(std::span<float>(want)));
+    reader.read(static_cast<int>(t), reader.find_state("fp32"), 0, got);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << tensor.name;
+    reader.read(static_cast<int>(t), reader.find_state("exp_avg"), 0, moment);
+    EXPECT_TRUE(std::all_of(moment.begin(), moment.end(), [](float v) { return v == 0.0f; })) << tensor.name;
+  }
 }
 
 TEST(DcpUntrusted, DamagedAndCraftedFoldersAreRefusedNamingTheFile) {
