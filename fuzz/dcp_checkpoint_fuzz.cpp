@@ -38,19 +38,6 @@ std::string file_name(int rank) {
   return "__" + std::to_string(rank) + "_0.distcp";
 }
 
-void read_some(const DcpCheckpoint& ckpt) {
-  float out[8];
-  for (size_t t = 0; t < ckpt.table().size(); ++t) {
-    const int64_t n = std::min<int64_t>(ckpt.table()[t].numel(), 8);
-    for (int state = 0; state < 3; ++state) {
-      try {
-        ckpt.read(state, static_cast<int>(t), 0, std::span<float>(out, static_cast<size_t>(n)));
-      } catch (const shardkit::Error&) {
-      }
-    }
-  }
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -84,7 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   try {
     const DcpCheckpoint ckpt(dir, nullptr);
-    read_some(ckpt);
+    shardkit::fuzz::read_a_few(ckpt, 3);
   } catch (const shardkit::Error&) {
   }
   return 0;

@@ -56,19 +56,6 @@ void write_seed(const std::filesystem::path& tag_dir, const std::filesystem::pat
   write_file(to, packed);
 }
 
-void read_some(const DeepSpeedCheckpoint& ckpt) {
-  float out[8];
-  for (size_t t = 0; t < ckpt.table().size(); ++t) {
-    const int64_t n = std::min<int64_t>(ckpt.table()[t].numel(), 8);
-    for (int state = 0; state < kStateCount; ++state) {
-      try {
-        ckpt.read(state, static_cast<int>(t), 0, std::span<float>(out, static_cast<size_t>(n)));
-      } catch (const shardkit::Error&) {
-      }
-    }
-  }
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -102,7 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   try {
     const DeepSpeedCheckpoint ckpt(dir, nullptr);
-    read_some(ckpt);
+    shardkit::fuzz::read_a_few(ckpt, kStateCount);
   } catch (const shardkit::Error&) {
   }
   return 0;

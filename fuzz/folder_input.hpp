@@ -10,8 +10,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <string>
 #include <string_view>
+
+#include "base/error.hpp"
 
 namespace shardkit::fuzz {
 
@@ -48,6 +51,22 @@ void for_each_record(const uint8_t* data, size_t size, size_t at, OnRecord on_re
     const size_t n = std::min<size_t>(length, size - at);
     on_record(role, std::string_view(reinterpret_cast<const char*>(data) + at, n));
     at += n;
+  }
+}
+
+// Reads the first few values of every tensor's `states` states through a checkpoint's read(state,
+// tensor, offset, out): the mapping onto the files is exercised; a refusal is an answer too.
+template <typename Checkpoint>
+void read_a_few(const Checkpoint& ckpt, int states) {
+  float out[8];
+  for (size_t t = 0; t < ckpt.table().size(); ++t) {
+    const auto n = static_cast<size_t>(std::min<int64_t>(ckpt.table()[t].numel(), 8));
+    for (int state = 0; state < states; ++state) {
+      try {
+        ckpt.read(state, static_cast<int>(t), 0, std::span<float>(out, n));
+      } catch (const shardkit::Error&) {
+      }
+    }
   }
 }
 
