@@ -29,10 +29,13 @@
 #include "model/gpt2/model.hpp"
 #include "trainer/cuda/device_context.hpp"
 #include "trainer/cuda/gpu_engine.hpp"
+#include "trainer/cuda/nccl.hpp"
 #include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {
+
+using namespace model::cuda;
 
 using T = __nv_bfloat16;
 

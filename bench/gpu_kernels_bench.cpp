@@ -14,22 +14,25 @@
 #include <string>
 #include <vector>
 
+#include "model/cuda/cuda_common.hpp"
+#include "model/cuda/encoder_backward.hpp"
+#include "model/cuda/gpu_model.hpp"
+#include "model/cuda/kernels.hpp"
+#include "model/cuda/matmul.hpp"
+#include "model/cuda/norms.hpp"
 #include "model/gpt2/cuda/kernels.hpp"
 #include "model/gpt2/model.hpp"
 #include "model/llama/config.hpp"
 #include "model/llama/cuda/kernels.hpp"
 #include "model/llama/model.hpp"
 #include "model/registry.hpp"
-#include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/encoder_backward.hpp"
-#include "trainer/cuda/gpu_model.hpp"
-#include "trainer/cuda/kernels.hpp"
-#include "trainer/cuda/matmul.hpp"
-#include "trainer/cuda/norms.hpp"
+#include "trainer/cuda/optimizer_kernels.hpp"
 #include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {
+
+using namespace model::cuda;
 
 using T = __nv_bfloat16;
 

@@ -18,3 +18,16 @@ endif()
 function(shardkit_target_defaults target)
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${SHARDKIT_WARNINGS}>)
 endfunction()
+
+# shardkit_cuda_target_defaults(<target>): a target of CUDA kernels and their host code: sm_90 (plus
+# PTX), C++20 for nvcc, position-independent (the backend is also a loadable module), line info for
+# profilers, and the project's warnings on its .cpp files.
+function(shardkit_cuda_target_defaults target)
+  # CMake < 3.30 knows no C++20 dialect flag for nvcc: the requirement that CMAKE_CXX_STANDARD_REQUIRED
+  # carries over is relaxed here and the flag given directly.
+  set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES "90-real;90-virtual" CUDA_STANDARD_REQUIRED OFF
+                                             POSITION_INDEPENDENT_CODE ON)
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr -lineinfo>)
+  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+  shardkit_target_defaults(${target})
+endfunction()

@@ -16,7 +16,7 @@ struct TensorGroup {
 };
 
 // P is the type the model reads parameters in: float on CPU ranks; on GPUs the compute type (device
-// pointers, and a GPU store adds a way to wait for its stream: trainer/cuda/gpu_model.hpp). Gradients
+// pointers, and a GPU store adds a way to wait for its stream: model/cuda/gpu_model.hpp). Gradients
 // are fp32 everywhere.
 template <typename P>
 class BasicParameterStore {

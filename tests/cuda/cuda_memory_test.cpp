@@ -6,11 +6,13 @@
 
 #include <string>
 
+#include "model/cuda/cuda_common.hpp"
 #include "tests/cuda/require_gpus.hpp"
-#include "trainer/cuda/cuda_common.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {
+
+using namespace model::cuda;
 
 constexpr size_t kMoreThanAnyMachine = size_t{1} << 52;  // 4.50 PB
 

@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "comm/mpi.hpp"
+#include "model/cuda/kernels.hpp"
 #include "tests/cuda/require_gpus.hpp"
 #include "trainer/cuda/device_context.hpp"
 #include "trainer/cuda/gpu_engine.hpp"
-#include "trainer/cuda/kernels.hpp"
 #include "trainer/zero_engine.hpp"
 
 namespace shardkit {
@@ -72,9 +72,9 @@ TEST(GradWireCuda, NcclReductionsInEveryCommunicationTypeGiveWhatCpuRanksGive) {
                                                 context.stream());
         const double got = reduced_sq(gpu, table, groups, world.rank(), [&](int t, const std::vector<float>& g) {
           // Added as the model's kernels add (stages 0-1 accumulate over micro-batches in place).
-          const trainer::cuda::DeviceBuffer<float> values(g.size());
+          const model::cuda::DeviceBuffer<float> values(g.size());
           CUDA_CHECK(cudaMemcpy(values.data(), g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice));
-          trainer::cuda::add_inplace(gpu.grad(t), values.data(), static_cast<int64_t>(g.size()), context.stream());
+          model::cuda::add_inplace(gpu.grad(t), values.data(), static_cast<int64_t>(g.size()), context.stream());
           CUDA_CHECK(cudaStreamSynchronize(context.stream()));  // before `values` is freed
         });
         EXPECT_NEAR(got, want, want * 1e-12) << "stage " << stage << ", wire " << ckpt::dtype_name(wire)

@@ -11,13 +11,16 @@
 #include <iostream>
 #include <vector>
 
+#include "model/cuda/device_type.hpp"
 #include "tests/cuda/require_gpus.hpp"
 #include "tests/support/test_support.hpp"
-#include "trainer/cuda/device_type.hpp"
 #include "trainer/cuda/host_optimizer.hpp"
+#include "trainer/cuda/optimizer_kernels.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {
+
+using namespace model::cuda;
 
 using T = __nv_bfloat16;
 

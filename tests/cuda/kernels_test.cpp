@@ -14,16 +14,19 @@
 #include <string>
 #include <vector>
 
+#include "model/cuda/cuda_common.hpp"
+#include "model/cuda/gpu_model.hpp"
+#include "model/cuda/kernels.hpp"
+#include "model/cuda/matmul.hpp"
+#include "model/cuda/norms.hpp"
 #include "model/gpt2/cuda/kernels.hpp"
 #include "tests/cuda/require_gpus.hpp"
-#include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/gpu_model.hpp"
-#include "trainer/cuda/kernels.hpp"
-#include "trainer/cuda/matmul.hpp"
-#include "trainer/cuda/norms.hpp"
+#include "trainer/cuda/optimizer_kernels.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {
+
+using namespace model::cuda;
 
 template <typename T>
 T to(float x);

@@ -17,6 +17,10 @@
 
 #include "base/error.hpp"
 #include "model/cpu/ops.hpp"
+#include "model/cuda/cuda_common.hpp"
+#include "model/cuda/gpu_family.hpp"
+#include "model/cuda/kernels.hpp"
+#include "model/cuda/norms.hpp"
 #include "model/llama/config.hpp"
 #include "model/llama/cpu_ops.hpp"
 #include "model/llama/cuda/gpu_model.hpp"
@@ -24,15 +28,11 @@
 #include "model/llama/model.hpp"
 #include "model/registry.hpp"
 #include "tests/cuda/require_gpus.hpp"
-#include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/kernels.hpp"
-#include "trainer/cuda/norms.hpp"
 
 namespace shardkit::model::llama {
 namespace {
 
-using trainer::cuda::AttentionShape;
-using trainer::cuda::DeviceBuffer;
+using namespace cuda;
 
 float widen(float x) {
   return x;
@@ -124,8 +124,7 @@ void check_rmsnorm(int N, int H) {
 
   auto x_d = upload(x.t), w_d = upload(w.t), dout_d = upload(dout.t), dx_d = upload(dx0.t), dw_d = upload(dw0.f);
   DeviceBuffer<T> out_d(x.t.size());
-  DeviceBuffer<float> rstd_d(N),
-      scratch(static_cast<size_t>(trainer::cuda::norm_scratch_floats(trainer::cuda::Norm::kRms, H)));
+  DeviceBuffer<float> rstd_d(N), scratch(static_cast<size_t>(norm_scratch_floats(Norm::kRms, H)));
   rmsnorm_forward(out_d.data(), rstd_d.data(), x_d.data(), w_d.data(), N, H, eps, nullptr);
   // The backward pass from the GPU's own rstd (compared with the CPU's below).
   rmsnorm_backward(dx_d.data(), dw_d.data(), dout_d.data(), x_d.data(), w_d.data(), rstd_d.data(), N, H, scratch.data(),
@@ -230,10 +229,10 @@ void check_attention(const AttentionCase& c) {
   auto q_d = upload(q.t), k_d = upload(k.t), v_d = upload(v.t), dout_d = upload(dout.t);
   DeviceBuffer<T> out_d(q.t.size()), dq_d(q.t.size()), dk_d(k.t.size()), dv_d(v.t.size());
   DeviceBuffer<float> lse(size_t{1} * N * c.NH), delta(size_t{1} * N * c.NH);
-  trainer::cuda::attention_forward(out_d.data(), lse.data(), q_d.data(), k_d.data(), v_d.data(), shape, nullptr);
+  cuda::attention_forward(out_d.data(), lse.data(), q_d.data(), k_d.data(), v_d.data(), shape, nullptr);
   // The backward pass from the GPU's own output (the CPU's, rounded, would do as well).
-  trainer::cuda::attention_backward(dq_d.data(), dk_d.data(), dv_d.data(), delta.data(), dout_d.data(), out_d.data(),
-                                    q_d.data(), k_d.data(), v_d.data(), lse.data(), shape, nullptr);
+  cuda::attention_backward(dq_d.data(), dk_d.data(), dv_d.data(), delta.data(), dout_d.data(), out_d.data(), q_d.data(),
+                           k_d.data(), v_d.data(), lse.data(), shape, nullptr);
   // In bf16 the probabilities are rounded before each product, and the backward pass starts from the
   // rounded output: the gradients get a little more room.
   const double tol = kTolerance<T>, grad_tol = std::is_same_v<T, float> ? 1e-4 : 3e-2;
@@ -244,8 +243,8 @@ void check_attention(const AttentionCase& c) {
 
   // dk and dv sum a group's heads in the kernel, in head order: the same bits every time.
   const auto dk_bits = bits(dk_d), dv_bits = bits(dv_d);
-  trainer::cuda::attention_backward(dq_d.data(), dk_d.data(), dv_d.data(), delta.data(), dout_d.data(), out_d.data(),
-                                    q_d.data(), k_d.data(), v_d.data(), lse.data(), shape, nullptr);
+  cuda::attention_backward(dq_d.data(), dk_d.data(), dv_d.data(), delta.data(), dout_d.data(), out_d.data(), q_d.data(),
+                           k_d.data(), v_d.data(), lse.data(), shape, nullptr);
   EXPECT_EQ(bits(dk_d), dk_bits) << "dk twice " << what;
   EXPECT_EQ(bits(dv_d), dv_bits) << "dv twice " << what;
 }
@@ -285,7 +284,7 @@ TEST(LlamaCuda, UnsupportedShapesAreRefusedByName) {
   EXPECT_NE(cuda_unsupported(wide).find("RMSNorm"), std::string::npos) << cuda_unsupported(wide);
   odd.name = "odd-llama";
   try {
-    trainer::cuda::make_gpu_model<float>(*make_model(odd), {.batch = 1, .seq_len = 8}, nullptr, nullptr);
+    cuda::make_gpu_model<float>(*make_model(odd), {.batch = 1, .seq_len = 8}, nullptr, nullptr);
     ADD_FAILURE() << "head_dim 16 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("model odd-llama: head_dim 16"), std::string::npos) << e.what();

@@ -14,13 +14,15 @@
 #include <vector>
 
 #include "base/error.hpp"
+#include "model/cuda/cuda_common.hpp"
 #include "tests/cuda/require_gpus.hpp"
 #include "tests/support/test_support.hpp"
-#include "trainer/cuda/cuda_common.hpp"
 #include "trainer/cuda/param_partition.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {
+
+using namespace model::cuda;
 
 using Bf16 = __nv_bfloat16;
 using Partition = ParamPartition<Bf16>;

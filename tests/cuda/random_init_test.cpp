@@ -5,14 +5,16 @@
 #include <cstring>
 #include <vector>
 
+#include "model/cuda/cuda_common.hpp"
 #include "model/registry.hpp"
 #include "tests/cuda/require_gpus.hpp"
-#include "trainer/cuda/cuda_common.hpp"
 #include "trainer/cuda/random_init.hpp"
 #include "trainer/init.hpp"
 
 namespace shardkit::trainer::cuda {
 namespace {
+
+using namespace model::cuda;
 
 // Elements [offset, offset + n) of tensor `tensor`, drawn on the device and on the host.
 void expect_same_bits(const RandomInit& init, int tensor, int64_t offset, size_t n) {

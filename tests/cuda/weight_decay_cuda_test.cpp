@@ -52,7 +52,7 @@ TEST(WeightDecayCuda, WithZeroGradientsExactlyTheDecayingTensorsMove) {
                                 std::to_string(world.rank()) + "/" + std::to_string(world.size()) + ": ";
       // The master partition as a save snapshots it.
       const size_t flat = static_cast<size_t>(engine.layout().flat_size());
-      trainer::cuda::PinnedBuffer<float> master(flat), exp_avg(flat), exp_avg_sq(flat);
+      model::cuda::PinnedBuffer<float> master(flat), exp_avg(flat), exp_avg_sq(flat);
       engine.begin_snapshot({master.data(), flat}, {exp_avg.data(), flat}, {exp_avg_sq.data(), flat});
       engine.wait_snapshot();
       testing::expect_stepped_master({master.data(), flat}, engine.layout(), world.rank(), *model, decay, where);

@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "trainer/cuda/cuda_common.hpp"
+#include "model/cuda/cuda_common.hpp"
 
 namespace shardkit::trainer::cuda {
 
@@ -16,9 +16,9 @@ template <typename U>
 class BufferPool {
  public:
   // A buffer of exactly `count` elements that `user` may use from now on (in stream order).
-  DeviceBuffer<U> take(size_t count, cudaStream_t user) {
+  model::cuda::DeviceBuffer<U> take(size_t count, cudaStream_t user) {
     auto& free = free_[count];
-    if (free.empty()) return DeviceBuffer<U>(count);
+    if (free.empty()) return model::cuda::DeviceBuffer<U>(count);
     Entry e = std::move(free.back());
     free.pop_back();
     CUDA_CHECK(cudaStreamWaitEvent(user, e.last_use->get(), 0));
@@ -27,11 +27,11 @@ class BufferPool {
   }
 
   // Gives `buffer` back; `last_user` is the stream whose queued work is the last to touch it.
-  void give(DeviceBuffer<U>&& buffer, cudaStream_t last_user) {
+  void give(model::cuda::DeviceBuffer<U>&& buffer, cudaStream_t last_user) {
     if (buffer.size() == 0) return;
-    std::unique_ptr<Event> event;
+    std::unique_ptr<model::cuda::Event> event;
     if (events_.empty()) {
-      event = std::make_unique<Event>();
+      event = std::make_unique<model::cuda::Event>();
     } else {
       event = std::move(events_.back());
       events_.pop_back();
@@ -43,11 +43,11 @@ class BufferPool {
 
  private:
   struct Entry {
-    DeviceBuffer<U> buffer;
-    std::unique_ptr<Event> last_use;
+    model::cuda::DeviceBuffer<U> buffer;
+    std::unique_ptr<model::cuda::Event> last_use;
   };
   std::map<size_t, std::vector<Entry>> free_;
-  std::vector<std::unique_ptr<Event>> events_;  // recycled
+  std::vector<std::unique_ptr<model::cuda::Event>> events_;  // recycled
 };
 
 }  // namespace shardkit::trainer::cuda

@@ -9,10 +9,11 @@
 
 #include "base/fault.hpp"
 #include "base/text_format.hpp"
+#include "model/cuda/device_type.hpp"
+#include "model/cuda/gpu_family.hpp"
+#include "model/cuda/kernels.hpp"
 #include "trainer/cuda/device_context.hpp"
-#include "trainer/cuda/device_type.hpp"
 #include "trainer/cuda/gpu_engine.hpp"
-#include "trainer/cuda/kernels.hpp"
 #include "trainer/cuda/memory_plan.hpp"
 #include "trainer/live_snapshot.hpp"
 #include "trainer/nvme/swap_config.hpp"
@@ -20,6 +21,14 @@
 
 namespace shardkit::trainer {
 namespace cuda {
+
+using model::cuda::DeviceBuffer;
+using model::cuda::DeviceType;
+using model::cuda::GpuModel;
+using model::cuda::Graph;
+using model::cuda::make_gpu_model;
+using model::cuda::PinnedBuffer;
+
 namespace {
 
 template <typename T>
@@ -201,7 +210,7 @@ class CudaBackend final : public Backend {
 }  // namespace cuda
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
-  cuda::require_gpu_kernels(*options.model);
+  model::cuda::require_gpu_kernels(*options.model);
   const ZeroConfig& z = options.config->zero;
   if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage == 0) {
     fail(ErrorKind::kInvalidInput, "zero_optimization.offload_optimizer device " +

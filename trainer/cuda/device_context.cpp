@@ -5,6 +5,9 @@
 #include <vector>
 
 namespace shardkit::trainer::cuda {
+
+using model::cuda::Stream;
+
 namespace {
 
 // Two ranks on one GPU end in NCCL's "invalid usage" deep inside its set-up; say instead which ranks

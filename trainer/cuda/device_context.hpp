@@ -7,7 +7,8 @@
 #include <memory>
 
 #include "comm/mpi.hpp"
-#include "trainer/cuda/cuda_common.hpp"
+#include "model/cuda/cuda_common.hpp"
+#include "trainer/cuda/nccl.hpp"
 
 namespace shardkit::trainer::cuda {
 
@@ -31,7 +32,7 @@ class DeviceContext {
 
   int device_ = 0;
   cudaDeviceProp props_{};
-  std::unique_ptr<Stream> stream_;  // created once the device is chosen: a stream belongs to one device
+  std::unique_ptr<model::cuda::Stream> stream_;  // created once the device is chosen: a stream belongs to one device
   cublasHandle_t cublas_ = nullptr;
   NcclComm nccl_;
 };

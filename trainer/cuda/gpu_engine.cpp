@@ -7,13 +7,25 @@
 #include "base/fault.hpp"
 #include "base/huge_pages.hpp"
 #include "model/cpu/ops.hpp"
-#include "trainer/cuda/device_type.hpp"
+#include "model/cuda/device_type.hpp"
+#include "model/cuda/kernels.hpp"
 #include "trainer/cuda/gpu_engine.hpp"
-#include "trainer/cuda/kernels.hpp"
+#include "trainer/cuda/optimizer_kernels.hpp"
 #include "trainer/cuda/random_init.hpp"
 #include "trainer/weight_decay.hpp"
 
 namespace shardkit::trainer::cuda {
+
+using model::cuda::cast_from_float;
+using model::cuda::delay_stream;
+using model::cuda::DeviceBuffer;
+using model::cuda::DeviceType;
+using model::cuda::Event;
+using model::cuda::grow;
+using model::cuda::kSumScratch;
+using model::cuda::read_back;
+using model::cuda::sum_squares;
+
 namespace {
 
 // Stages 0 and 1 on one rank reduce nothing: the full gradient buffer is the partition.
@@ -459,7 +471,7 @@ void GpuZeroEngine<T>::publish_params() {
 template <typename T>
 void GpuZeroEngine<T>::all_gather_params() {
   NCCL_CHECK(ncclAllGather(owned_params(), params_full_.data(), static_cast<size_t>(plan_.partition_size()),
-                           DeviceType<T>::kNccl, nccl_, stream_));
+                           NcclType<T>::kValue, nccl_, stream_));
 }
 
 template <typename T>
@@ -496,8 +508,7 @@ void GpuZeroEngine<T>::gather(int group) {
     // A partition in host memory is copied up into this rank's own block of the receive buffer, from
     // where NCCL gathers in place.
     const T* mine = param_part_.on_device(run.base, run.span, gather_recv_.data() + plan_.rank() * run.span, st);
-    NCCL_CHECK(
-        ncclAllGather(mine, gather_recv_.data(), static_cast<size_t>(run.span), DeviceType<T>::kNccl, nccl_, st));
+    NCCL_CHECK(ncclAllGather(mine, gather_recv_.data(), static_cast<size_t>(run.span), NcclType<T>::kValue, nccl_, st));
     for (int t = run.first; t < run.last; ++t) {
       gathered_[static_cast<size_t>(t)] = gather_pool_.take(static_cast<size_t>(numel(t)), st);
     }
@@ -788,7 +799,7 @@ void GpuZeroEngine<T>::update_and_gather(const typename ParamPartition<T>::Produ
     NCCL_CHECK(ncclGroupStart());
     for (int r = 0; r < plan_.world_size(); ++r) {
       T* at = params_full_.data() + plan_.partition_offset(r) + lo;
-      NCCL_CHECK(ncclBroadcast(at, at, static_cast<size_t>(n), DeviceType<T>::kNccl, r, nccl_, st));
+      NCCL_CHECK(ncclBroadcast(at, at, static_cast<size_t>(n), NcclType<T>::kValue, r, nccl_, st));
     }
     NCCL_CHECK(ncclGroupEnd());
   }

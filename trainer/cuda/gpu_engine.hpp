@@ -16,11 +16,12 @@
 #include <vector>
 
 #include "ckpt/layout.hpp"
+#include "model/cuda/gpu_model.hpp"
 #include "trainer/backend.hpp"
 #include "trainer/cuda/buffer_pool.hpp"
-#include "trainer/cuda/gpu_model.hpp"
 #include "trainer/cuda/grad_wire.hpp"
 #include "trainer/cuda/host_optimizer.hpp"
+#include "trainer/cuda/nccl.hpp"
 #include "trainer/cuda/param_partition.hpp"
 #include "trainer/nvme/swap_config.hpp"
 #include "trainer/zero_plan.hpp"
@@ -44,7 +45,7 @@ EngineFootprint engine_footprint(const ZeroPlan& plan, const std::vector<model::
                                  const ZeroConfig& config, ckpt::DType wire, bool accumulates);
 
 template <typename T>
-class GpuZeroEngine final : public GpuParamStore<T> {
+class GpuZeroEngine final : public model::cuda::GpuParamStore<T> {
  public:
   // `decays`: per tensor, whether weight decay applies (weight_decay.hpp). `wire`:
   // communication_data_type, the type gradients are reduced in (grad_wire.hpp). `swaps`: opens the
@@ -145,44 +146,45 @@ class GpuZeroEngine final : public GpuParamStore<T> {
   ZeroPlan plan_;
   nvme::Swaps opened_swaps_;  // NVMe offload: the swaps as opened, until param_part_ and host_ take them
 
-  DeviceBuffer<T> params_full_;     // stages 0-2: W * P, tensors at global offsets
-  DeviceBuffer<float> grads_full_;  // stages 0-1: W * P (one rank at stage 1: also its partition)
-  ParamPartition<T> param_part_;    // stage 3: the partition in T, gathered from
+  model::cuda::DeviceBuffer<T> params_full_;     // stages 0-2: W * P, tensors at global offsets
+  model::cuda::DeviceBuffer<float> grads_full_;  // stages 0-1: W * P (one rank at stage 1: also its partition)
+  ParamPartition<T> param_part_;                 // stage 3: the partition in T, gathered from
   // Optimizer view: stage 0 the full W * P, stages 1-2 the partition P, stage 3 the slots F.
-  DeviceBuffer<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
+  model::cuda::DeviceBuffer<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
   std::unique_ptr<HostOptimizer<T>> host_;  // offloaded: master weights and moments (then not on the device)
   // Positions of the optimizer view that weight decay skips: for the host optimizer, and a copy in
   // device memory for the kernel.
   std::vector<ElementRange> no_decay_;
-  DeviceBuffer<ElementRange> no_decay_device_;
+  model::cuda::DeviceBuffer<ElementRange> no_decay_device_;
 
-  Stream comm_stream_;
-  Event order_;
-  Stream snapshot_stream_;
-  Event snapshot_done_;          // recorded after the last snapshot copy (never recorded: complete)
-  DeviceBuffer<float> staging_;  // the states' snapshot in device memory, drained to the host spans
+  model::cuda::Stream comm_stream_;
+  model::cuda::Event order_;
+  model::cuda::Stream snapshot_stream_;
+  model::cuda::Event snapshot_done_;          // recorded after the last snapshot copy (never recorded: complete)
+  model::cuda::DeviceBuffer<float> staging_;  // the states' snapshot in device memory, drained to the host spans
   // Around the device time a snapshot takes from the compute stream: the first step()'s wait for a
   // direct copy, or the staging copy.
-  Event snapshot_wait_begin_{Event::Timing::kOn}, snapshot_wait_end_{Event::Timing::kOn};
-  bool snapshot_reads_states_ = false;     // a direct copy the next step() must wait for
-  bool snapshot_wait_timed_ = false;       // the events above hold a time not yet read
-  std::vector<DeviceBuffer<T>> gathered_;  // stage 3: full tensors of acquired (or prefetched) groups
+  model::cuda::Event snapshot_wait_begin_{model::cuda::Event::Timing::kOn},
+      snapshot_wait_end_{model::cuda::Event::Timing::kOn};
+  bool snapshot_reads_states_ = false;                  // a direct copy the next step() must wait for
+  bool snapshot_wait_timed_ = false;                    // the events above hold a time not yet read
+  std::vector<model::cuda::DeviceBuffer<T>> gathered_;  // stage 3: full tensors of acquired (or prefetched) groups
   BufferPool<T> gather_pool_;
   std::vector<int> acquired_count_;
-  std::vector<char> prefetched_;                     // stage 3: gathered ahead of its acquire
-  std::vector<std::unique_ptr<Event>> gathered_at_;  // stage 3: the point of the comm stream a gather ends
+  std::vector<char> prefetched_;                                  // stage 3: gathered ahead of its acquire
+  std::vector<std::unique_ptr<model::cuda::Event>> gathered_at_;  // stage 3: the point of the comm stream a gather ends
   int last_acquired_ = -1;
-  std::vector<std::vector<ckpt::Placement>> placements_;  // stage 2: where each tensor's gradient is reduced to
-  std::vector<DeviceBuffer<float>> grad_buffers_;         // stages 2-3: gradients of open / pending groups
+  std::vector<std::vector<ckpt::Placement>> placements_;        // stage 2: where each tensor's gradient is reduced to
+  std::vector<model::cuda::DeviceBuffer<float>> grad_buffers_;  // stages 2-3: gradients of open / pending groups
   BufferPool<float> grad_pool_;
   std::vector<int> pending_groups_;
   int64_t pending_elems_ = 0;
-  int closed_groups_ = 0;                // groups the current micro-batch has closed
-  bool grads_reduced_ = false;           // a micro-batch of this step has reduced into grad_part_ already
-  DeviceBuffer<std::byte> send_, recv_;  // reductions' staging, in the wire's type
-  DeviceBuffer<T> gather_recv_;
-  DeviceBuffer<double> scalar_;
-  PinnedBuffer<double> scalar_host_;  // pinned for the reason GpuModel::loss_host_ is
+  int closed_groups_ = 0;                             // groups the current micro-batch has closed
+  bool grads_reduced_ = false;                        // a micro-batch of this step has reduced into grad_part_ already
+  model::cuda::DeviceBuffer<std::byte> send_, recv_;  // reductions' staging, in the wire's type
+  model::cuda::DeviceBuffer<T> gather_recv_;
+  model::cuda::DeviceBuffer<double> scalar_;
+  model::cuda::PinnedBuffer<double> scalar_host_;  // pinned for the reason GpuModel::loss_host_ is
 };
 
 }  // namespace shardkit::trainer::cuda

@@ -10,14 +10,24 @@
 
 #include "base/error.hpp"
 #include "base/thread_pool.hpp"
+#include "model/cuda/gpu_family.hpp"
+#include "model/cuda/gpu_model.hpp"
+#include "model/cuda/kernels.hpp"
 #include "model/model.hpp"
 #include "trainer/cuda/device_context.hpp"
-#include "trainer/cuda/gpu_model.hpp"
-#include "trainer/cuda/kernels.hpp"
 #include "trainer/eval.hpp"
 
 namespace shardkit::trainer {
 namespace cuda {
+
+using model::cuda::cast_from_float;
+using model::cuda::DeviceBuffer;
+using model::cuda::GpuModel;
+using model::cuda::GpuParamStore;
+using model::cuda::make_gpu_model;
+using model::cuda::PinnedBuffer;
+using model::cuda::Stream;
+
 namespace {
 
 // Every parameter in T in one device buffer, each tensor at a 256-byte boundary (vectorised kernels
@@ -146,7 +156,7 @@ class GpuScorer final : public WindowScorer {
 
 std::unique_ptr<WindowScorer> make_cuda_scorer(const model::Model& model, const InitFn& read, int batch, int seq_len,
                                                ckpt::DType dtype, comm::MpiCollective& comm) {
-  cuda::require_gpu_kernels(model);  // before any device work
+  model::cuda::require_gpu_kernels(model);  // before any device work
   switch (dtype) {
     case ckpt::DType::kF32:
       return std::make_unique<cuda::GpuScorer<float>>(model, read, batch, seq_len, comm);

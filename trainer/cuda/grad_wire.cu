@@ -3,11 +3,14 @@
 
 #include <algorithm>
 
-#include "trainer/cuda/cuda_common.hpp"
+#include "model/cuda/cuda_common.hpp"
+#include "model/cuda/kernels.hpp"
 #include "trainer/cuda/grad_wire.hpp"
-#include "trainer/cuda/kernels.hpp"
 
 namespace shardkit::trainer::cuda {
+
+using model::cuda::add_inplace;
+
 namespace {
 
 // Eight elements per thread (16 bytes of 16-bit values, 32 of floats) where both pointers allow it;

@@ -3,15 +3,30 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
+#include <span>
 #include <type_traits>
 
 #include "base/error.hpp"
 #include "model/cpu/ops.hpp"
-#include "trainer/cuda/device_type.hpp"
+#include "model/cuda/device_type.hpp"
 #include "trainer/cuda/host_optimizer.hpp"
 
 namespace shardkit::trainer::cuda {
+
+using model::cuda::DeviceType;
+
 namespace {
+
+// out = the fp32 weights in T (rounded to nearest even), on all threads.
+template <typename T>
+void narrow_into(std::span<const float> in, T* out) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(out, in.data(), in.size_bytes());
+  } else {
+    narrow_weights(in, DeviceType<T>::kNarrow, reinterpret_cast<uint16_t*>(out));
+  }
+}
 
 constexpr int kAllStates[] = {0, 1, 2};
 constexpr int kMaster[] = {0};

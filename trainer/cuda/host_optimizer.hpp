@@ -19,8 +19,8 @@
 
 #include "base/huge_pages.hpp"
 #include "ckpt/shard_format.hpp"
+#include "model/cuda/cuda_common.hpp"
 #include "trainer/adamw.hpp"
-#include "trainer/cuda/cuda_common.hpp"
 #include "trainer/cuda/param_partition.hpp"
 #include "trainer/nvme/state_swapper.hpp"
 
@@ -104,9 +104,9 @@ class HostOptimizer {
   HugeBuffer<float> master_, exp_avg_, exp_avg_sq_;  // in host memory (empty when swapped)
   int64_t ring_chunk_;                               // elements per ring slot
   int slots_;
-  PinnedBuffer<float> grad_ring_;  // slots_ chunks of gradients on their way down
-  PinnedBuffer<T> weight_ring_;    // ParamHome::kDevice: slots_ chunks of weights on their way up
-  std::vector<Event> down_, up_;   // per slot: its gradients have arrived; its weights have left
+  model::cuda::PinnedBuffer<float> grad_ring_;  // slots_ chunks of gradients on their way down
+  model::cuda::PinnedBuffer<T> weight_ring_;    // ParamHome::kDevice: slots_ chunks of weights on their way up
+  std::vector<model::cuda::Event> down_, up_;   // per slot: its gradients have arrived; its weights have left
 };
 
 }  // namespace shardkit::trainer::cuda

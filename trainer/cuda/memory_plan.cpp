@@ -8,9 +8,14 @@
 #include "base/error.hpp"
 #include "base/host_memory.hpp"
 #include "base/text_format.hpp"
-#include "trainer/cuda/gpu_model.hpp"
+#include "model/cuda/gpu_family.hpp"
+#include "model/cuda/gpu_model.hpp"
 
 namespace shardkit::trainer::cuda {
+
+using model::cuda::ActivationBytes;
+using model::cuda::planned_activation_bytes;
+
 namespace {
 
 std::string bytes(int64_t b) {

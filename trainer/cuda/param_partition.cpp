@@ -10,6 +10,9 @@
 
 namespace shardkit::trainer::cuda {
 
+using model::cuda::grow;
+using model::cuda::PinnedBuffer;
+
 template <typename T>
 ParamPartition<T>::ParamPartition(size_t count, ParamHome home, std::unique_ptr<nvme::StateSwapper> swap,
                                   int64_t largest_slice)

@@ -19,7 +19,7 @@
 #include <optional>
 #include <type_traits>
 
-#include "trainer/cuda/cuda_common.hpp"
+#include "model/cuda/cuda_common.hpp"
 #include "trainer/nvme/state_swapper.hpp"
 
 namespace shardkit::trainer::cuda {
@@ -76,13 +76,13 @@ class ParamPartition {
   using Bits = std::conditional_t<sizeof(T) == sizeof(float), float, uint16_t>;
 
   ParamHome home_;
-  DeviceBuffer<T> device_;
-  PinnedBuffer<T> host_;
-  DeviceBuffer<T> staging_;  // in host memory: one chunk of store()'s results on its way down
+  model::cuda::DeviceBuffer<T> device_;
+  model::cuda::PinnedBuffer<T> host_;
+  model::cuda::DeviceBuffer<T> staging_;  // in host memory: one chunk of store()'s results on its way down
   std::unique_ptr<nvme::StateSwapper> swap_;
-  std::array<PinnedBuffer<std::byte>, kSwapSlots> slots_;
+  std::array<model::cuda::PinnedBuffer<std::byte>, kSwapSlots> slots_;
   std::array<std::optional<nvme::RangeRead>, kSwapSlots> reads_;  // into slots_ (destroyed first: they drain)
-  std::array<Event, kSwapSlots> slot_sent_;                       // the slot's last copy up has left it
+  std::array<model::cuda::Event, kSwapSlots> slot_sent_;          // the slot's last copy up has left it
   int next_slot_ = 0;
 };
 

@@ -1,7 +1,11 @@
-#include "trainer/cuda/launch.cuh"
+#include "model/cuda/launch.cuh"
 #include "trainer/cuda/random_init.hpp"
 
 namespace shardkit::trainer::cuda {
+
+using model::cuda::blocks_for;
+using model::cuda::check_launch;
+
 namespace {
 
 __global__ void draw_kernel(float* out, int64_t n, InitDraw draw, uint64_t seed, int64_t offset) {

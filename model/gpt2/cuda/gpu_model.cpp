@@ -4,13 +4,18 @@
 #include <chrono>
 
 #include "base/clock.hpp"
+#include "model/cuda/device_type.hpp"
+#include "model/cuda/head_size.hpp"
+#include "model/cuda/kernels.hpp"
+#include "model/cuda/norms.hpp"
 #include "model/gpt2/cuda/kernels.hpp"
-#include "trainer/cuda/device_type.hpp"
-#include "trainer/cuda/head_size.hpp"
-#include "trainer/cuda/kernels.hpp"
-#include "trainer/cuda/norms.hpp"
+#include "model/gpt2/model.hpp"
 
 namespace shardkit::model::gpt2 {
+
+// The shared layer kernels and buffers (model/cuda/), by their own names in this file.
+using namespace cuda;
+
 namespace {
 
 // dweight += inp^T @ dout;  dbias += colsum(dout)   (inp (N, IC), dout (N, OC))
@@ -264,5 +269,10 @@ void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
 template class GpuGpt2<float>;
 template class GpuGpt2<__nv_bfloat16>;
 template class GpuGpt2<__half>;
+
+const GpuFamily& gpu_family() {
+  static const GpuFamily family = describe_gpu_family<GpuGpt2, GptConfig>(config_of, cuda_unsupported);
+  return family;
+}
 
 }  // namespace shardkit::model::gpt2

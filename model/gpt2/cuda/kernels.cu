@@ -3,18 +3,18 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/kernels.hpp"
-#include "trainer/cuda/launch.cuh"
-#include "trainer/cuda/vec.cuh"
+#include "model/cuda/cuda_common.hpp"
+#include "model/cuda/kernels.hpp"
+#include "model/cuda/launch.cuh"
+#include "model/cuda/vec.cuh"
 
 namespace shardkit::model::gpt2 {
 namespace {
 
-using trainer::cuda::blocks_for;
-using trainer::cuda::check_launch;
-using trainer::cuda::from_float;
-using trainer::cuda::to_float;
+using cuda::blocks_for;
+using cuda::check_launch;
+using cuda::from_float;
+using cuda::to_float;
 
 template <typename T>
 __global__ void encoder_forward_kernel(T* out, const int32_t* inputs, const T* wte, const T* wpe, int N, int S, int C) {
@@ -28,7 +28,7 @@ __global__ void encoder_forward_kernel(T* out, const int32_t* inputs, const T* w
 }
 
 // q, k and v of a row are its thirds: C channels each, rows 3C apart.
-trainer::cuda::AttentionShape packed(int B, int S, int C, int NH) {
+cuda::AttentionShape packed(int B, int S, int C, int NH) {
   return {B, S, NH, NH, C / NH, 3 * int64_t{C}, 3 * int64_t{C}};
 }
 
@@ -42,14 +42,14 @@ void encoder_forward(T* out, const int32_t* inputs, const T* wte, const T* wpe, 
 
 template <typename T>
 void attention_forward(T* out, float* lse, const T* qkv, int B, int S, int C, int NH, cudaStream_t st) {
-  trainer::cuda::attention_forward(out, lse, qkv, qkv + C, qkv + 2 * C, packed(B, S, C, NH), st);
+  cuda::attention_forward(out, lse, qkv, qkv + C, qkv + 2 * C, packed(B, S, C, NH), st);
 }
 
 template <typename T>
 void attention_backward(T* dqkv, float* delta, const T* dout, const T* out, const T* qkv, const float* lse, int B,
                         int S, int C, int NH, cudaStream_t st) {
-  trainer::cuda::attention_backward(dqkv, dqkv + C, dqkv + 2 * C, delta, dout, out, qkv, qkv + C, qkv + 2 * C, lse,
-                                    packed(B, S, C, NH), st);
+  cuda::attention_backward(dqkv, dqkv + C, dqkv + 2 * C, delta, dout, out, qkv, qkv + C, qkv + 2 * C, lse,
+                           packed(B, S, C, NH), st);
 }
 
 #define SHARDKIT_INSTANTIATE(T)                                                                                   \

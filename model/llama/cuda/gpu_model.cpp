@@ -4,13 +4,18 @@
 #include <chrono>
 
 #include "base/clock.hpp"
+#include "model/cuda/device_type.hpp"
+#include "model/cuda/head_size.hpp"
+#include "model/cuda/kernels.hpp"
+#include "model/cuda/norms.hpp"
 #include "model/llama/cuda/kernels.hpp"
-#include "trainer/cuda/device_type.hpp"
-#include "trainer/cuda/head_size.hpp"
-#include "trainer/cuda/kernels.hpp"
-#include "trainer/cuda/norms.hpp"
+#include "model/llama/model.hpp"
 
 namespace shardkit::model::llama {
+
+// The shared layer kernels and buffers (model/cuda/), by their own names in this file.
+using namespace cuda;
+
 namespace {
 
 // The backward pass of a bias-free nn.Linear y (N, OUT) = x (N, IN) W^T with W (OUT, IN):
@@ -318,5 +323,10 @@ void GpuLlama<T>::backward_layers(GpuParamStore<T>& p, const int32_t* inputs) {
 template class GpuLlama<float>;
 template class GpuLlama<__nv_bfloat16>;
 template class GpuLlama<__half>;
+
+const GpuFamily& gpu_family() {
+  static const GpuFamily family = describe_gpu_family<GpuLlama, LlamaConfig>(config_of, cuda_unsupported);
+  return family;
+}
 
 }  // namespace shardkit::model::llama

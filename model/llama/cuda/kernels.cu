@@ -1,19 +1,19 @@
+#include "model/cuda/cuda_common.hpp"
+#include "model/cuda/launch.cuh"
+#include "model/cuda/vec.cuh"
 #include "model/llama/cuda/kernels.hpp"
-#include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/launch.cuh"
-#include "trainer/cuda/vec.cuh"
 
 namespace shardkit::model::llama {
 namespace {
 
-using trainer::cuda::blocks_for;
-using trainer::cuda::check_launch;
-using trainer::cuda::from_float;
-using trainer::cuda::load_vec;
-using trainer::cuda::store_vec;
-using trainer::cuda::to_float;
-using trainer::cuda::Vec;
-using trainer::cuda::with_pack_width;
+using cuda::blocks_for;
+using cuda::check_launch;
+using cuda::from_float;
+using cuda::load_vec;
+using cuda::store_vec;
+using cuda::to_float;
+using cuda::Vec;
+using cuda::with_pack_width;
 
 template <typename T>
 __global__ void embedding_forward_kernel(T* out, const int32_t* inputs, const T* embed, int N, int H) {

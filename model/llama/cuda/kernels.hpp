@@ -1,4 +1,4 @@
-// The Llama family's own CUDA kernels (the ones it shares with GPT-2 are trainer/cuda's): token
+// The Llama family's own CUDA kernels (the ones it shares with GPT-2 are model/cuda's): token
 // embedding, rotary position embedding and SwiGLU, as host launchers on an explicit stream.
 // T is float, __nv_bfloat16 or __half; arithmetic in fp32; parameter gradients fp32. Rows are N =
 // B * S tokens, row-major and contiguous. They compute what model/llama/cpu_ops.hpp's fp32 kernels do.
@@ -13,7 +13,7 @@
 
 namespace shardkit::model::llama {
 
-// out (N, H) = embed[inputs]. Its backward pass is trainer/cuda's EncoderBackward without positions.
+// out (N, H) = embed[inputs]. Its backward pass is model/cuda's EncoderBackward without positions.
 template <typename T>
 void embedding_forward(T* out, const int32_t* inputs, const T* embed, int N, int H, cudaStream_t st);
 

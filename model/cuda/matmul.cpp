@@ -6,11 +6,11 @@
 #include <string>
 #include <type_traits>
 
-#include "trainer/cuda/device_type.hpp"
-#include "trainer/cuda/kernels.hpp"
-#include "trainer/cuda/matmul.hpp"
+#include "model/cuda/device_type.hpp"
+#include "model/cuda/kernels.hpp"
+#include "model/cuda/matmul.hpp"
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
@@ -172,4 +172,4 @@ SHARDKIT_INSTANTIATE(float)
 SHARDKIT_INSTANTIATE(__nv_bfloat16)
 SHARDKIT_INSTANTIATE(__half)
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "trainer/cuda/cuda_common.hpp"
+#include "model/cuda/cuda_common.hpp"
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 
 // Blocks of `threads` for n elements, capped where a grid-stride loop does the rest.
 inline int blocks_for(int64_t n, int threads) {
@@ -23,4 +23,4 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

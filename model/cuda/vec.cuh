@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 
 __device__ __forceinline__ float to_float(float x) {
   return x;
@@ -68,4 +68,4 @@ void with_pack_width(int64_t count, Launch&& launch, const P*... pointers) {
   }
 }
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

@@ -7,7 +7,7 @@
 
 #include "base/error.hpp"
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 
 // The head sizes the attention kernels are compiled for, as a test and as words; with_head_size's cases.
 constexpr bool supported_head_size(int head_size) {
@@ -31,4 +31,4 @@ void with_head_size(int head_size, F&& f) {
   }
 }
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

@@ -9,9 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "trainer/cuda/cuda_common.hpp"
+#include "model/cuda/cuda_common.hpp"
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 
 // A GPU model's activation memory: on the device, and page-locked on the host.
 struct ActivationBytes {
@@ -61,4 +61,4 @@ class BlockOutputs {
   Event ready_[2];          // the last copy into or out of each slot is done
 };
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

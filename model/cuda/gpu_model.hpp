@@ -1,6 +1,6 @@
 // What the CUDA backend needs of a family's GPU model (model/<family>/cuda/): the interface, the
 // parameter store it works through, and the pieces every family's model shares (matrix products, the
-// output projection's padded logits).
+// output projection's padded logits). gpu_family.hpp makes a model of any family.
 #pragma once
 
 #include <cublas_v2.h>
@@ -10,13 +10,13 @@
 #include <cstdint>
 #include <memory>
 
+#include "model/cuda/block_outputs.hpp"
+#include "model/cuda/cuda_common.hpp"
+#include "model/cuda/encoder_backward.hpp"
 #include "model/model.hpp"
 #include "model/param_store.hpp"
-#include "trainer/cuda/block_outputs.hpp"
-#include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/encoder_backward.hpp"
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 
 // The model's parameter store on a GPU: device pointers, parameters in T, gradients in fp32, and a wait
 // for the stream that fails on a communication error instead of hanging.
@@ -102,17 +102,4 @@ class GpuModel {
   virtual double forward(GpuParamStore<T>& params, const int32_t* inputs, const int32_t* targets) = 0;
 };
 
-// Error(kInvalidInput) naming the model when its family has no CUDA kernels or its shape is one they
-// do not support. Needs no device: the backend asks before it opens one.
-void require_gpu_kernels(const model::Model& model);
-
-// The CUDA model of `model`'s family (require_gpu_kernels first).
-template <typename T>
-std::unique_ptr<GpuModel<T>> make_gpu_model(const model::Model& model, const model::ActivationPlan& plan,
-                                            cublasHandle_t cublas, cudaStream_t stream);
-// What that model's activations will take, without a device (require_gpu_kernels first): on the device
-// its activation_bytes(), and the block inputs it keeps in host memory.
-template <typename T>
-ActivationBytes planned_activation_bytes(const model::Model& model, const model::ActivationPlan& plan);
-
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

@@ -8,9 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "trainer/cuda/cuda_common.hpp"
+#include "model/cuda/cuda_common.hpp"
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 
 class EncoderBackward {
  public:
@@ -34,4 +34,4 @@ class EncoderBackward {
   DeviceBuffer<std::byte> sort_scratch_;
 };
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

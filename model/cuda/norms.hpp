@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 
 enum class Norm { kLayer, kRms };
 
@@ -40,4 +40,4 @@ template <typename T>
 void rmsnorm_backward(T* dx, float* dweight, const T* dout, const T* x, const T* weight, const float* rstd, int N,
                       int C, float* scratch, cudaStream_t st);
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

@@ -11,9 +11,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "trainer/cuda/kernels.hpp"
+#include "model/cuda/kernels.hpp"
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 
 template <typename T>
 void flash_attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& shape,
@@ -25,4 +25,4 @@ template <typename T>
 void flash_attention_backward(T* dq, T* dk, T* dv, float* delta, const T* dout, const T* out, const T* q, const T* k,
                               const T* v, const float* lse, const AttentionShape& shape, cudaStream_t st);
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

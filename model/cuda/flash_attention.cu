@@ -2,11 +2,11 @@
 #include <string>
 #include <type_traits>
 
-#include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/flash_attention.hpp"
-#include "trainer/cuda/head_size.hpp"
+#include "model/cuda/cuda_common.hpp"
+#include "model/cuda/flash_attention.hpp"
+#include "model/cuda/head_size.hpp"
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -542,4 +542,4 @@ void flash_attention_backward(T* dq, T* dk, T* dv, float* delta, const T* dout, 
 SHARDKIT_INSTANTIATE(__nv_bfloat16)
 SHARDKIT_INSTANTIATE(__half)
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

@@ -6,9 +6,9 @@
 #include <numeric>
 #include <vector>
 
-#include "trainer/cuda/encoder_backward.hpp"
+#include "model/cuda/encoder_backward.hpp"
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 namespace {
 
 // Block i owns sorted position i if it starts a run of equal tokens (every other block returns at
@@ -128,4 +128,4 @@ template void EncoderBackward::run<__nv_bfloat16>(float*, float*, const __nv_bfl
                                                   cudaStream_t);
 template void EncoderBackward::run<__half>(float*, float*, const __half*, const int32_t*, int, int, int, cudaStream_t);
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

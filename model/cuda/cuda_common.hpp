@@ -1,10 +1,10 @@
-// CUDA, cuBLAS and NCCL error checks with file and line, and RAII owners of device memory, pinned host
-// memory, streams and events. Host code only (no kernels), so it compiles in .cpp and .cu files.
+// CUDA and cuBLAS error checks with file and line, and RAII owners of device memory, pinned host
+// memory, streams, events and graphs. Host code only (no kernels), so it compiles in .cpp and .cu files.
+// (NCCL's counterparts are the trainer's: trainer/cuda/nccl.hpp.)
 #pragma once
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include <cstddef>
 #include <string>
@@ -12,7 +12,7 @@
 
 #include "base/error.hpp"
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 
 [[noreturn]] void throw_cuda(const char* what, const char* detail, const char* file, int line);
 
@@ -22,33 +22,18 @@ enum class Memory { kDevice, kPinnedHost };
 // as a bug); any other status goes to throw_cuda.
 [[noreturn]] void throw_allocation_failure(cudaError_t status, size_t bytes, Memory where);
 
-// Blocks until `stream` has finished, checking `comm` meanwhile: NCCL reports a failed peer or
-// network asynchronously and leaves collectives waiting forever, and a rank that stalls leaves the
-// others waiting too. On an asynchronous NCCL error, or when the stream makes no progress for
-// comm::collective_timeout_seconds() (SHARDKIT_COLLECTIVE_TIMEOUT, default 600), the communicator is
-// aborted and Error(kIo) says why; the command line then ends the job on every rank instead of hanging.
-void wait_checking_nccl(cudaStream_t stream, ncclComm_t comm);
-// Whether wait_checking_nccl aborted `comm` (then it must not be destroyed again).
-bool nccl_aborted(ncclComm_t comm);
-
-#define CUDA_CHECK(call)                                                                                             \
-  do {                                                                                                               \
-    const cudaError_t e_ = (call);                                                                                   \
-    if (e_ != cudaSuccess) ::shardkit::trainer::cuda::throw_cuda(#call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+#define CUDA_CHECK(call)                                                                                           \
+  do {                                                                                                             \
+    const cudaError_t e_ = (call);                                                                                 \
+    if (e_ != cudaSuccess) ::shardkit::model::cuda::throw_cuda(#call, cudaGetErrorString(e_), __FILE__, __LINE__); \
   } while (0)
-#define CUBLAS_CHECK(call)                                                                         \
-  do {                                                                                             \
-    const cublasStatus_t e_ = (call);                                                              \
-    if (e_ != CUBLAS_STATUS_SUCCESS) {                                                             \
-      ::shardkit::trainer::cuda::throw_cuda(#call, cublasGetStatusString(e_), __FILE__, __LINE__); \
-    }                                                                                              \
+#define CUBLAS_CHECK(call)                                                                       \
+  do {                                                                                           \
+    const cublasStatus_t e_ = (call);                                                            \
+    if (e_ != CUBLAS_STATUS_SUCCESS) {                                                           \
+      ::shardkit::model::cuda::throw_cuda(#call, cublasGetStatusString(e_), __FILE__, __LINE__); \
+    }                                                                                            \
   } while (0)
-#define NCCL_CHECK(call)                                                                                             \
-  do {                                                                                                               \
-    const ncclResult_t e_ = (call);                                                                                  \
-    if (e_ != ncclSuccess) ::shardkit::trainer::cuda::throw_cuda(#call, ncclGetErrorString(e_), __FILE__, __LINE__); \
-  } while (0)
-
 // Device memory of `count` elements of T (cudaMalloc), freed on destruction.
 template <typename T>
 class DeviceBuffer {
@@ -134,23 +119,6 @@ class PinnedBuffer {
   size_t count_ = 0;
 };
 
-// An NCCL communicator, destroyed with its owner -- unless wait_checking_nccl aborted it, which frees it.
-class NcclComm {
- public:
-  NcclComm() = default;
-  ~NcclComm() {
-    if (comm_ && !nccl_aborted(comm_)) ncclCommDestroy(comm_);
-  }
-  NcclComm(const NcclComm&) = delete;
-  NcclComm& operator=(const NcclComm&) = delete;
-  // Where ncclCommInitRank or ncclCommSplit puts the communicator this one owns.
-  ncclComm_t* out() noexcept { return &comm_; }
-  ncclComm_t get() const noexcept { return comm_; }
-
- private:
-  ncclComm_t comm_ = nullptr;
-};
-
 class Stream {
  public:
   Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
@@ -229,4 +197,4 @@ class Graph {
   cudaGraphExec_t exec_ = nullptr;
 };
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

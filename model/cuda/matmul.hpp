@@ -10,9 +10,9 @@
 #include <memory>
 #include <tuple>
 
-#include "trainer/cuda/cuda_common.hpp"
+#include "model/cuda/cuda_common.hpp"
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 
 enum class Epilogue {
   kNone,
@@ -46,4 +46,4 @@ class Matmul {
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

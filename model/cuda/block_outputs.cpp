@@ -1,11 +1,11 @@
-#include "trainer/cuda/block_outputs.hpp"
+#include "model/cuda/block_outputs.hpp"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 
 template <typename T>
 BlockOutputs<T>::BlockOutputs(int blocks, size_t count, bool on_host, cudaStream_t stream)
@@ -73,4 +73,4 @@ template class BlockOutputs<float>;
 template class BlockOutputs<__nv_bfloat16>;
 template class BlockOutputs<__half>;
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

@@ -1,13 +1,13 @@
 #include <algorithm>
 #include <string>
 
-#include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/kernels.hpp"
-#include "trainer/cuda/launch.cuh"
-#include "trainer/cuda/norms.hpp"
-#include "trainer/cuda/vec.cuh"
+#include "model/cuda/cuda_common.hpp"
+#include "model/cuda/kernels.hpp"
+#include "model/cuda/launch.cuh"
+#include "model/cuda/norms.hpp"
+#include "model/cuda/vec.cuh"
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 namespace {
 
 constexpr float kLayerNormEps = 1e-5f;
@@ -240,4 +240,4 @@ SHARDKIT_INSTANTIATE(__nv_bfloat16)
 SHARDKIT_INSTANTIATE(__half)
 #undef SHARDKIT_INSTANTIATE
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

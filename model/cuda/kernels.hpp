@@ -1,7 +1,8 @@
-// CUDA kernels every family's passes and the optimizer share, as host launchers that take an explicit
-// stream (a family's own kernels live in model/<family>/cuda/). T is the compute type of activations
-// and parameters: float, __nv_bfloat16 or __half; all arithmetic accumulates in fp32, and parameter
-// gradients are fp32. Shapes: B batch, S sequence, C channels, NH heads, V vocabulary, N = B*S rows.
+// CUDA kernels every family's passes share, and the engine's reductions and casts, as host launchers that
+// take an explicit stream (a family's own kernels live in model/<family>/cuda/, the optimizer's in
+// trainer/cuda/optimizer_kernels.hpp). T is the compute type of activations and parameters: float,
+// __nv_bfloat16 or __half; all arithmetic accumulates in fp32, and parameter gradients are fp32.
+// Shapes: B batch, S sequence, C channels, NH heads, V vocabulary, N = B*S rows.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,9 +12,7 @@
 #include <cstdint>
 #include <string>
 
-#include "trainer/adamw.hpp"
-
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 
 // out (N, OC) += bias;  dbias (OC) += column sums of dout (N, OC), deterministic (the same sums in
 // the same order on every run), with `scratch` of bias_scratch_floats(OC) floats.
@@ -70,13 +69,6 @@ void softmax_cross_entropy(T* logits, int64_t ld, float* losses, const int32_t* 
 template <typename T>
 void cast_from_float(T* out, const float* in, int64_t n, cudaStream_t st);
 
-// AdamW on fp32 master weights and moments (trainer/adamw.hpp gives the formula), one launch,
-// without weight decay on the elements `no_decay` names (its table in device memory); `params` (may
-// be null) receives the updated weights in T.
-template <typename T>
-void adamw(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, T* params, int64_t n,
-           const AdamWCoefficients& c, NoDecayRanges no_decay, cudaStream_t st);
-
 // out[0] = sum(x^2), or sum(x), in double, the same bits on every run; out has kSumScratch doubles
 // (out[1..] holds the blocks' partial sums).
 constexpr int kSumBlocks = 1024;
@@ -93,4 +85,4 @@ void read_back(double* host, const double* device, int n, cudaStream_t st);
 // Holds `st` for `ms` milliseconds of device time (a fault test's slow copy).
 void delay_stream(cudaStream_t st, double ms);
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda

@@ -4,14 +4,14 @@
 
 #include <type_traits>
 
-#include "trainer/cuda/cuda_common.hpp"
-#include "trainer/cuda/flash_attention.hpp"
-#include "trainer/cuda/head_size.hpp"
-#include "trainer/cuda/kernels.hpp"
-#include "trainer/cuda/launch.cuh"
-#include "trainer/cuda/vec.cuh"
+#include "model/cuda/cuda_common.hpp"
+#include "model/cuda/flash_attention.hpp"
+#include "model/cuda/head_size.hpp"
+#include "model/cuda/kernels.hpp"
+#include "model/cuda/launch.cuh"
+#include "model/cuda/vec.cuh"
 
-namespace shardkit::trainer::cuda {
+namespace shardkit::model::cuda {
 namespace {
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -362,7 +362,7 @@ __global__ void softmax_xent_kernel(T* logits, int64_t ld, float* losses, const 
 }
 
 // ------------------------------------------------------------------------------------------------
-// Optimizer and reductions
+// Casts, reductions, read-back
 
 __global__ void read_back_kernel(double* host, const double* device, int n) {
   for (int i = threadIdx.x; i < n; i += blockDim.x) host[i] = device[i];
@@ -381,49 +381,6 @@ template <typename T>
 __global__ void cast_kernel(T* out, const float* in, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     out[i] = from_float<T>(in[i]);
-  }
-}
-
-// The index of the first of the sorted ranges that ends after view position `at` (count if none).
-__device__ int64_t first_range_ending_after(const NoDecayRanges& nd, int64_t at) {
-  int64_t lo = 0, hi = nd.count;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (nd.ranges[mid].end <= at) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
-}
-
-// The same update as trainer/adamw.cpp's CPU version, element for element: the elements of `nd`'s
-// ranges with decay and l2 zero. One launch for the whole view, whatever the number of tensors: a
-// thread's positions ascend, so its place in the (small, cached) table is found once by bisection
-// and then only steps forward -- a warp's 32 neighbours read the same entries.
-template <typename T>
-__global__ void adamw_kernel(float* w, float* m, float* v, const float* grad, T* params, int64_t n, AdamWCoefficients c,
-                             NoDecayRanges nd) {
-  constexpr ElementRange kPastTheEnd{INT64_MAX, INT64_MAX};
-  int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  int64_t r = first_range_ending_after(nd, nd.origin + i);
-  ElementRange skip = r < nd.count ? nd.ranges[r] : kPastTheEnd;
-  for (; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t at = nd.origin + i;
-    while (skip.end <= at) skip = ++r < nd.count ? nd.ranges[r] : kPastTheEnd;
-    const bool decays = at < skip.begin;
-    const float decay = decays ? c.decay : 0.0f, l2 = decays ? c.l2 : 0.0f;
-    const float g = grad[i] * c.grad_multiplier + l2 * w[i];
-    const float mi = c.beta1 * m[i] + (1.0f - c.beta1) * g;
-    const float vi = c.beta2 * v[i] + (1.0f - c.beta2) * g * g;
-    const float denom = sqrtf(vi) * c.inv_sqrt_bc2 + c.eps;
-    float wi = w[i] - decay * w[i];
-    wi -= c.step_size * mi / denom;
-    m[i] = mi;
-    v[i] = vi;
-    w[i] = wi;
-    if (params) params[i] = from_float<T>(wi);
   }
 }
 
@@ -596,16 +553,6 @@ void cast_from_float(T* out, const float* in, int64_t n, cudaStream_t st) {
   check_launch();
 }
 
-template <typename T>
-void adamw(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, T* params, int64_t n,
-           const AdamWCoefficients& c, NoDecayRanges no_decay, cudaStream_t st) {
-  if (n == 0) return;
-  // Without weight decay every element takes the same update: the table is not read.
-  if (!c.decays()) no_decay.count = 0;
-  adamw_kernel<<<blocks_for(n, 256), 256, 0, st>>>(master, exp_avg, exp_avg_sq, grad, params, n, c, no_decay);
-  check_launch();
-}
-
 void sum_squares(double* out, const float* x, int64_t n, cudaStream_t st) {
   deterministic_sum<true>(out, x, n, st);
 }
@@ -635,12 +582,10 @@ void delay_stream(cudaStream_t st, double ms) {
   template void attention_backward<T>(T*, T*, T*, float*, const T*, const T*, const T*, const T*, const T*,          \
                                       const float*, const AttentionShape&, cudaStream_t);                            \
   template void softmax_cross_entropy<T>(T*, int64_t, float*, const int32_t*, int, int, float, bool, cudaStream_t);  \
-  template void cast_from_float<T>(T*, const float*, int64_t, cudaStream_t);                                         \
-  template void adamw<T>(float*, float*, float*, const float*, T*, int64_t, const AdamWCoefficients&, NoDecayRanges, \
-                         cudaStream_t);
+  template void cast_from_float<T>(T*, const float*, int64_t, cudaStream_t);
 
 SHARDKIT_INSTANTIATE(float)
 SHARDKIT_INSTANTIATE(__nv_bfloat16)
 SHARDKIT_INSTANTIATE(__half)
 
-}  // namespace shardkit::trainer::cuda
+}  // namespace shardkit::model::cuda
