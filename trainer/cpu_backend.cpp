@@ -8,6 +8,7 @@
 #include "base/error.hpp"
 #include "base/fault.hpp"
 #include "base/host_memory.hpp"
+#include "base/parallel_memory.hpp"
 #include "base/text_format.hpp"
 #include "model/cpu/gemm.hpp"
 #include "model/cpu/ops.hpp"
@@ -127,7 +128,7 @@ class CpuBackend final : public Backend {
     for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
       float* out = snapshot_[s].data();
       engine_.read_state(s, [&](std::span<const float> piece) {
-        model::cpu::copy(out, piece.data(), static_cast<int64_t>(piece.size()));
+        parallel_copy(out, piece.data(), static_cast<int64_t>(piece.size()));
         out += piece.size();
       });
     }

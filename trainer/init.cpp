@@ -2,8 +2,8 @@
 // each operation as the GPU's does.
 #include "trainer/init.hpp"
 
+#include "base/parallel_memory.hpp"
 #include "base/xxh64.hpp"
-#include "model/cpu/ops.hpp"
 #include "model/model.hpp"
 
 namespace shardkit::trainer {
@@ -22,7 +22,7 @@ void init_values(const RandomInit& init, int tensor, int64_t offset, std::span<f
   const auto n = static_cast<int64_t>(out.size());
   float* values = out.data();
   if (draw.kind != model::InitRule::kNormal) {
-    model::cpu::fill(values, n, init_value(draw, init.seed, 0));
+    parallel_fill(values, n, init_value(draw, init.seed, 0));
     return;
   }
   // Every element is a function of (seed, tensor, index) alone, so the threads split the range freely:

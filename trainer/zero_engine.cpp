@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "base/error.hpp"
-#include "model/cpu/ops.hpp"
+#include "base/parallel_memory.hpp"
 #include "trainer/grad_wire.hpp"
 #include "trainer/weight_decay.hpp"
 
@@ -24,33 +24,33 @@ BufferSizes buffer_sizes(const ZeroPlan& plan, bool optimizer_swapped, bool para
   const auto flat = static_cast<size_t>(plan.owned_size());
   const auto full = static_cast<size_t>(plan.replicated_size());
   BufferSizes n;
-  if (plan.stage() != 3) n.params_full = full;  // stage 3 gathers each group when the model needs it
-  if (plan.stage() <= 1) n.grads_full = full;
-  if (plan.stage() >= 1) n.grad_part = flat;
-  if (plan.stage() == 0) {
+  if (!plan.partitions_params()) n.params_full = full;  // stage 3 gathers each group when the model needs it
+  if (!plan.partitions_grads()) n.grads_full = full;
+  if (plan.partitions_optimizer()) n.grad_part = flat;
+  if (!plan.partitions_optimizer()) {
     n.states = full;
   } else if (!optimizer_swapped) {
     n.states = flat;
   }
   // Stage 3 with the master weights on disk: the parameters the gathers read from stay in memory.
-  if (plan.stage() == 3 && optimizer_swapped && !params_swapped) n.params_part = flat;
+  if (plan.partitions_params() && optimizer_swapped && !params_swapped) n.params_part = flat;
   return n;
 }
 
 // The report of buffers of `n` elements. At stage 3 without NVMe offload the master weights are the
 // parameters the groups are gathered from: the report names them as parameters too, unless
 // `allocations` asks for each buffer once (what the memory check adds up).
-MemoryReport bytes_of(const BufferSizes& n, int stage, bool params_swapped, bool allocations = false) {
+MemoryReport bytes_of(const BufferSizes& n, const ZeroPlan& plan, bool params_swapped, bool allocations = false) {
   const auto bytes = [](size_t elements) { return static_cast<int64_t>(elements * sizeof(float)); };
   MemoryReport r;
-  if (stage != 3) {
+  if (!plan.partitions_params()) {
     r.parameters = bytes(n.params_full);
   } else if (n.params_part > 0) {
     r.parameters = bytes(n.params_part);
   } else if (!params_swapped && !allocations) {
     r.parameters = bytes(n.states);
   }
-  r.gradients = bytes(stage <= 1 ? n.grads_full : n.grad_part);
+  r.gradients = bytes(plan.partitions_grads() ? n.grad_part : n.grads_full);
   r.optimizer_states = 3 * bytes(n.states);
   return r;
 }
@@ -66,7 +66,7 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::Tensor
       wire_(comm.size() > 1 ? wire : ckpt::DType::kF32),  // one rank sends nothing, so rounds nothing
       comm_(comm),
       plan_(table, comm.size(), comm.rank(), config.stage) {
-  if (stage() == 0) {
+  if (!plan_.partitions_optimizer()) {
     if (swap) {
       fail(ErrorKind::kInvalidInput,
            "zero_optimization.offload_optimizer device nvme needs ZeRO stage 1, 2 or 3 (stage 0 keeps no optimizer "
@@ -85,9 +85,9 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::Tensor
   exp_avg_.resize(n.states);
   exp_avg_sq_.resize(n.states);
   params_part_.resize(n.params_part);
-  if (stage() == 3) gathered_.resize(table.size());
+  if (plan_.partitions_params()) gathered_.resize(table.size());
   acquired_count_.assign(groups_.size(), 0);
-  if (stage() >= 2) grad_buffers_.resize(table.size());
+  if (plan_.partitions_grads()) grad_buffers_.resize(table.size());
   no_decay_ = no_decay_ranges(plan_.optimizer_fragments(), decays);
 }
 
@@ -96,13 +96,13 @@ MemoryReport ZeroEngine::planned_memory(const ckpt::TensorTable& table, const Ze
   const ZeroPlan plan(table, world_size, rank, config.stage);
   const bool optimizer_swapped = config.stage != 0 && config.offload_optimizer.device == OffloadDevice::kNvme;
   const bool params_swapped = config.stage == 3 && config.offload_param.device == OffloadDevice::kNvme;
-  return bytes_of(buffer_sizes(plan, optimizer_swapped, params_swapped), config.stage, params_swapped, true);
+  return bytes_of(buffer_sizes(plan, optimizer_swapped, params_swapped), plan, params_swapped, true);
 }
 
 MemoryReport ZeroEngine::memory() const noexcept {
   const BufferSizes held{params_full_.size(), grads_full_.size(), grad_part_.size(), master_.size(),
                          params_part_.size()};
-  MemoryReport r = bytes_of(held, stage(), param_swap_ != nullptr);
+  MemoryReport r = bytes_of(held, plan_, param_swap_ != nullptr);
   r.nvme_parameters = param_swap_ ? param_swap_->file_bytes() : 0;
   r.nvme_optimizer_states = swap_ ? swap_->file_bytes() : 0;
   return r;
@@ -111,13 +111,13 @@ MemoryReport ZeroEngine::memory() const noexcept {
 void ZeroEngine::initialize(const std::function<void(int, int64_t, std::span<float>)>& init) {
   fill_states([&](std::span<const ckpt::Fragment> plan, std::span<const std::span<float>> states) {
     const std::span<float> master = states[0];
-    model::cpu::fill(master.data(), static_cast<int64_t>(master.size()), 0.0f);
+    parallel_fill(master.data(), static_cast<int64_t>(master.size()), 0.0f);
     for (const ckpt::Fragment& f : plan) {
       init(f.tensor, f.tensor_offset,
            master.subspan(static_cast<size_t>(f.flat_offset), static_cast<size_t>(f.length)));
     }
     for (const std::span<float> moment : states.subspan(1)) {
-      model::cpu::fill(moment.data(), static_cast<int64_t>(moment.size()), 0.0f);
+      parallel_fill(moment.data(), static_cast<int64_t>(moment.size()), 0.0f);
     }
   });
 }
@@ -167,14 +167,14 @@ void ZeroEngine::write_param_swap() {
 
 std::span<float> ZeroEngine::params_partition() noexcept {
   // (Empty at stage 3 with the parameters swapped.)
-  if (stage() == 3) return swap_ ? std::span<float>(params_part_) : std::span<float>(master_);
+  if (plan_.partitions_params()) return swap_ ? std::span<float>(params_part_) : std::span<float>(master_);
   return {params_full_.data() + plan_.partition_offset(plan_.rank()), static_cast<size_t>(plan_.partition_size())};
 }
 
 void ZeroEngine::publish_params() {
-  if (stage() == 0) {
+  if (!plan_.partitions_optimizer()) {
     std::copy(master_.begin(), master_.end(), params_full_.begin());
-  } else if (stage() <= 2) {
+  } else if (plan_.gathers_updated_params()) {
     if (!swap_) std::ranges::copy(master_, params_partition().begin());
     comm_.allgather_inplace(params_full_.data(), plan_.partition_size());
   }
@@ -182,12 +182,12 @@ void ZeroEngine::publish_params() {
 }
 
 void ZeroEngine::acquire(int group) {
-  if (stage() != 3) return;
+  if (!plan_.partitions_params()) return;
   if (acquired_count_[static_cast<size_t>(group)]++ == 0) gather_stage3(group);
 }
 
 void ZeroEngine::release(int group) {
-  if (stage() != 3) return;
+  if (!plan_.partitions_params()) return;
   if (--acquired_count_[static_cast<size_t>(group)] > 0) return;
   const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) LargeVector<float>().swap(gathered_[static_cast<size_t>(t)]);
@@ -243,7 +243,7 @@ void ZeroEngine::drop_read_ahead() {
 }
 
 const float* ZeroEngine::param(int tensor) const {
-  if (stage() <= 2) return params_full_.data() + layout().global_offset(tensor);
+  if (!plan_.partitions_params()) return params_full_.data() + layout().global_offset(tensor);
   const LargeVector<float>& full = gathered_[static_cast<size_t>(tensor)];
   if (full.size() != static_cast<size_t>(numel(tensor))) {
     fail(ErrorKind::kInternal, "parameter " + table_[static_cast<size_t>(tensor)].name + " used while not acquired");
@@ -252,18 +252,18 @@ const float* ZeroEngine::param(int tensor) const {
 }
 
 void ZeroEngine::open_grads(int group) {
-  if (stage() <= 1) return;
+  if (!plan_.partitions_grads()) return;
   const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) grad_buffers_[static_cast<size_t>(t)].assign(static_cast<size_t>(numel(t)), 0);
 }
 
 float* ZeroEngine::grad(int tensor) {
-  if (stage() <= 1) return grads_full_.data() + layout().global_offset(tensor);
+  if (!plan_.partitions_grads()) return grads_full_.data() + layout().global_offset(tensor);
   return grad_buffers_[static_cast<size_t>(tensor)].data();
 }
 
 void ZeroEngine::close_grads(int group) {
-  if (stage() <= 1) return;
+  if (!plan_.partitions_grads()) return;
   pending_groups_.push_back(group);
   const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) pending_elems_ += numel(t);
@@ -283,7 +283,7 @@ void ZeroEngine::flush_pending_grads() {
   while (i < closed.size()) {
     size_t j = i + 1;
     while (j < closed.size() && closed[j].first == closed[j - 1].last) ++j;
-    if (stage() == 2) {
+    if (!plan_.partitions_params()) {
       reduce_stage2(closed[i].first, closed[j - 1].last);
     } else {
       reduce_stage3(closed[i].first, closed[j - 1].last);
@@ -343,11 +343,11 @@ void ZeroEngine::zero_grads() {
 }
 
 void ZeroEngine::reduce_grads() {
-  if (stage() == 0) {
+  if (!plan_.partitions_optimizer()) {
     round_to_wire(grads_full_, wire_);
     comm_.allreduce_sum(grads_full_.data(), static_cast<int64_t>(grads_full_.size()));
     round_to_wire(grads_full_, wire_);
-  } else if (stage() == 1) {
+  } else if (!plan_.partitions_grads()) {
     round_to_wire(grads_full_, wire_);
     comm_.reduce_scatter_block(grads_full_.data(), grad_part_.data(), plan_.partition_size());
     round_to_wire(grad_part_, wire_);
@@ -357,7 +357,7 @@ void ZeroEngine::reduce_grads() {
 }
 
 std::span<float> ZeroEngine::optimizer_grads() noexcept {
-  return stage() == 0 ? grads_full_ : grad_part_;
+  return plan_.partitions_optimizer() ? grad_part_ : grads_full_;
 }
 
 std::span<const float> ZeroEngine::owned(const LargeVector<float>& buffer) const noexcept {
@@ -366,7 +366,7 @@ std::span<const float> ZeroEngine::owned(const LargeVector<float>& buffer) const
 
 double ZeroEngine::global_grad_sq() {
   // Each element counted once: stage 0 counts the rank's slice of the replicated gradients.
-  const std::span<const float> g = owned(stage() == 0 ? grads_full_ : grad_part_);
+  const std::span<const float> g = owned(plan_.partitions_optimizer() ? grad_part_ : grads_full_);
   double sum = 0.0;
 #pragma omp parallel for reduction(+ : sum) schedule(static)
   for (size_t i = 0; i < g.size(); ++i) sum += static_cast<double>(g[i]) * static_cast<double>(g[i]);

@@ -55,7 +55,6 @@ class ZeroEngine final : public model::ParameterStore {
              const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& comm, const nvme::SwapFactory& swap = {});
 
   const ckpt::Layout& layout() const noexcept { return plan_.layout(); }
-  int stage() const noexcept { return plan_.stage(); }
   MemoryReport memory() const noexcept;
   // What rank `rank` of `world_size` will allocate with `config` (NVMe offload as it asks), before
   // anything is: memory()'s figures, except that each buffer counts once (at stage 3 without NVMe,

@@ -56,6 +56,14 @@ class ZeroPlan {
 
   const ckpt::Layout& layout() const noexcept { return layout_; }
   int stage() const noexcept { return layout_.stage(); }
+  // What the stage partitions across the ranks (ZeRO's definition: 1 the optimizer states, 2 also the
+  // gradients, 3 also the parameters); the engines ask these rather than compare stage numbers.
+  bool partitions_optimizer() const noexcept { return stage() >= 1; }
+  bool partitions_grads() const noexcept { return stage() >= 2; }
+  bool partitions_params() const noexcept { return stage() == 3; }
+  // Stages 1-2: each rank updates its partition of the replicated parameters, which an all-gather
+  // then brings to every rank.
+  bool gathers_updated_params() const noexcept { return partitions_optimizer() && !partitions_params(); }
   int rank() const noexcept { return rank_; }
   int world_size() const noexcept { return layout_.world_size(); }
   int num_tensors() const noexcept { return static_cast<int>(numel_.size()); }

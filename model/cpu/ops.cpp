@@ -112,16 +112,6 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   }
 }
 
-void fill(float* out, int64_t n, float value) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = value;
-}
-
-void copy(float* out, const float* in, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = in[i];
-}
-
 void residual_forward(float* out, const float* a, const float* b, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];

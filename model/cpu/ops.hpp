@@ -23,12 +23,6 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                         const float* v, const float* att, const AttentionShape& shape);
 
-// out[0, n) = value, on the compute threads: the first touch of fresh pages spreads over them too.
-void fill(float* out, int64_t n, float value);
-
-// out[0, n) = in[0, n), on the compute threads (gigabytes of optimizer states into a snapshot).
-void copy(float* out, const float* in, int64_t n);
-
 // out = a + b
 void residual_forward(float* out, const float* a, const float* b, int64_t n);
 // y += x

@@ -173,6 +173,25 @@ TEST(ZeroPlan, AgreesWithTheLayoutAtEveryStageRankAndWorldSize) {
   }
 }
 
+// ZeRO's definition: stage 1 partitions the optimizer states, 2 also the gradients, 3 also the
+// parameters; stages 1-2 gather the updated partitions of the replicated parameters.
+TEST(ZeroPlan, EachStagePartitionsWhatZeroSays) {
+  const ckpt::TensorTable table = testing::random_table(5, 4, 50);
+  struct Expected {
+    bool optimizer, grads, params, gathers;
+  };
+  const Expected expected[] = {
+      {false, false, false, false}, {true, false, false, true}, {true, true, false, true}, {true, true, true, false}};
+  for (int stage = 0; stage <= 3; ++stage) {
+    const ZeroPlan plan(table, 2, 1, stage);
+    const Expected& e = expected[stage];
+    EXPECT_EQ(plan.partitions_optimizer(), e.optimizer) << stage;
+    EXPECT_EQ(plan.partitions_grads(), e.grads) << stage;
+    EXPECT_EQ(plan.partitions_params(), e.params) << stage;
+    EXPECT_EQ(plan.gathers_updated_params(), e.gathers) << stage;
+  }
+}
+
 TEST(ZeroPlan, ARankOutsideTheWorldIsRefused) {
   const ckpt::TensorTable table = testing::random_table(3, 4, 50);
   EXPECT_THROW(ZeroPlan(table, 2, 2, 1), Error);

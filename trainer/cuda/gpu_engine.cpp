@@ -6,7 +6,7 @@
 
 #include "base/fault.hpp"
 #include "base/huge_pages.hpp"
-#include "model/cpu/ops.hpp"
+#include "base/parallel_memory.hpp"
 #include "model/cuda/device_type.hpp"
 #include "model/cuda/kernels.hpp"
 #include "trainer/cuda/gpu_engine.hpp"
@@ -30,7 +30,7 @@ namespace {
 
 // Stages 0 and 1 on one rank reduce nothing: the full gradient buffer is the partition.
 bool grads_full_is_partition_of(const ZeroPlan& plan) {
-  return plan.stage() == 0 || (plan.stage() == 1 && plan.world_size() == 1);
+  return !plan.partitions_optimizer() || (!plan.partitions_grads() && plan.world_size() == 1);
 }
 
 // Elements of the engine's fixed buffers for one rank: what the constructor allocates and
@@ -48,18 +48,17 @@ struct FixedBuffers {
 
 FixedBuffers fixed_buffers_of(const ZeroPlan& plan, const ZeroConfig& config) {
   FixedBuffers b;
-  const int stage = plan.stage();
   const auto full = static_cast<size_t>(plan.replicated_size());
   const auto owned = static_cast<size_t>(plan.owned_size());
-  if (stage <= 2) b.params_full = full;
-  if (stage <= 1) b.grads_full = full;
+  if (!plan.partitions_params()) b.params_full = full;
+  if (!plan.partitions_grads()) b.grads_full = full;
   if (!grads_full_is_partition_of(plan)) b.grad_part = owned;
-  if (stage == 3) b.param_part = owned;
+  if (plan.partitions_params()) b.param_part = owned;
   // offload_param cpu: page-locked whatever its pin_memory says. Copies from and to pageable memory
   // make the host wait (for the stream, for the copy), which would stall every gather and defeat
   // the prefetch. DeepSpeed takes pin_memory as a speed hint; pinned memory is only faster.
-  if (stage == 3 && config.offload_param.device == OffloadDevice::kCpu) b.param_home = ParamHome::kHost;
-  if (stage == 3 && config.offload_param.device == OffloadDevice::kNvme) b.param_home = ParamHome::kSwap;
+  if (plan.partitions_params() && config.offload_param.device == OffloadDevice::kCpu) b.param_home = ParamHome::kHost;
+  if (plan.partitions_params() && config.offload_param.device == OffloadDevice::kNvme) b.param_home = ParamHome::kSwap;
   b.states = static_cast<size_t>(plan.optimizer_size());
   b.states_on_nvme = config.offload_optimizer.device == OffloadDevice::kNvme;
   b.states_on_host = b.states_on_nvme || config.offload_optimizer.device == OffloadDevice::kCpu;
@@ -106,17 +105,17 @@ nvme::Swaps open_swaps(const nvme::SwapFactory& swaps, const FixedBuffers& fixed
 template <typename T>
 int64_t working_bytes(const ZeroPlan& plan, const std::vector<model::TensorGroup>& groups, const ZeroConfig& config,
                       ckpt::DType wire, bool accumulates, const FixedBuffers& fixed) {
-  const int stage = plan.stage(), world = plan.world_size();
+  const int world = plan.world_size();
   const bool narrow = wire != ckpt::DType::kF32;
   const auto wb = static_cast<int64_t>(wire_bytes(wire));
-  if (stage <= 1) return narrow ? plan.replicated_size() * wb : 0;  // reduce_grads()'s narrowed copy
+  if (!plan.partitions_grads()) return narrow ? plan.replicated_size() * wb : 0;  // reduce_grads()'s narrowed copy
   if (groups.empty()) return 0;
 
   // Gradient buffers and the reductions' staging, flush by flush (flush_pending_grads()).
   int64_t send = 0, recv = 0;
   const auto flush = [&](int first, int last) {
     int64_t mine = 0;
-    if (stage == 2) {
+    if (!plan.partitions_params()) {  // stage 2: reduced to the owners from the global buffer
       const GlobalRun run = plan.global_run(first, last);
       if (narrow) send = std::max(send, (run.hi - run.lo) * wb);
       mine = plan.share(run, plan.rank()).count;
@@ -143,7 +142,7 @@ int64_t working_bytes(const ZeroPlan& plan, const std::vector<model::TensorGroup
   }
   flush(groups[0].first, run_last < 0 ? groups[0].last : run_last);  // group 0 closes the pass
   int64_t bytes = (elements_of(plan, groups[0]) + peak_pending) * static_cast<int64_t>(sizeof(float)) + send + recv;
-  if (stage == 2) return bytes;
+  if (!plan.partitions_params()) return bytes;
 
   // Stage 3: gathered groups -- group 0, the last group, and the block computing with the next one
   // prefetched (where overlap_comm prefetches one that size) -- and the gathers' receive buffer.
@@ -210,7 +209,6 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<mode
                       ? largest_gather_span(plan_, groups_, config)
                       : 0) {
   const FixedBuffers fixed = fixed_buffers_of(plan_, config);
-  const int stage = plan_.stage();
   params_full_.resize(fixed.params_full);
   grads_full_.resize(fixed.grads_full);
   if (fixed.states_on_host) {
@@ -223,9 +221,9 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<mode
   }
   grad_part_.resize(fixed.grad_part);
   if (fixed.grad_part > 0) CUDA_CHECK(cudaMemsetAsync(grad_part_.data(), 0, grad_part_.bytes(), stream_));
-  if (stage == 3) gathered_.resize(table.size());
-  if (stage >= 2) grad_buffers_.resize(table.size());
-  if (stage == 2) {
+  if (plan_.partitions_params()) gathered_.resize(table.size());
+  if (plan_.partitions_grads()) grad_buffers_.resize(table.size());
+  if (plan_.partitions_grads() && !plan_.partitions_params()) {
     for (int t = 0; t < static_cast<int>(table.size()); ++t) placements_.push_back(layout().locate(t, 0, numel(t)));
   }
   acquired_count_.assign(groups_.size(), 0);
@@ -270,7 +268,7 @@ void GpuZeroEngine<T>::initialize(const InitFn& init) {
   // Zeroed on the compute threads, not one: billions of elements (the padding between fragments must
   // be zero; the rest is overwritten).
   HugeBuffer<float> staging(master_.size());
-  model::cpu::fill(staging.data(), static_cast<int64_t>(master_.size()), 0.0f);
+  parallel_fill(staging.data(), static_cast<int64_t>(master_.size()), 0.0f);
   const std::span<float> host = staging.span();
   CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
   CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
@@ -370,7 +368,7 @@ void GpuZeroEngine<T>::begin_snapshot(std::span<float> master, std::span<float> 
     for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
       float* out = targets[s].data();
       read_offloaded(s, [&](std::span<const float> piece) {
-        model::cpu::copy(out, piece.data(), static_cast<int64_t>(piece.size()));  // all threads: gigabytes
+        parallel_copy(out, piece.data(), static_cast<int64_t>(piece.size()));  // all threads: gigabytes
         out += piece.size();
       });
     }
@@ -441,15 +439,14 @@ void GpuZeroEngine<T>::reserve_staging() {
 
 template <typename T>
 T* GpuZeroEngine<T>::owned_params() {
-  const int stage = plan_.stage();
-  return stage == 0   ? params_full_.data()
-         : stage <= 2 ? params_full_.data() + plan_.partition_offset(plan_.rank())
-                      : param_part_.data();
+  if (!plan_.partitions_optimizer()) return params_full_.data();
+  if (!plan_.partitions_params()) return params_full_.data() + plan_.partition_offset(plan_.rank());
+  return param_part_.data();
 }
 
 template <typename T>
 void GpuZeroEngine<T>::write_params(const typename ParamPartition<T>::Producer& produce) {
-  if (plan_.stage() == 3) {
+  if (plan_.partitions_params()) {
     param_part_.store(stream_, produce);
   } else {
     produce(0, static_cast<int64_t>(master_.size()), owned_params());
@@ -458,14 +455,13 @@ void GpuZeroEngine<T>::write_params(const typename ParamPartition<T>::Producer& 
 
 template <typename T>
 void GpuZeroEngine<T>::publish_params() {
-  const int stage = plan_.stage();
   T* mine = owned_params();
   if (host_) {
     host_->upload(mine, stream_);
   } else {
     write_params([&](int64_t lo, int64_t n, T* out) { cast_from_float(out, master_.data() + lo, n, stream_); });
   }
-  if (stage == 1 || stage == 2) all_gather_params();
+  if (plan_.gathers_updated_params()) all_gather_params();
 }
 
 template <typename T>
@@ -481,7 +477,7 @@ void GpuZeroEngine<T>::wait(cudaStream_t waiter, cudaStream_t producer) {
 
 template <typename T>
 void GpuZeroEngine<T>::acquire(int group) {
-  if (plan_.stage() != 3 || acquired_count_[static_cast<size_t>(group)]++ > 0) return;
+  if (!plan_.partitions_params() || acquired_count_[static_cast<size_t>(group)]++ > 0) return;
   if (!prefetched_[static_cast<size_t>(group)]) gather(group);
   prefetched_[static_cast<size_t>(group)] = 0;
   CUDA_CHECK(cudaStreamWaitEvent(stream_, gathered_at_[static_cast<size_t>(group)]->get(), 0));
@@ -523,7 +519,7 @@ void GpuZeroEngine<T>::gather(int group) {
 
 template <typename T>
 void GpuZeroEngine<T>::release(int group) {
-  if (plan_.stage() != 3 || --acquired_count_[static_cast<size_t>(group)] > 0) return;
+  if (!plan_.partitions_params() || --acquired_count_[static_cast<size_t>(group)] > 0) return;
   // Back to the pool as soon as the kernels that read them are queued: the next gather into the same
   // memory waits for them on the device, not here.
   const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
@@ -543,7 +539,7 @@ void GpuZeroEngine<T>::drop_prefetched() {
 
 template <typename T>
 const T* GpuZeroEngine<T>::param(int tensor) const {
-  if (plan_.stage() <= 2) return params_full_.data() + layout().global_offset(tensor);
+  if (!plan_.partitions_params()) return params_full_.data() + layout().global_offset(tensor);
   const DeviceBuffer<T>& full = gathered_[static_cast<size_t>(tensor)];
   if (full.size() != static_cast<size_t>(numel(tensor))) {
     fail(ErrorKind::kInternal, "parameter " + table_[static_cast<size_t>(tensor)].name + " used while not acquired");
@@ -553,7 +549,7 @@ const T* GpuZeroEngine<T>::param(int tensor) const {
 
 template <typename T>
 void GpuZeroEngine<T>::open_grads(int group) {
-  if (plan_.stage() <= 1) return;
+  if (!plan_.partitions_grads()) return;
   const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
   for (int t = g.first; t < g.last; ++t) {
     DeviceBuffer<float>& b = grad_buffers_[static_cast<size_t>(t)];
@@ -564,13 +560,13 @@ void GpuZeroEngine<T>::open_grads(int group) {
 
 template <typename T>
 float* GpuZeroEngine<T>::grad(int tensor) {
-  if (plan_.stage() <= 1) return grads_full_.data() + layout().global_offset(tensor);
+  if (!plan_.partitions_grads()) return grads_full_.data() + layout().global_offset(tensor);
   return grad_buffers_[static_cast<size_t>(tensor)].data();
 }
 
 template <typename T>
 void GpuZeroEngine<T>::close_grads(int group) {
-  if (plan_.stage() <= 1) return;
+  if (!plan_.partitions_grads()) return;
   pending_groups_.push_back(group);
   pending_elems_ += elements_of(plan_, groups_[static_cast<size_t>(group)]);
   // The micro-batch's backward pass is through once it has closed every group, whatever the family's
@@ -593,7 +589,7 @@ void GpuZeroEngine<T>::flush_pending_grads() {
   while (i < closed.size()) {
     size_t j = i + 1;
     while (j < closed.size() && closed[j].first == closed[j - 1].last) ++j;
-    if (plan_.stage() == 2) {
+    if (!plan_.partitions_params()) {
       reduce_stage2(closed[i].first, closed[j - 1].last);
     } else {
       reduce_stage3(closed[i].first, closed[j - 1].last);
@@ -703,15 +699,15 @@ void GpuZeroEngine<T>::zero_grads() {
 
 template <typename T>
 void GpuZeroEngine<T>::reduce_grads() {
-  const int stage = plan_.stage();
-  const int64_t P = stage <= 1 ? plan_.partition_size() : 0;
-  if (stage <= 1 && narrow_wire()) {
+  const bool replicated = !plan_.partitions_grads();  // stages 0-1: reduced from the full buffer
+  const int64_t P = replicated ? plan_.partition_size() : 0;
+  if (replicated && narrow_wire()) {
     // Narrowed into the wire buffer, reduced there in place, widened back: stage 0 all of it, stage 1
     // this rank's block (NCCL's in-place reduce-scatter leaves it at rank * P).
     const size_t n = grads_full_.size();
     grow(send_, n * wire_bytes(wire_));
     to_wire(send_.data(), wire_, grads_full_.data(), static_cast<int64_t>(n), stream_);
-    if (stage == 0) {
+    if (!plan_.partitions_optimizer()) {
       NCCL_CHECK(ncclAllReduce(send_.data(), send_.data(), n, nccl_type(wire_), ncclSum, nccl_, stream_));
       from_wire(grads_full_.data(), wire_, send_.data(), static_cast<int64_t>(n), false, stream_);
     } else {
@@ -720,13 +716,13 @@ void GpuZeroEngine<T>::reduce_grads() {
           ncclReduceScatter(send_.data(), mine, static_cast<size_t>(P), nccl_type(wire_), ncclSum, nccl_, stream_));
       from_wire(grad_part_.data(), wire_, mine, P, false, stream_);
     }
-  } else if (stage == 0) {
+  } else if (!plan_.partitions_optimizer()) {
     NCCL_CHECK(
         ncclAllReduce(grads_full_.data(), grads_full_.data(), grads_full_.size(), ncclFloat, ncclSum, nccl_, stream_));
-  } else if (stage == 1 && !grads_full_is_partition()) {
+  } else if (replicated && !grads_full_is_partition()) {
     NCCL_CHECK(ncclReduceScatter(grads_full_.data(), grad_part_.data(), static_cast<size_t>(P), ncclFloat, ncclSum,
                                  nccl_, stream_));
-  } else if (stage == 1) {
+  } else if (replicated) {
     // One rank: nothing to reduce, and the optimizer reads grads_full_ in place.
   } else if (!pending_groups_.empty() || closed_groups_ != 0) {
     fail(ErrorKind::kInternal, "gradients still open at the end of the step");
@@ -746,7 +742,6 @@ double GpuZeroEngine<T>::global_grad_sq() {
 
 template <typename T>
 void GpuZeroEngine<T>::step(const AdamWStep& s) {
-  const int stage = plan_.stage();
   const float* grads = reduced_grads();
   // The update writes the compute-precision copy directly where the model reads it (stage 0: the
   // replicated buffer; 1-2: this rank's partition of it, then all-gathered; 3: the partition, which
@@ -754,7 +749,7 @@ void GpuZeroEngine<T>::step(const AdamWStep& s) {
   T* params = owned_params();
   // Gathers issued ahead hold the old weights and may still read the partition: drop them, and let
   // the update wait for the communication stream.
-  if (stage == 3) drop_prefetched();
+  if (plan_.partitions_params()) drop_prefetched();
   wait(stream_, comm());
   // A snapshot still reads the states. The first wait after one is timed: begin completes when the
   // stream's own work does, end when the copy does, so their distance is the time the copy cost.
@@ -775,8 +770,8 @@ void GpuZeroEngine<T>::step(const AdamWStep& s) {
   };
   if (host_) {
     host_->step(grads, params, c, {no_decay_.data(), static_cast<int64_t>(no_decay_.size())}, stream_);
-    if (stage == 1 || stage == 2) all_gather_params();
-  } else if (stage == 1 || stage == 2) {
+    if (plan_.gathers_updated_params()) all_gather_params();
+  } else if (plan_.gathers_updated_params()) {
     update_and_gather(update);
   } else {
     write_params(update);

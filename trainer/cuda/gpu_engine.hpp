@@ -59,7 +59,7 @@ class GpuZeroEngine final : public model::cuda::GpuParamStore<T> {
   MemoryReport memory() const noexcept;
   // Stages 0-1: acquire, release, open_grads and close_grads do nothing and param() and grad() point
   // into buffers that never move, so the passes can be captured once and replayed (a CUDA graph).
-  bool fixed_buffers() const noexcept { return plan_.stage() <= 1; }
+  bool fixed_buffers() const noexcept { return !plan_.partitions_grads(); }
 
   void initialize(const InitFn& init);
   void initialize(const RandomInit& init);

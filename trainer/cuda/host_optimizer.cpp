@@ -8,7 +8,7 @@
 #include <type_traits>
 
 #include "base/error.hpp"
-#include "model/cpu/ops.hpp"
+#include "base/parallel_memory.hpp"
 #include "model/cuda/device_type.hpp"
 #include "trainer/cuda/host_optimizer.hpp"
 
@@ -130,8 +130,7 @@ void HostOptimizer<T>::fill(const StatesFill& fill) {
   // the pages, which then spreads over the threads.
   visit(Access::kWrite, kAllStates, std::max<int64_t>(1, static_cast<int64_t>(count_)), false,
         [&](const Chunk& chunk, T*) {
-          for (const std::span<float> s : chunk.states)
-            model::cpu::fill(s.data(), static_cast<int64_t>(s.size()), 0.0f);
+          for (const std::span<float> s : chunk.states) parallel_fill(s.data(), static_cast<int64_t>(s.size()), 0.0f);
           fill(chunk.offset, chunk.states);
         });
 }
