@@ -227,7 +227,7 @@ int run(int argc, char** argv) {
   // Stage 2's reductions over `nccl`, alone and beside the products: every group opened before the
   // clock starts (their buffers zeroed) and closed in the backward pass's order.
   auto stage2_times = [&](ncclComm_t nccl) {
-    GpuZeroEngine<T> engine(table, groups, decays, zero, o.wire, world, nccl, stream);
+    GpuZeroEngine<T> engine(table, groups, decays, zero, optimizer(OptimizerKind::kAdamW), o.wire, world, nccl, stream);
     auto open_all = [&] {
       engine.zero_grads();
       for (int g = 0; g <= last; ++g) engine.open_grads(g);
@@ -260,7 +260,8 @@ int run(int argc, char** argv) {
   {
     ZeroConfig one = zero;
     one.stage = 1;
-    GpuZeroEngine<T> stage1(table, groups, decays, one, o.wire, world, context.nccl(), stream);
+    GpuZeroEngine<T> stage1(table, groups, decays, one, optimizer(OptimizerKind::kAdamW), o.wire, world, context.nccl(),
+                            stream);
     stage1_alone = timer.ms([&] { stage1.zero_grads(); }, [&](cudaEvent_t) { stage1.reduce_grads(); });
   }
 

@@ -206,7 +206,8 @@ std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t 
   });
   add("head gemm dwte", head_blocks,
       [&] { head_weight_grad(cublas, gwte.data(), logits.data(), ldv, x.data(), V, C, head_rows); });
-  const AdamWCoefficients args = AdamWCoefficients::of({6e-4, 0.9, 0.95, 1e-8, 0.1, true, true, 1, 1.0});
+  const AdamWCoefficients args =
+      AdamWCoefficients::of({OptimizerKind::kAdamW, 6e-4, 0.9, 0.95, 1e-8, 0.1, true, true, 1, 1.0});
   const NoDecayTable no_decay(spec);
   add("adamw (all parameters)", 1,
       [&] { adamw(master.data(), m.data(), v.data(), g.data(), params.data(), P, args, no_decay.view(), st); });
@@ -353,7 +354,8 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
     dinp(QW + 2 * KW, H)();
     dweight(QW + 2 * KW, H)();
   });
-  const AdamWCoefficients args = AdamWCoefficients::of({3e-4, 0.9, 0.95, 1e-8, 0.1, true, true, 1, 1.0});
+  const AdamWCoefficients args =
+      AdamWCoefficients::of({OptimizerKind::kAdamW, 3e-4, 0.9, 0.95, 1e-8, 0.1, true, true, 1, 1.0});
   const NoDecayTable no_decay(spec);
   add("adamw (all parameters)", 1,
       [&] { adamw(master.data(), m.data(), vv.data(), g.data(), params.data(), P, args, no_decay.view(), st); });

@@ -23,23 +23,27 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// The benchmark writes an AdamW run's states.
+constexpr int kStates = static_cast<int>(kAdamWStates.size());
+constexpr int64_t kStateBytes = kStates * int64_t{sizeof(float)};
+
 }  // namespace
 
 SaveBenchResult run_save_bench(Collective& group, const SaveBenchOptions& options) {
   if (options.bytes < 1024) fail(ErrorKind::kInvalidInput, "bench ckpt: --size must be at least 1 KiB");
   if (options.repeat < 1) fail(ErrorKind::kInvalidInput, "bench ckpt: --repeat must be at least 1");
-  const TensorTable table = synthetic_table(options.bytes / kOptimizerStateBytes);
-  const int64_t payload = table.total_elements() * kOptimizerStateBytes;
+  const TensorTable table = synthetic_table(options.bytes / kStateBytes);
+  const int64_t payload = table.total_elements() * kStateBytes;
   const Layout layout(table, {group.size(), options.stage, kDefaultAlignment});
-  std::vector<std::vector<float>> buffers(kNumOptimizerStates);
+  std::vector<std::vector<float>> buffers(kStates);
   SaveRequest request;
   request.run_dir = options.dir;
   request.meta.table = &table;
   request.meta.layout = layout.spec();
-  request.meta.states = optimizer_state_names();
+  request.meta.states = adamw_state_names();
   request.meta.shard = options.shard;
   request.meta.model = {{"synthetic", true}, {"seed", options.seed}};
-  for (int s = 0; s < kNumOptimizerStates; ++s) {
+  for (int s = 0; s < kStates; ++s) {
     buffers[s].resize(static_cast<size_t>(layout.flat_size()));
     fill_synthetic(layout, group.rank(), options.seed, s, buffers[s]);
     request.buffers.push_back(buffers[s]);

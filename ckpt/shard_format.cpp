@@ -6,8 +6,8 @@
 
 namespace shardkit::ckpt {
 
-std::vector<std::string> optimizer_state_names() {
-  return {kOptimizerStates.begin(), kOptimizerStates.end()};
+std::vector<std::string> adamw_state_names() {
+  return {kAdamWStates.begin(), kAdamWStates.end()};
 }
 
 std::string shard_file_name(int rank, int world_size) {

@@ -16,16 +16,16 @@ inline constexpr std::string_view kManifestFileName = "manifest.json";
 inline constexpr std::string_view kLatestFileName = "latest";
 inline constexpr std::string_view kChecksumName = "xxh64";
 
-// The fp32 states a ZeRO/AdamW checkpoint holds for every parameter element, in the order every engine,
-// snapshot, writer and converter numbers them (state 0, 1, 2), and the bytes they take per element.
+// The names of the fp32 states a checkpoint holds for every parameter element: the master weights,
+// and the optimizer's moments (the manifest's `states` lists a checkpoint's, master weights first).
 inline constexpr std::string_view kMasterWeights = "fp32";
 inline constexpr std::string_view kExpAvg = "exp_avg";
 inline constexpr std::string_view kExpAvgSq = "exp_avg_sq";
-inline constexpr std::array<std::string_view, 3> kOptimizerStates = {kMasterWeights, kExpAvg, kExpAvgSq};
-inline constexpr int kNumOptimizerStates = static_cast<int>(kOptimizerStates.size());
-inline constexpr int64_t kOptimizerStateBytes = kNumOptimizerStates * int64_t{sizeof(float)};
-// kOptimizerStates as a manifest's or a writer's list of state names.
-std::vector<std::string> optimizer_state_names();
+// AdamW's states, in the order a run keeps them: what DeepSpeed and DCP checkpoints of AdamW hold,
+// what their imports write, and the trainer's AdamW descriptor (other optimizers name their own).
+inline constexpr std::array<std::string_view, 3> kAdamWStates = {kMasterWeights, kExpAvg, kExpAvgSq};
+// kAdamWStates as a manifest's or a writer's list of state names.
+std::vector<std::string> adamw_state_names();
 
 inline constexpr int64_t kDefaultChunkElems = int64_t{1} << 18;  // 1 MiB of fp32 per chunk
 // 16 MiB of fp32: every reader holds a chunk or two per thread (decoded, and as stored), so this cap,

@@ -101,6 +101,7 @@ std::vector<std::string> write_safetensors(const ConsolidateRequest& request, co
            src.path.string() + ": its tensors do not fit its model (" + m->family() + ", " + m->name() + ")");
     }
   }
+  if (request.with_optimizer) require_adamw_or_weights(src, "--with-optimizer");
   if (request.with_optimizer && !src.has_moments) {
     fail(ErrorKind::kInvalidInput, src.path.string() + ": no Adam moments to export (--with-optimizer)");
   }

@@ -288,6 +288,7 @@ DcpExportResult export_dcp(const DcpExportRequest& request, const ConvertOptions
          "--world-size " + std::to_string(request.world_size) + ": expected 1 to 1048576 ranks");
   }
   const CheckpointSource src = open_checkpoint_source(request.source, request.model);
+  require_adamw_or_weights(src, "a PyTorch DCP checkpoint");
   Exporter exporter(src, request.world_size);
   exporter.plan();
   StagedDirectory out(request.output, {request.source, src.path}, options.force);

@@ -48,6 +48,7 @@ struct Source : CheckpointSource {
 
 Source open_source(const std::filesystem::path& path, const std::string& model_name) {
   Source s{open_checkpoint_source(path, model_name), {}};
+  require_adamw_or_weights(s, "a DeepSpeed checkpoint");
   if (!s.has_moments) {
     fail(ErrorKind::kInvalidInput, s.path.string() +
                                        ": holds no Adam moments; DeepSpeed resumes from the fp32 "

@@ -28,7 +28,7 @@ std::filesystem::path import_weights(const ImportRequest& request, const Convert
   meta.step = 0;
   meta.table = &table;
   meta.layout = spec;
-  meta.states = ckpt::optimizer_state_names();
+  meta.states = ckpt::adamw_state_names();
   meta.shard.threads = 1;
   meta.trainer_state = fresh_trainer_state(request.weights);
   meta.model = weights.model()->to_json();

@@ -30,7 +30,7 @@ CheckpointImportResult import_checkpoint(const CheckpointImportRequest& request,
   meta.step = result.step;
   meta.table = &table;
   meta.layout = spec;
-  meta.states = ckpt::optimizer_state_names();
+  meta.states = ckpt::adamw_state_names();
   meta.shard.threads = 1;
   // The counters DeepSpeed keeps; the loss scaler and the data order come from the resuming run's own
   // config and seed, as for `convert import`.

@@ -59,6 +59,7 @@ CheckpointSource open_shardkit(const std::filesystem::path& path) {
   for (size_t i = 0; i < names.size(); ++i) states[i] = probe->find_state(names[i]);
   if (states[0] < 0) fail(ErrorKind::kInvalidInput, where + ": no '" + std::string(names[0]) + "' state");
   s.has_moments = states[1] >= 0 && states[2] >= 0;
+  s.states = m.states;
   const std::filesystem::path step_dir = probe->step_dir();
   s.reader = [step_dir, states, names]() -> StateReadFn {
     auto reader = std::make_shared<ckpt::CheckpointReader>(step_dir);
@@ -179,6 +180,7 @@ CheckpointSource open_deepspeed_source(const std::filesystem::path& path, const 
   // A universal checkpoint has no world size of its own.
   s.world_size = universal ? 1 : ckpt->world_size();
   s.stage = universal ? 0 : ckpt->stage();
+  s.states = ckpt::adamw_state_names();  // DeepSpeed's AdamW and Adam keep both moments
   return s;
 }
 
@@ -193,7 +195,21 @@ CheckpointSource open_dcp_source(const std::filesystem::path& path, const std::s
   s.world_size = ckpt.world_size();
   s.stage = 3;
   s.has_moments = ckpt.has_moments();
+  s.states = s.has_moments ? ckpt::adamw_state_names() : std::vector<std::string>{std::string(ckpt::kMasterWeights)};
   return s;
+}
+
+void require_adamw_or_weights(const CheckpointSource& source, const std::string& target) {
+  const std::vector<std::string> weights{std::string(ckpt::kMasterWeights)};
+  if (source.states == ckpt::adamw_state_names() || source.states == weights) return;
+  std::string held;
+  for (const std::string& name : source.states) held += (held.empty() ? "" : ", ") + name;
+  fail(ErrorKind::kInvalidInput, source.path.string() + ": holds the optimizer states [" + held +
+                                     "] of a run of another "
+                                     "optimizer than AdamW; " +
+                                     target +
+                                     " takes AdamW's (fp32, exp_avg, exp_avg_sq) or "
+                                     "the master weights alone (convert consolidate exports the weights of any run)");
 }
 
 bool is_dcp_checkpoint(const std::filesystem::path& path) {

@@ -36,6 +36,10 @@ struct CheckpointSource {
   int stage = 0;
   int64_t chunk_elems = 0;  // a shardkit source's chunk size: its readers hold chunk buffers
   bool has_moments = true;  // false: the source holds the master weights only (reading a moment fails)
+  // The states it holds by their checkpoint names, the master weights first: AdamW's three, or the master
+  // weights alone (has_moments false); a shardkit run of another optimizer holds its own (Lion: fp32,
+  // exp_avg), which only a shardkit-to-shardkit reshard and the weights' exports carry.
+  std::vector<std::string> states;
   // What a DeepSpeed run needs back, where the source records it (nullopt: `run_missing` says why).
   std::optional<deepspeed::DeepSpeedRun> run;
   std::string run_missing;
@@ -62,6 +66,10 @@ CheckpointSource open_checkpoint_source(const std::filesystem::path& path, const
 CheckpointSource open_deepspeed_source(const std::filesystem::path& path, const std::string& model = {});
 // A DCP checkpoint folder only. `model` as for DeepSpeed; a config.json beside the folder names it too.
 CheckpointSource open_dcp_source(const std::filesystem::path& path, const std::string& model = {});
+
+// Error(kInvalidInput) naming the source and its states unless it holds AdamW's states or the master
+// weights alone: what `target` (DeepSpeed's or DCP's files, the Adam moments of a consolidation) takes.
+void require_adamw_or_weights(const CheckpointSource& source, const std::string& target);
 
 // The optimizer's parameter groups, hyperparameters, tied names and scheduler state an export writes
 // back: as an import recorded them, or, for a run shardkit trained, the two groups Hugging Face's

@@ -25,7 +25,7 @@ namespace {
 
 using namespace shardkit;
 
-const std::vector<std::string> kStates = ckpt::optimizer_state_names();
+const std::vector<std::string> kStates = ckpt::adamw_state_names();
 constexpr char kUid[] = "fuzz-checkpoint";
 constexpr int64_t kStep = 7;
 constexpr int64_t kChunkElems = 64;

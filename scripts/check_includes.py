@@ -28,7 +28,9 @@ ALLOWED = {
     "trainer": {"base", "ckpt", "comm", "model", "trainer"},
     "cli": {"base", "ckpt", "comm", "model", "trainer", "convert", "report", "cli"},
 }
-FAMILIES = ("gpt2", "llama")
+# The folders of model/ that hold no family: the layer kernels every family shares.
+SHARED_MODEL_FOLDERS = ("cpu", "cuda")
+FAMILIES = ()  # every other folder of model/, found by main()
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 SOURCES = (".cpp", ".hpp", ".cu", ".cuh", ".h", ".c")
 
@@ -64,7 +66,11 @@ def breaks(root):
 
 
 def main():
+    global FAMILIES
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    model = os.path.join(root, "model")
+    FAMILIES = tuple(d for d in sorted(os.listdir(model))
+                     if os.path.isdir(os.path.join(model, d)) and d not in SHARED_MODEL_FOLDERS)
     found = sorted(breaks(root))
     for path, target in found:
         print("%s includes %s: against the layers (scripts/check_includes.py)" % (path, target))

@@ -14,11 +14,12 @@ jobs=$(nproc)
 # The sanitizer pass runs the tests with these labels except those named by $release_only, which run
 # in the release pass instead, with every test of the other labels. Their worth is not in memory
 # safety: the help texts and progress lines (the commands they run are the other CLI tests' too), the
-# samples' configs, the browser's rendering (the report's C++ is in the unit tests), the kill at each of the save protocol's 7 points (the other fault tests stay), and the
+# samples' configs, the browser's rendering (the report's C++ is in the unit tests), the kill at each of the save protocol's 7 points (the other fault tests stay), Lion's
+# runs through the engines (its update's memory safety is the unit tests'), and the
 # multi-rank tests' 1-rank runs, whose code the 2-rank runs execute too, with partitions that cut
 # through tensors. No test runs twice.
 sanitized_labels='^(unit|cli|mpi-small)$'
-release_only='^(Help\.|Progress\.|cli\.report_renders|Cli\.EverySample|Faults\.AKillAtEachPoint)|/np1$'
+release_only='^(Help\.|Progress\.|cli\.report_renders|Cli\.EverySample|Faults\.AKillAtEachPoint|TrainMpi\.Lion)|/np1$'
 
 echo "== system packages"
 ./scripts/setup-debian.sh

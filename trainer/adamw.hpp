@@ -1,24 +1,16 @@
-// AdamW with DeepSpeed's semantics: the step's hyper-parameters, the per-step coefficients every
-// implementation (CPU engine, GPU kernel, CPU offload) derives from them in one place, and the CPU
-// update itself -- all threads, vectorised (AVX-512 / AVX2 chosen at run time on x86-64), optionally
-// writing the updated weights rounded to bf16 or fp16 in the same pass, as ZeRO-Offload needs.
+// AdamW (and Adam with L2 regularisation) with DeepSpeed's semantics: the per-step coefficients every
+// implementation (CPU engine, GPU kernel, CPU offload) derives from the step in one place, the CPU
+// update itself, and its descriptor (optimizer.hpp) -- all threads, vectorised (AVX-512 / AVX2 chosen at run time on
+// x86-64), optionally writing the updated weights rounded to bf16 or fp16 in the same pass, as ZeRO-Offload needs.
 #pragma once
 
 #include <cstdint>
 #include <span>
 
 #include "ckpt/tensor_table.hpp"
+#include "trainer/optimizer.hpp"
 
 namespace shardkit::trainer {
-
-struct AdamWStep {
-  double lr = 0;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
-  bool adam_w_mode = true;
-  bool bias_correction = true;
-  int64_t step = 1;            // 1-based count of optimizer steps taken, this one included
-  double grad_multiplier = 1;  // applied to the summed gradients first (1 / (W * loss scale * clip))
-};
 
 // What the element-wise update uses (fp32, as every implementation computes it):
 //   g = grad * grad_multiplier + l2 * w
@@ -34,7 +26,7 @@ struct AdamWCoefficients {
   float decay;  // lr * weight_decay (AdamW), else 0
   float l2;     // weight_decay (Adam with L2 regularisation), else 0
 
-  static AdamWCoefficients of(const AdamWStep& step);
+  static AdamWCoefficients of(const OptimizerStep& step);
   bool decays() const noexcept { return decay != 0.0f || l2 != 0.0f; }
   // For the elements of tensors that do not decay: both terms zero, the update otherwise the same.
   AdamWCoefficients without_decay() const noexcept {
@@ -45,23 +37,6 @@ struct AdamWCoefficients {
   }
 };
 
-// Positions [begin, end) of an optimizer view.
-struct ElementRange {
-  int64_t begin = 0, end = 0;
-};
-
-// Where weight decay does not apply (weight_decay.hpp derives it from the model): `count` sorted,
-// disjoint ranges of optimizer-view positions -- in host memory for cpu_adamw, device memory for the
-// GPU kernel -- and the view position of the updated arrays' first element, so that an update of a
-// chunk of the view passes the whole table, shifted with at(). The default: every element decays.
-struct NoDecayRanges {
-  const ElementRange* ranges = nullptr;
-  int64_t count = 0;
-  int64_t origin = 0;
-
-  NoDecayRanges at(int64_t offset) const noexcept { return {ranges, count, origin + offset}; }
-};
-
 // One update of the flat arrays (equal lengths), without weight decay on the elements `no_decay`
 // names. With `narrow` bf16 or fp16, `narrowed` (same length) receives the updated weights as its bit
 // patterns, rounded to nearest even (fp32: nothing). Runs on the calling thread's OpenMP team (all threads of a
@@ -70,7 +45,7 @@ void cpu_adamw(std::span<float> master, std::span<float> exp_avg, std::span<floa
                std::span<const float> grad, const AdamWCoefficients& c, NoDecayRanges no_decay = {},
                ckpt::DType narrow = ckpt::DType::kF32, uint16_t* narrowed = nullptr);
 
-// out = in rounded to bf16/fp16 bit patterns (nearest even), on all threads. fp32 copies nothing.
-void narrow_weights(std::span<const float> in, ckpt::DType narrow, uint16_t* out);
+// AdamW's descriptor: states fp32, exp_avg, exp_avg_sq.
+const Optimizer& adamw_optimizer();
 
 }  // namespace shardkit::trainer

@@ -64,7 +64,12 @@ inline model::ActivationPlan activation_plan(const BackendOptions& o) {
 
 // Fills elements [offset, offset + out.size()) of a tensor (initialisation).
 using InitFn = std::function<void(int tensor, int64_t offset, std::span<float> out)>;
-// Fills the ranges of a checkpoint read, all at once (state 0 = fp32 master, 1 = exp_avg, 2 = exp_avg_sq).
+// The run's optimizer (the config's optimizer.type).
+inline const Optimizer& optimizer_of(const BackendOptions& o) {
+  return optimizer(o.config->optimizer.kind);
+}
+
+// Fills the ranges of a checkpoint read, all at once (states in the optimizer's order: 0 = fp32 master).
 using LoadFn = std::function<void(std::span<const ckpt::ReadRequest> requests)>;
 
 // The reads that fill a rank's flat buffers of consecutive states from a checkpoint: `flats[i]` is
@@ -130,10 +135,12 @@ class Backend {
   // Sum over ranks of the squares of the (summed, still scaled) gradients, in double: non-finite
   // exactly when some gradient is (the loss scaler's overflow test).
   virtual double global_grad_sq() = 0;
-  virtual void step(const AdamWStep& step) = 0;
+  virtual void step(const OptimizerStep& step) = 0;
+  // The optimizer whose states the backend keeps (its update is step()'s).
+  virtual const Optimizer& optimizer() const = 0;
 
   // The snapshot of a save: the rank's states in the checkpoint layout (layout().flat_size() elements
-  // each: master, exp_avg, exp_avg_sq) copied, between optimizer steps, into host buffers the backend
+  // each, in the optimizer's order) copied, between optimizer steps, into host buffers the backend
   // allocates once (page-locked on GPUs). begin_snapshot() starts the copy; the buffers may be read
   // once wait_snapshot() has returned (from any thread). Until the copy is done the backend's next
   // optimizer step does not change the states, so training may go on meanwhile.
@@ -148,8 +155,8 @@ class Backend {
   // is released (after wait_snapshot()); 0 where the copy is done when begin_snapshot() returns, or
   // when no optimizer step has had to wait for it.
   virtual double snapshot_wait_ms() = 0;
-  virtual std::array<std::span<const float>, ckpt::kNumOptimizerStates> snapshot_buffers() const = 0;
-  // What the save writes: state `state` (0 master, 1 exp_avg, 2 exp_avg_sq) handed to `sink` in flat
+  virtual std::vector<std::span<const float>> snapshot_buffers() const = 0;
+  // What the save writes: the optimizer's state `state` (0: master weights) handed to `sink` in flat
   // order, after wait_snapshot(). The snapshot buffer whole, unless the states are too large to be
   // held twice (NVMe offload): then they are streamed from where they live, and the backend's next
   // optimizer step waits for end_snapshot() instead of the copy.

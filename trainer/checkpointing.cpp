@@ -85,7 +85,7 @@ void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& b
   request.meta.step = step;
   request.meta.table = &table;
   request.meta.layout = backend.layout().spec();
-  request.meta.states = ckpt::optimizer_state_names();
+  request.meta.states = backend.optimizer().state_names();
   request.meta.shard = shard_;
   request.meta.trainer_state = trainer_state;
   request.meta.model = model;
@@ -193,12 +193,23 @@ nlohmann::json load_checkpoint(const std::filesystem::path& path, const model::M
     fail(ErrorKind::kInvalidInput,
          where + " holds model " + saved->architecture().dump() + ", not " + model.architecture().dump());
   }
-  int states[ckpt::kNumOptimizerStates];
-  for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
-    const std::string name(ckpt::kOptimizerStates[static_cast<size_t>(s)]);
-    states[s] = reader.find_state(name);
-    if (states[s] < 0) fail(ErrorKind::kInvalidInput, where + " has no '" + name + "' state");
+  // The run's optimizer reads its own states: a checkpoint of another optimizer (Lion's one moment,
+  // AdamW's two) is refused with both lists, not resumed with moments it never had.
+  const Optimizer& optimizer = backend.optimizer();
+  const std::vector<std::string> wanted = optimizer.state_names();
+  const std::vector<std::string>& held = reader.manifest().states;
+  const auto list = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (const std::string& name : names) out += (out.empty() ? "" : ", ") + name;
+    return out;
+  };
+  if (!std::is_permutation(wanted.begin(), wanted.end(), held.begin(), held.end())) {
+    fail(ErrorKind::kInvalidInput, where + " holds the optimizer states [" + list(held) + "], but this run's " +
+                                       std::string(optimizer.name) + " keeps [" + list(wanted) +
+                                       "]: resume it with the optimizer that wrote it");
   }
+  std::vector<int> states;
+  for (const std::string& name : wanted) states.push_back(reader.find_state(name));
   // A read that fails (damage in the part this rank reads) must not skip the collectives that the
   // backend's load runs after reading: the error is kept and thrown once the load is through, so that
   // every rank reaches the caller, which decides with the others (see Trainer's resume).
@@ -206,7 +217,7 @@ nlohmann::json load_checkpoint(const std::filesystem::path& path, const model::M
   backend.load([&](std::span<const ckpt::ReadRequest> requests) {
     if (failure) return;
     std::vector<ckpt::ReadRequest> mapped(requests.begin(), requests.end());
-    for (ckpt::ReadRequest& r : mapped) r.state = states[r.state];
+    for (ckpt::ReadRequest& r : mapped) r.state = states[static_cast<size_t>(r.state)];
     try {
       reader.read(mapped);
     } catch (const Error& e) {

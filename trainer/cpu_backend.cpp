@@ -28,7 +28,7 @@ nvme::SwapFactory nvme_swaps(const BackendOptions& o) {
     fail(ErrorKind::kInvalidInput, "zero_optimization.offload_param device nvme needs ZeRO stage 3 (stage " +
                                        std::to_string(z.stage) + " keeps every parameter on every rank)");
   }
-  return nvme::swap_factory(*o.config, false, sizeof(float), *o.comm, o.log);
+  return nvme::swap_factory(*o.config, false, sizeof(float), optimizer_of(o).num_states(), *o.comm, o.log);
 }
 
 // --model and the config decide what a rank allocates: a model larger than the machine must be refused
@@ -37,7 +37,8 @@ nvme::SwapFactory nvme_swaps(const BackendOptions& o) {
 // A run that would fit with activation checkpointing is told so.
 void require_training_memory(const BackendOptions& o) {
   const ZeroConfig& z = o.config->zero;
-  const MemoryReport held = ZeroEngine::planned_memory(o.model->table(), z, o.comm->size(), o.comm->rank());
+  const MemoryReport held =
+      ZeroEngine::planned_memory(o.model->table(), z, optimizer_of(o), o.comm->size(), o.comm->rank());
   const auto parts = [&](double activations) {
     return std::array<MemoryPart, 4>{{{"parameters", static_cast<double>(held.parameters)},
                                       {"gradients", static_cast<double>(held.gradients)},
@@ -64,8 +65,9 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const BackendOptions& o)
       : options_(o),
         model_(o.model->make_cpu_model(activation_plan(o))),
-        engine_(o.model->table(), o.model->groups(), decay_flags(*o.model), o.config->zero, comm_dtype(*o.config),
-                *o.comm, nvme_swaps(o)) {}
+        engine_(o.model->table(), o.model->groups(), decay_flags(*o.model), o.config->zero, optimizer_of(o),
+                comm_dtype(*o.config), *o.comm, nvme_swaps(o)),
+        snapshot_(static_cast<size_t>(optimizer_of(o).num_states())) {}
 
   const ckpt::Layout& layout() const override { return engine_.layout(); }
   std::string describe() const override {
@@ -96,10 +98,11 @@ class CpuBackend final : public Backend {
   }
   void reduce_grads() override { engine_.reduce_grads(); }
   double global_grad_sq() override { return engine_.global_grad_sq(); }
-  void step(const AdamWStep& s) override {
+  void step(const OptimizerStep& s) override {
     if (!copies_) snapshot_gate_.wait_open();  // a save may be reading the live states
     engine_.step(s);
   }
+  const Optimizer& optimizer() const override { return optimizer_of(options_); }
 
   // A copy of the states in host memory where there is room (SnapshotStaging); otherwise, and always
   // for states swapped to NVMe (too large to be held twice), the save reads them where they live.
@@ -111,7 +114,7 @@ class CpuBackend final : public Backend {
       copies_ = false;
       return;
     }
-    const int64_t bytes = ckpt::kOptimizerStateBytes * engine_.layout().flat_size();
+    const int64_t bytes = optimizer().state_bytes() * engine_.layout().flat_size();
     copies_ = snapshot_copies_states(options_, bytes);
     if (!copies_) return;
     for (auto& buffer : snapshot_) buffer.resize(static_cast<size_t>(engine_.layout().flat_size()));
@@ -125,9 +128,9 @@ class CpuBackend final : public Backend {
     if (fault_armed("slow-snapshot")) {
       fault_delay();
     }
-    for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
+    for (size_t s = 0; s < snapshot_.size(); ++s) {
       float* out = snapshot_[s].data();
-      engine_.read_state(s, [&](std::span<const float> piece) {
+      engine_.read_state(static_cast<int>(s), [&](std::span<const float> piece) {
         parallel_copy(out, piece.data(), static_cast<int64_t>(piece.size()));
         out += piece.size();
       });
@@ -136,9 +139,7 @@ class CpuBackend final : public Backend {
   void wait_snapshot() override {}
   // Without a copy: how long the optimizer step waited for the save to be done with the states.
   double snapshot_wait_ms() override { return copies_ ? 0 : snapshot_gate_.waited_ms(); }
-  std::array<std::span<const float>, ckpt::kNumOptimizerStates> snapshot_buffers() const override {
-    return {snapshot_[0], snapshot_[1], snapshot_[2]};
-  }
+  std::vector<std::span<const float>> snapshot_buffers() const override { return {snapshot_.begin(), snapshot_.end()}; }
   void stream_snapshot(int state, const std::function<void(std::span<const float>)>& sink) override {
     if (copies_) return Backend::stream_snapshot(state, sink);
     // The slow-snapshot fault delays the save's reading of the live states, which the step waits for.
@@ -157,9 +158,9 @@ class CpuBackend final : public Backend {
   BackendOptions options_;
   std::unique_ptr<model::CpuModel> model_;
   ZeroEngine engine_;
-  LargeVector<float> snapshot_[ckpt::kNumOptimizerStates];
-  bool decided_ = false;  // reserve_snapshot() has chosen
-  bool copies_ = true;    // snapshots are a copy; else the save reads the live states behind the gate
+  std::vector<LargeVector<float>> snapshot_;  // one per state of the optimizer
+  bool decided_ = false;                      // reserve_snapshot() has chosen
+  bool copies_ = true;  // snapshots are a copy; else the save reads the live states behind the gate
   SnapshotGate snapshot_gate_;
 };
 

@@ -460,14 +460,20 @@ ZeroConfig parse_zero(Section zero, int64_t hidden_size) {
   return out;
 }
 
-// "Adam" or "AdamW" in any case, as their canonical spelling.
+// "Adam", "AdamW" or "Lion" in any case (DeepSpeed compares them in lower case), as their canonical
+// spelling.
 std::string optimizer_type(Section& optimizer, const std::string& type) {
   std::string lower = type;
   for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   if (lower == "adam") return "Adam";
   if (lower == "adamw") return "AdamW";
-  optimizer.bad("type", "'" + type + "' is not supported (supported: Adam, AdamW)");
+  if (lower == "lion") return "Lion";
+  optimizer.bad("type", "'" + type + "' is not supported (supported: Adam, AdamW, Lion)");
 }
+
+// DeepSpeed hands optimizer.params to the optimizer's constructor, and Lion's takes no Adam settings:
+// a config that gives one would not start under DeepSpeed either.
+constexpr const char* kAdamOnlyParams[] = {"eps", "adam_w_mode", "bias_correction", "amsgrad", "torch_adam"};
 
 // betas: [beta1, beta2], each in [0, 1) as torch.optim.Adam requires.
 void parse_betas(Section& params, OptimizerConfig& out) {
@@ -500,6 +506,7 @@ OptimizerConfig parse_optimizer(Section& top, const std::optional<double>& lr) {
   out.given = true;
   Section optimizer = top.child("optimizer");
   if (const std::optional<std::string> type = optimizer.text("type")) out.type = optimizer_type(optimizer, *type);
+  out.kind = out.type == "Lion" ? OptimizerKind::kLion : OptimizerKind::kAdamW;
   Section params = optimizer.child("params");
   if (params.has("max_grad_norm")) params.bad("max_grad_norm", "is not supported: use gradient_clipping");
   // The Trainer's default learning rate (5e-5) is not shardkit's (1e-3): "auto" cannot mean either.
@@ -509,8 +516,17 @@ OptimizerConfig parse_optimizer(Section& top, const std::optional<double>& lr) {
   set_if(config_lr, out.lr);
   set_if(lr, out.lr);
   parse_betas(params, out);
-  set_if(params.number("eps", 0, kNoLimit), out.eps);
   set_if(params.number("weight_decay", 0, kNoLimit), out.weight_decay);
+  if (out.kind == OptimizerKind::kLion) {
+    for (const char* key : kAdamOnlyParams) {
+      if (params.has(key)) params.bad(key, "is an Adam setting: Lion takes lr, betas and weight_decay");
+    }
+    params.warn_unknown();
+    optimizer.accept(kUnusedOptimizerKeys);
+    optimizer.warn_unknown();
+    return out;
+  }
+  set_if(params.number("eps", 0, kNoLimit), out.eps);
   set_if(params.flag("adam_w_mode"), out.adam_w_mode);
   if (is_true(params, "amsgrad")) params.bad("amsgrad", "is true: AMSGrad is not implemented (Adam and AdamW are)");
   if (out.type == "AdamW" && !out.adam_w_mode) {
@@ -775,6 +791,10 @@ json monitor_output_json(const MonitorOutputConfig& m) {
 }
 
 json optimizer_json(const OptimizerConfig& o) {
+  if (o.kind == OptimizerKind::kLion) {
+    return {{"type", o.type},
+            {"params", {{"lr", o.lr}, {"betas", {o.beta1, o.beta2}}, {"weight_decay", o.weight_decay}}}};
+  }
   return {{"type", o.type},
           {"params",
            {{"lr", o.lr},

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/tensor_table.hpp"
+#include "trainer/optimizer.hpp"
 
 namespace shardkit::trainer {
 
@@ -75,11 +76,12 @@ struct ZeroConfig {
 };
 
 struct OptimizerConfig {
-  std::string type = "AdamW";  // canonical: "Adam" or "AdamW" (the only ones supported)
+  std::string type = "AdamW";                  // canonical: "Adam", "AdamW" or "Lion"
+  OptimizerKind kind = OptimizerKind::kAdamW;  // Adam and AdamW: kAdamW
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
-  double eps = 1e-8;
+  double eps = 1e-8;  // Adam and AdamW only, as the next three
   double weight_decay = 0.0;
   bool adam_w_mode = true;  // decoupled weight decay; "Adam" means AdamW unless adam_w_mode is false
   bool bias_correction = true;

@@ -63,7 +63,7 @@ struct Trainer::State {
   int64_t step = 0;
   int64_t consumed_samples = 0;
   int64_t skipped_steps = 0;
-  int64_t optimizer_steps = 0;        // AdamW's step count (non-skipped steps)
+  int64_t optimizer_steps = 0;        // the optimizer's step count (non-skipped steps)
   int64_t last_batch_iteration = -1;  // DeepSpeed scheduler counter
   uint64_t data_seed = 0;
 
@@ -91,12 +91,12 @@ struct Trainer::State {
   void open_monitors();
 
   // One optimizer step: the micro-batches' forward and backward passes, the reduction and overflow
-  // check, AdamW (or a skipped step), the console line.
+  // check, the optimizer step (or a skipped step), the console line.
   StepRecord train_step();
   // Runs the micro-batches, adding their times to *fwd_ms and *bwd_ms; returns the sum of their losses.
   double accumulate_gradients(float grad_scale, double* fwd_ms, double* bwd_ms);
-  // AdamW over gradients of norm `norm` (unscaled), clipped as configured.
-  void adamw_step(double norm, double scale, double lr);
+  // The optimizer over gradients of norm `norm` (unscaled), clipped as configured.
+  void optimizer_step(double norm, double scale, double lr);
   void print_step(const StepRecord& r) const;
   void write_metrics(const nlohmann::json& record);
   // The step's scalars to the monitors (DeepSpeed's x-axis: the samples consumed).
@@ -268,7 +268,8 @@ void Trainer::State::report_memory() {
       " parameters; " + std::to_string(comm.size()) + " ranks, ZeRO stage " + std::to_string(config.zero.stage) + wire +
       "; batch " + std::to_string(config.train_batch_size) + " = " + std::to_string(config.micro_batch_per_gpu) +
       " x " + std::to_string(config.gradient_accumulation_steps) + " accumulation x " + std::to_string(comm.size()) +
-      " ranks, sequence " + std::to_string(seq_len) + "; " + backend->describe());
+      " ranks, sequence " + std::to_string(seq_len) + "; " + std::string(backend->optimizer().name) + "; " +
+      backend->describe());
   for (const std::string& line : all) log("  " + line);
 }
 
@@ -362,7 +363,7 @@ StepRecord Trainer::State::train_step() {
   } else {
     // Gradients are summed over ranks and scaled by the loss scale the backward pass used.
     r.grad_norm = std::sqrt(grad_sq) / W / scale;
-    adamw_step(r.grad_norm, scale, r.lr);
+    optimizer_step(r.grad_norm, scale, r.lr);
   }
   r.optimizer_ms = ms_since(opt_start);
   r.loss = comm.allreduce_sum(loss_sum) / static_cast<double>(gas * W);
@@ -398,10 +399,11 @@ double Trainer::State::accumulate_gradients(float grad_scale, double* fwd_ms, do
   return loss_sum;
 }
 
-void Trainer::State::adamw_step(double norm, double scale, double lr) {
+void Trainer::State::optimizer_step(double norm, double scale, double lr) {
   const double clip = config.gradient_clipping;
   const double clip_factor = clip > 0 ? std::max(1.0, (norm + 1e-6) / clip) : 1.0;
-  AdamWStep a;
+  OptimizerStep a;
+  a.kind = config.optimizer.kind;
   a.lr = lr;
   a.beta1 = config.optimizer.beta1;
   a.beta2 = config.optimizer.beta2;

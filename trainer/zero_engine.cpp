@@ -16,7 +16,7 @@ namespace {
 // NVMe: the constructor allocates these, and planned_memory counts them before anything is allocated.
 struct BufferSizes {
   size_t params_full = 0, grads_full = 0, grad_part = 0;
-  size_t states = 0;  // each of master, exp_avg and exp_avg_sq (none where they are swapped)
+  size_t states = 0;  // each of the optimizer's states (none where they are swapped)
   size_t params_part = 0;
 };
 
@@ -40,7 +40,8 @@ BufferSizes buffer_sizes(const ZeroPlan& plan, bool optimizer_swapped, bool para
 // The report of buffers of `n` elements. At stage 3 without NVMe offload the master weights are the
 // parameters the groups are gathered from: the report names them as parameters too, unless
 // `allocations` asks for each buffer once (what the memory check adds up).
-MemoryReport bytes_of(const BufferSizes& n, const ZeroPlan& plan, bool params_swapped, bool allocations = false) {
+MemoryReport bytes_of(const BufferSizes& n, const ZeroPlan& plan, const Optimizer& optimizer, bool params_swapped,
+                      bool allocations = false) {
   const auto bytes = [](size_t elements) { return static_cast<int64_t>(elements * sizeof(float)); };
   MemoryReport r;
   if (!plan.partitions_params()) {
@@ -51,21 +52,23 @@ MemoryReport bytes_of(const BufferSizes& n, const ZeroPlan& plan, bool params_sw
     r.parameters = bytes(n.states);
   }
   r.gradients = bytes(plan.partitions_grads() ? n.grad_part : n.grads_full);
-  r.optimizer_states = 3 * bytes(n.states);
+  r.optimizer_states = optimizer.num_states() * bytes(n.states);
   return r;
 }
 
 }  // namespace
 
 ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups,
-                       const std::vector<bool>& decays, const ZeroConfig& config, ckpt::DType wire,
-                       comm::MpiCollective& comm, const nvme::SwapFactory& swap)
+                       const std::vector<bool>& decays, const ZeroConfig& config, const Optimizer& optimizer,
+                       ckpt::DType wire, comm::MpiCollective& comm, const nvme::SwapFactory& swap)
     : table_(table),
       groups_(std::move(groups)),
       config_(config),
       wire_(comm.size() > 1 ? wire : ckpt::DType::kF32),  // one rank sends nothing, so rounds nothing
       comm_(comm),
-      plan_(table, comm.size(), comm.rank(), config.stage) {
+      plan_(table, comm.size(), comm.rank(), config.stage),
+      optimizer_(optimizer),
+      states_(static_cast<size_t>(optimizer.num_states())) {
   if (!plan_.partitions_optimizer()) {
     if (swap) {
       fail(ErrorKind::kInvalidInput,
@@ -81,9 +84,7 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::Tensor
   params_full_.resize(n.params_full);
   grads_full_.resize(n.grads_full);
   grad_part_.resize(n.grad_part);
-  master_.resize(n.states);
-  exp_avg_.resize(n.states);
-  exp_avg_sq_.resize(n.states);
+  for (LargeVector<float>& state : states_) state.resize(n.states);
   params_part_.resize(n.params_part);
   if (plan_.partitions_params()) gathered_.resize(table.size());
   acquired_count_.assign(groups_.size(), 0);
@@ -91,18 +92,18 @@ ZeroEngine::ZeroEngine(const ckpt::TensorTable& table, std::vector<model::Tensor
   no_decay_ = no_decay_ranges(plan_.optimizer_fragments(), decays);
 }
 
-MemoryReport ZeroEngine::planned_memory(const ckpt::TensorTable& table, const ZeroConfig& config, int world_size,
-                                        int rank) {
+MemoryReport ZeroEngine::planned_memory(const ckpt::TensorTable& table, const ZeroConfig& config,
+                                        const Optimizer& optimizer, int world_size, int rank) {
   const ZeroPlan plan(table, world_size, rank, config.stage);
   const bool optimizer_swapped = config.stage != 0 && config.offload_optimizer.device == OffloadDevice::kNvme;
   const bool params_swapped = config.stage == 3 && config.offload_param.device == OffloadDevice::kNvme;
-  return bytes_of(buffer_sizes(plan, optimizer_swapped, params_swapped), plan, params_swapped, true);
+  return bytes_of(buffer_sizes(plan, optimizer_swapped, params_swapped), plan, optimizer, params_swapped, true);
 }
 
 MemoryReport ZeroEngine::memory() const noexcept {
-  const BufferSizes held{params_full_.size(), grads_full_.size(), grad_part_.size(), master_.size(),
+  const BufferSizes held{params_full_.size(), grads_full_.size(), grad_part_.size(), states_[0].size(),
                          params_part_.size()};
-  MemoryReport r = bytes_of(held, plan_, param_swap_ != nullptr);
+  MemoryReport r = bytes_of(held, plan_, optimizer_, param_swap_ != nullptr);
   r.nvme_parameters = param_swap_ ? param_swap_->file_bytes() : 0;
   r.nvme_optimizer_states = swap_ ? swap_->file_bytes() : 0;
   return r;
@@ -126,7 +127,7 @@ void ZeroEngine::fill_states(const StateFill& fill) {
   if (swap_) {
     fill_swapped_states(fill);
   } else {
-    const std::span<float> states[] = {master_, exp_avg_, exp_avg_sq_};
+    const std::vector<std::span<float>> states(states_.begin(), states_.end());
     fill(plan_.optimizer_fragments(), states);
     if (param_swap_) write_param_swap();
   }
@@ -151,7 +152,7 @@ void ZeroEngine::visit_swapped(
   const std::span<float> params = params_partition();
   StateSwapper::visit(parts, [&](std::span<const StateSwapper::Chunk> chunks) {
     const StateSwapper::Chunk& chunk = chunks[0];
-    update(chunk.offset, chunk.states);
+    update(chunk.offset, std::span(chunk.states).first(static_cast<size_t>(optimizer_.num_states())));
     const std::span<const float> master = chunk.states[0];
     std::ranges::copy(master, param_swap_ ? chunks[1].states[0].begin() : params.begin() + chunk.offset);
   });
@@ -160,22 +161,22 @@ void ZeroEngine::visit_swapped(
 void ZeroEngine::write_param_swap() {
   drop_read_ahead();  // it would hold the parameters from before this write
   param_swap_->visit(nvme::StateSwapper::Access::kWrite, [&](const nvme::StateSwapper::Chunk& chunk) {
-    const auto from = master_.begin() + chunk.offset;
+    const auto from = states_[0].begin() + chunk.offset;
     std::copy(from, from + static_cast<std::ptrdiff_t>(chunk.states[0].size()), chunk.states[0].begin());
   });
 }
 
 std::span<float> ZeroEngine::params_partition() noexcept {
   // (Empty at stage 3 with the parameters swapped.)
-  if (plan_.partitions_params()) return swap_ ? std::span<float>(params_part_) : std::span<float>(master_);
+  if (plan_.partitions_params()) return swap_ ? std::span<float>(params_part_) : std::span<float>(states_[0]);
   return {params_full_.data() + plan_.partition_offset(plan_.rank()), static_cast<size_t>(plan_.partition_size())};
 }
 
 void ZeroEngine::publish_params() {
   if (!plan_.partitions_optimizer()) {
-    std::copy(master_.begin(), master_.end(), params_full_.begin());
+    std::ranges::copy(states_[0], params_full_.begin());
   } else if (plan_.gathers_updated_params()) {
-    if (!swap_) std::ranges::copy(master_, params_partition().begin());
+    if (!swap_) std::ranges::copy(states_[0], params_partition().begin());
     comm_.allgather_inplace(params_full_.data(), plan_.partition_size());
   }
   // Stage 3: the partition is the source of every gather; nothing to publish.
@@ -373,18 +374,18 @@ double ZeroEngine::global_grad_sq() {
   return comm_.allreduce_sum(sum);
 }
 
-void ZeroEngine::step(const AdamWStep& s) {
-  const AdamWCoefficients c = AdamWCoefficients::of(s);
+void ZeroEngine::step(const OptimizerStep& s) {
   const NoDecayRanges no_decay{no_decay_.data(), static_cast<int64_t>(no_decay_.size())};
   if (swap_) {
     // Element-wise, so chunk by chunk gives the same bits as the whole partition at once.
     const std::span<const float> grads = grad_part_;
     visit_swapped(nvme::StateSwapper::Access::kUpdate, [&](int64_t offset, std::span<const std::span<float>> states) {
-      cpu_adamw(states[0], states[1], states[2], grads.subspan(static_cast<size_t>(offset), states[0].size()), c,
-                no_decay.at(offset));
+      optimizer_.cpu_update(
+          s, {states, grads.subspan(static_cast<size_t>(offset), states[0].size()), no_decay.at(offset)});
     });
   } else {
-    cpu_adamw(master_, exp_avg_, exp_avg_sq_, optimizer_grads(), c, no_decay);
+    const std::vector<std::span<float>> states(states_.begin(), states_.end());
+    optimizer_.cpu_update(s, {states, optimizer_grads(), no_decay});
     if (param_swap_) write_param_swap();
   }
   publish_params();
@@ -397,8 +398,7 @@ void ZeroEngine::read_state(int state, const StateSink& sink) {
                  [&](const nvme::StateSwapper::Chunk& chunk) { sink(chunk.states[static_cast<size_t>(state)]); });
     return;
   }
-  const LargeVector<float>* buffers[] = {&master_, &exp_avg_, &exp_avg_sq_};
-  sink(owned(*buffers[state]));
+  sink(owned(states_[static_cast<size_t>(state)]));
 }
 
 }  // namespace shardkit::trainer

@@ -33,10 +33,10 @@
 #include "ckpt/layout.hpp"
 #include "comm/mpi.hpp"
 #include "model/param_store.hpp"
-#include "trainer/adamw.hpp"
 #include "trainer/ds_config.hpp"
 #include "trainer/memory_report.hpp"
 #include "trainer/nvme/swap_config.hpp"
+#include "trainer/optimizer.hpp"
 #include "trainer/zero_plan.hpp"
 
 namespace shardkit::trainer {
@@ -45,14 +45,16 @@ class ZeroEngine final : public model::ParameterStore {
  public:
   // What fills the rank's states chunk by chunk (the whole buffers in one call without NVMe offload):
   // `plan` holds the fragments of the chunk, flat offsets relative to its start; `states` the chunk of
-  // master weights, exp_avg and exp_avg_sq, every element of which the call must set (padding to 0).
+  // each of the optimizer's states (master weights first), every element of which the call must set
+  // (padding to 0).
   using StateFill = std::function<void(std::span<const ckpt::Fragment> plan, std::span<const std::span<float>> states)>;
   using StateSink = std::function<void(std::span<const float>)>;
 
   // `decays`: per tensor, whether weight decay applies (weight_decay.hpp). `wire`:
   // communication_data_type (grad_wire.hpp). `swap`: NVMe offload (stages 1-3; parameters stage 3).
   ZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const std::vector<bool>& decays,
-             const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& comm, const nvme::SwapFactory& swap = {});
+             const ZeroConfig& config, const Optimizer& optimizer, ckpt::DType wire, comm::MpiCollective& comm,
+             const nvme::SwapFactory& swap = {});
 
   const ckpt::Layout& layout() const noexcept { return plan_.layout(); }
   MemoryReport memory() const noexcept;
@@ -60,8 +62,8 @@ class ZeroEngine final : public model::ParameterStore {
   // anything is: memory()'s figures, except that each buffer counts once (at stage 3 without NVMe,
   // memory() names the master weights as the parameters too). The trainer checks these against the
   // machine's memory.
-  static MemoryReport planned_memory(const ckpt::TensorTable& table, const ZeroConfig& config, int world_size,
-                                     int rank);
+  static MemoryReport planned_memory(const ckpt::TensorTable& table, const ZeroConfig& config,
+                                     const Optimizer& optimizer, int world_size, int rank);
 
   // Fills every parameter element this rank keeps master weights for: init(tensor, offset, out)
   // writes elements [offset, offset + out.size()) of the tensor. Moments start at zero.
@@ -85,11 +87,11 @@ class ZeroEngine final : public model::ParameterStore {
   void reduce_grads();
   // Sum of squares of the rank's reduced gradient partition, summed over ranks (all ranks agree).
   double global_grad_sq();
-  // AdamW on the rank's partition (each element decayed as its tensor is), then the updated
+  // The optimizer's update of the rank's partition (each element decayed as its tensor is), then the updated
   // parameters are made visible to the model.
-  void step(const AdamWStep& step);
+  void step(const OptimizerStep& step);
 
-  // The rank's flat buffer of state 0 (master), 1 (exp_avg) or 2 (exp_avg_sq) in the checkpoint layout
+  // The rank's flat buffer of the optimizer's state `state` (0: master weights) in the checkpoint layout
   // (layout().flat_size() elements), handed to `sink` in order: whole, or chunk by chunk from the swap.
   void read_state(int state, const StateSink& sink);
   // The NVMe swap of the optimizer states, or nullptr.
@@ -131,6 +133,7 @@ class ZeroEngine final : public model::ParameterStore {
   ckpt::DType wire_;  // communication_data_type; fp32 on one rank
   comm::MpiCollective& comm_;
   ZeroPlan plan_;
+  const Optimizer& optimizer_;
 
   // Stages 0-2: the model's parameters, replicated (W * P elements, tensors at global offsets).
   LargeVector<float> params_full_;
@@ -138,7 +141,8 @@ class ZeroEngine final : public model::ParameterStore {
   LargeVector<float> grads_full_;
   // The optimizer's view: stage 0 full (W * P), stages 1-2 the partition (P), stage 3 the slots (F).
   // Empty with NVMe offload, where swap_ holds the states.
-  LargeVector<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
+  std::vector<LargeVector<float>> states_;  // the optimizer's, master weights first
+  LargeVector<float> grad_part_;
   std::vector<ElementRange> no_decay_;  // positions of the optimizer view that weight decay skips
   std::unique_ptr<nvme::StateSwapper> swap_, param_swap_;
   // Stage 3 with the optimizer on NVMe and the parameters in memory: the parameters of the slots (F).

@@ -6,6 +6,7 @@
 #include <hdf5.h>
 
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "base/error.hpp"
@@ -17,6 +18,7 @@
 #include "ckpt/synthetic.hpp"
 #include "convert/consolidate.hpp"
 #include "convert/export_dcp.hpp"
+#include "convert/export_deepspeed.hpp"
 #include "convert/import.hpp"
 #include "convert/import_checkpoint.hpp"
 #include "convert/reshard.hpp"
@@ -315,6 +317,59 @@ TEST(Consolidate, Hdf5HoldsEveryTensorInItsShape) {
 
 // A run shardkit trained goes out as PyTorch DCP for any world size (the groups derived from its model)
 // and comes back with every value, in its own layout, unchanged.
+// A run of another optimizer (Lion: fp32 and exp_avg) reshards into shardkit checkpoints with its own
+// states, and every export that writes AdamW's is refused naming them, before any output exists.
+TEST(Reshard, ARunOfAnotherOptimizerKeepsItsStatesAndAdamWExportsRefuseIt) {
+  TempDir tmp;
+  const model::gpt2::GptConfig c = small_gpt2();
+  const std::vector<std::string> lion = {"fp32", "exp_avg"};
+  ckpt::ShardOptions shard;
+  shard.chunk_elems = 333;
+  const auto source = testing::write_synthetic_checkpoint(tmp / "run", model::gpt2::tensor_table(c), {2, 1, 16}, shard,
+                                                          kSeed, 7, model::gpt2::to_json(c), lion);
+  convert::ReshardRequest r;
+  r.source = source;
+  r.output = tmp / "resharded";
+  r.world_size = 3;
+  r.stage = 3;
+  const auto resharded = convert::reshard(r, small_pieces());
+  EXPECT_EQ(ckpt::CheckpointReader(resharded).manifest().states, lion);
+  expect_identical(source, resharded);
+
+  const auto expect_refused = [&](const std::function<void()>& run, const std::filesystem::path& output) {
+    try {
+      run();
+      ADD_FAILURE() << output << " written";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("holds the optimizer states [fp32, exp_avg]"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_FALSE(std::filesystem::exists(output)) << output;
+  };
+  convert::DcpExportRequest dcp;
+  dcp.source = source;
+  dcp.output = tmp / "dcp";
+  dcp.world_size = 2;
+  expect_refused([&] { convert::export_dcp(dcp, small_pieces()); }, dcp.output);
+  convert::DeepSpeedExportRequest ds;
+  ds.source = source;
+  ds.output = tmp / "ds";
+  ds.world_size = 2;
+  ds.stage = 2;
+  expect_refused([&] { convert::export_deepspeed(ds, small_pieces()); }, ds.output);
+  convert::ConsolidateRequest moments;
+  moments.source = source;
+  moments.output = tmp / "moments";
+  moments.with_optimizer = true;
+  expect_refused([&] { convert::consolidate(moments, small_pieces()); }, moments.output);
+  // The weights alone go out of any run.
+  convert::ConsolidateRequest weights = moments;
+  weights.output = tmp / "weights";
+  weights.with_optimizer = false;
+  convert::consolidate(weights, small_pieces());
+  EXPECT_TRUE(std::filesystem::exists(weights.output / "model.safetensors"));
+}
+
 TEST(ExportDcp, ARunShardkitTrainedGoesOutAndComesBackUnchanged) {
   TempDir tmp;
   const auto source = gpt2_checkpoint(tmp / "run", {2, 1, 16});

@@ -61,15 +61,17 @@ TEST(GradWireCuda, NcclReductionsInEveryCommunicationTypeGiveWhatCpuRanksGive) {
       config.stage = stage;
       config.reduce_bucket_size = 1500;
       config.allgather_bucket_size = 1500;
-      trainer::ZeroEngine cpu(table, groups, decays, config, wire, world);
+      trainer::ZeroEngine cpu(table, groups, decays, config, trainer::optimizer(trainer::OptimizerKind::kAdamW), wire,
+                              world);
       const double want = reduced_sq(cpu, table, groups, world.rank(), [&](int t, const std::vector<float>& g) {
         float* grad = cpu.grad(t);
         for (size_t i = 0; i < g.size(); ++i) grad[i] += g[i];
       });
       for (const bool overlap : {false, true}) {
         config.overlap_comm = overlap;
-        trainer::cuda::GpuZeroEngine<float> gpu(table, groups, decays, config, wire, world, context.nccl(),
-                                                context.stream());
+        trainer::cuda::GpuZeroEngine<float> gpu(table, groups, decays, config,
+                                                trainer::optimizer(trainer::OptimizerKind::kAdamW), wire, world,
+                                                context.nccl(), context.stream());
         const double got = reduced_sq(gpu, table, groups, world.rank(), [&](int t, const std::vector<float>& g) {
           // Added as the model's kernels add (stages 0-1 accumulate over micro-batches in place).
           const model::cuda::DeviceBuffer<float> values(g.size());

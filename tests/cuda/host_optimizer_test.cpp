@@ -35,8 +35,8 @@ float gradient(int step, size_t i) {
   return 0.01f * std::cos(0.11f * static_cast<float>(i) + static_cast<float>(step));
 }
 
-AdamWStep step_of(int step) {
-  AdamWStep s;
+OptimizerStep step_of(int step) {
+  OptimizerStep s;
   s.lr = 1e-3;
   s.weight_decay = 0.1;
   s.step = step;
@@ -89,7 +89,7 @@ States run(bool swapped, ParamHome home, const testing::TempDir& dir) {
   std::unique_ptr<nvme::StateSwapper> swap = swapped ? make_swap(dir, name + ".states", 3, 4) : nullptr;
   std::unique_ptr<nvme::StateSwapper> weight_swap =
       home == ParamHome::kSwap ? make_swap(dir, name + ".weights", 1, sizeof(T)) : nullptr;
-  HostOptimizer<T> opt(kCount, home, std::move(swap), weight_swap.get(), kRingChunk);
+  HostOptimizer<T> opt(kCount, adamw_optimizer(), home, std::move(swap), weight_swap.get(), kRingChunk);
   opt.fill([](int64_t lo, std::span<const std::span<float>> states) {
     for (size_t i = 0; i < states[0].size(); ++i) states[0][i] = initial(static_cast<size_t>(lo) + i);
   });
@@ -103,8 +103,8 @@ States run(bool swapped, ParamHome home, const testing::TempDir& dir) {
   for (int step = 1; step <= 3; ++step) {
     for (size_t i = 0; i < kCount; ++i) g[i] = gradient(step, i);
     CUDA_CHECK(cudaMemcpyAsync(grads.data(), g.data(), grads.bytes(), cudaMemcpyHostToDevice, stream.get()));
-    opt.step(grads.data(), params, AdamWCoefficients::of(step_of(step)),
-             {kNoDecay.data(), static_cast<int64_t>(kNoDecay.size())}, stream.get());
+    opt.step(grads.data(), params, step_of(step), {kNoDecay.data(), static_cast<int64_t>(kNoDecay.size())},
+             stream.get());
   }
   CUDA_CHECK(cudaStreamSynchronize(stream.get()));
   States out;

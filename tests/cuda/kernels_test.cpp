@@ -12,8 +12,10 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "ckpt/dtype_convert.hpp"
 #include "model/cuda/cuda_common.hpp"
 #include "model/cuda/gpu_model.hpp"
 #include "model/cuda/kernels.hpp"
@@ -305,7 +307,7 @@ TEST(CudaKernels, AdamWSkipsWeightDecayOnTheNoDecayRanges) {
   const auto table = upload(skip);
   const NoDecayRanges on_device{table.data(), static_cast<int64_t>(skip.size())};
   const NoDecayRanges on_host{skip.data(), static_cast<int64_t>(skip.size())};
-  AdamWStep step;
+  OptimizerStep step;
   step.lr = 0.1;
   step.weight_decay = 0.5;
   step.step = 2;
@@ -360,6 +362,56 @@ TEST(CudaKernels, AdamWSkipsWeightDecayOnTheNoDecayRanges) {
       ASSERT_FLOAT_EQ(still[0][k], w[k] - c.decay * w[k]) << "decayed weight " << i;
     }
   }
+}
+
+// Lion through the GPU's optimizer dispatch as the CPU update computes it, on a view cut by a no-decay
+// table: the sign of each element's direction the CPU's (a wrong one moves it by 2 lr), chunks bit for
+// bit the whole, bf16 weights the master weights rounded, and an element with no gradient and no
+// moment left where it is.
+TEST(CudaKernels, LionThroughTheDispatchMatchesTheCpuUpdate) {
+  REQUIRE_GPUS(1);
+  const int64_t n = (int64_t{1} << 20) + 37;
+  const std::vector<ElementRange> skip = {{0, 3}, {5000, 90000}, {n - 1, n}};
+  const auto table = upload(skip);
+  const NoDecayRanges on_device{table.data(), static_cast<int64_t>(skip.size())};
+  OptimizerStep step;
+  step.kind = OptimizerKind::kLion;
+  step.lr = 1e-3;
+  step.beta1 = 0.9;
+  step.beta2 = 0.99;
+  step.weight_decay = 0.5;
+  step.grad_multiplier = 0.25;
+
+  std::vector<float> w, m, g, unused;
+  random_values<float>(static_cast<size_t>(n), 1.0f, 51, w, unused);
+  random_values<float>(static_cast<size_t>(n), 0.1f, 52, m, unused);
+  random_values<float>(static_cast<size_t>(n), 1.0f, 53, g, unused);
+  g[6000] = 0.0f;  // in a no-decay range
+  m[6000] = 0.0f;
+  auto gpu = [&](int64_t split) {
+    auto dw = upload(w), dm = upload(m), dg = upload(g);
+    DeviceBuffer<__nv_bfloat16> params(static_cast<size_t>(n));
+    const std::pair<int64_t, int64_t> chunks[] = {{0, split}, {split, n}};
+    for (const auto& [lo, hi] : chunks) {
+      float* states[] = {dw.data() + lo, dm.data() + lo};
+      optimizer_update<__nv_bfloat16>(step, states, dg.data() + lo, params.data() + lo, hi - lo, on_device.at(lo),
+                                      nullptr);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return std::make_tuple(download(dw), download(dm), download(params));
+  };
+  const auto [gw, gm, gp] = gpu(0);
+  std::vector<float> cw = w, cm = m;
+  cpu_lion(cw, cm, g, LionCoefficients::of(step), {skip.data(), static_cast<int64_t>(skip.size())});
+  for (size_t i = 0; i < cw.size(); ++i) {
+    ASSERT_NEAR(gw[i], cw[i], 1e-6 * (1 + std::abs(double{cw[i]}))) << "weight " << i;
+    ASSERT_NEAR(gm[i], cm[i], 1e-6 * (1 + std::abs(double{cm[i]}))) << "exp_avg " << i;
+    ASSERT_EQ(ckpt::fp32_to_bf16(gw[i]), reinterpret_cast<const uint16_t&>(gp[i])) << "bf16 weight " << i;
+  }
+  EXPECT_EQ(gw[6000], w[6000]) << "no gradient, no moment, no decay: not moved";
+  const auto [chunked, chunked_m, chunked_p] = gpu(300001);
+  EXPECT_EQ(chunked, gw);
+  EXPECT_EQ(chunked_m, gm);
 }
 
 // Each fused epilogue against a plain product followed by the separate kernels, in fp32 (where a GELU

@@ -43,7 +43,8 @@ TEST(WeightDecayCuda, WithZeroGradientsExactlyTheDecayingTensorsMove) {
       config.stage = s.stage;
       config.offload_optimizer.device = s.offload_optimizer;
       config.offload_param.device = s.offload_param;
-      trainer::cuda::GpuZeroEngine<float> engine(model->table(), model->groups(), decays, config, ckpt::DType::kF32,
+      trainer::cuda::GpuZeroEngine<float> engine(model->table(), model->groups(), decays, config,
+                                                 trainer::optimizer(trainer::OptimizerKind::kAdamW), ckpt::DType::kF32,
                                                  world, context.nccl(), context.stream());
       const float decay = testing::step_with_zero_gradients(engine);
       const std::string where = std::string(name) + " stage " + std::to_string(s.stage) + " offload_optimizer " +
@@ -53,7 +54,8 @@ TEST(WeightDecayCuda, WithZeroGradientsExactlyTheDecayingTensorsMove) {
       // The master partition as a save snapshots it.
       const size_t flat = static_cast<size_t>(engine.layout().flat_size());
       model::cuda::PinnedBuffer<float> master(flat), exp_avg(flat), exp_avg_sq(flat);
-      engine.begin_snapshot({master.data(), flat}, {exp_avg.data(), flat}, {exp_avg_sq.data(), flat});
+      const std::span<float> targets[] = {{master.data(), flat}, {exp_avg.data(), flat}, {exp_avg_sq.data(), flat}};
+      engine.begin_snapshot(targets);
       engine.wait_snapshot();
       testing::expect_stepped_master({master.data(), flat}, engine.layout(), world.rank(), *model, decay, where);
       testing::expect_stepped_parameters(engine, *model, decay, where, [&](int t) {

@@ -55,7 +55,8 @@ TEST(GradWireMpi, ReducedGradientsAreRoundedToTheCommunicationTypeAtEveryStage) 
       trainer::ZeroConfig config;
       config.stage = stage;
       config.reduce_bucket_size = 50;  // several reductions per step
-      trainer::ZeroEngine engine(table, groups, decays, config, wire, world);
+      trainer::ZeroEngine engine(table, groups, decays, config, trainer::optimizer(trainer::OptimizerKind::kAdamW),
+                                 wire, world);
       engine.zero_grads();
       // Opened in the forward order and closed in the backward order, as the model does.
       for (int g = 0; g < 2; ++g) engine.open_grads(g);

@@ -236,6 +236,33 @@ TEST(NvmeMpi, OffloadTrainsBitIdenticallyToNoOffloadAtStages1To3) {
   }
 }
 
+// Lion's two states swap as AdamW's three do: the same steps and states as in memory, its swap file
+// sized for two states.
+TEST(NvmeMpi, LionOffloadTrainsBitIdenticallyToNoOffload) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  Workspace ws(world);
+  for (int stage : {2, 3}) {
+    const std::string what = "Lion, stage " + std::to_string(stage) + " on " + std::to_string(world.size()) + " ranks";
+    const auto lion = [&](nlohmann::json config, const std::string& name) {
+      config["optimizer"] = {{"type", "Lion"}, {"params", {{"lr", 2e-4}, {"weight_decay", 0.1}}}};
+      TrainOptions o = ws.options(ws.write_json(name + ".json", config), 3);
+      o.save_dir = ws / name;
+      o.save_interval = 3;
+      return o;
+    };
+    const TrainOptions plain = lion(Workspace::config_json(stage, {}), "lion-plain" + std::to_string(stage));
+    const TrainOptions swapped =
+        lion(Workspace::config_json(stage, ws.swap_dir()), "lion-nvme" + std::to_string(stage));
+    const auto want = testing::train(world, plain);
+    expect_same_steps(testing::train(world, swapped), want, 0, what);
+    expect_same_states(plain.save_dir, swapped.save_dir, what);
+    EXPECT_EQ(ckpt::CheckpointReader(swapped.save_dir).manifest().states,
+              (std::vector<std::string>{"fp32", "exp_avg"}));
+    world.barrier();
+    EXPECT_TRUE(std::filesystem::is_empty(ws.swap_dir())) << what << ": a swap file outlived its run";
+  }
+}
+
 TEST(NvmeMpi, ResumeRefillsTheSwapAtTheSameAndAtAnotherWorldSizeAndStage) {
   comm::MpiCollective world(MPI_COMM_WORLD);
   Workspace ws(world);
@@ -399,8 +426,9 @@ TEST(NvmeMpi, AReadAheadNeverServesParametersFromBeforeTheSwapWasWritten) {
         Workspace::config_json(3, optimizer ? ws.swap_dir() : std::filesystem::path(), ws.swap_dir()), world.size(), {},
         "read-ahead.json");
     trainer::ZeroEngine engine(
-        model->table(), model->groups(), trainer::decay_flags(*model), config.zero, ckpt::DType::kF32, world,
-        trainer::nvme::swap_factory(config, false, sizeof(float), world, [](const std::string&) {}));
+        model->table(), model->groups(), trainer::decay_flags(*model), config.zero,
+        trainer::optimizer(trainer::OptimizerKind::kAdamW), ckpt::DType::kF32, world,
+        trainer::nvme::swap_factory(config, false, sizeof(float), 3, world, [](const std::string&) {}));
     engine.initialize(init(1.0f));
     for (const int group : {1, 2}) {
       engine.acquire(group);

@@ -53,17 +53,22 @@ class Workspace : public testing::SharedDir {
     return m;
   }
 
-  std::filesystem::path config(int stage, const std::string& name) {
+  // With `lion`, DeepSpeed's Lion at a tenth of AdamW's learning rate (the paper's advice).
+  std::filesystem::path config(int stage, const std::string& name, bool lion = false) {
+    const double lr = lion ? 2e-4 : 2e-3;
+    const nlohmann::json optimizer =
+        lion ? nlohmann::json{{"type", "Lion"}, {"params", {{"lr", lr}, {"betas", {0.9, 0.99}}, {"weight_decay", 0.1}}}}
+             : nlohmann::json{{"type", "AdamW"}, {"params", {{"lr", lr}, {"weight_decay", 0.01}}}};
     return write_json(
         name + ".json",
         {{"train_batch_size", 24},
          {"gradient_accumulation_steps", 2},
          {"gradient_clipping", 1.0},
          {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 5000}, {"allgather_bucket_size", 20000}}},
-         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 2e-3}, {"weight_decay", 0.01}}}}},
+         {"optimizer", optimizer},
          {"scheduler",
           {{"type", "WarmupDecayLR"},
-           {"params", {{"warmup_num_steps", 3}, {"total_num_steps", 40}, {"warmup_max_lr", 2e-3}}}}},
+           {"params", {{"warmup_num_steps", 3}, {"total_num_steps", 40}, {"warmup_max_lr", lr}}}}},
          {"fp16", {{"enabled", true}, {"initial_scale_power", 12}, {"loss_scale_window", 4}}}});
   }
 };
@@ -112,6 +117,52 @@ TEST(TrainMpi, EveryStageMatchesOneRankAtStage0) {
           records, reference, 0, 1e-5,
           model + ", stage " + std::to_string(stage) + " on " + std::to_string(world.size()) + " ranks");
     }
+  }
+}
+
+// Lion through the same engines: every stage on this world follows one rank at stage 0, a checkpoint
+// holds its two states, a resume continues it bit for bit, and a run of another optimizer refuses it.
+TEST(TrainMpi, LionTrainsAtEveryStageAndResumesOnlyAsLion) {
+  comm::MpiCollective world(MPI_COMM_WORLD);
+  Workspace ws(world);
+  const std::string model = ws.models().front();
+  const std::vector<StepRecord> reference =
+      testing::train_on_rank0(world, options(ws.config(0, "lion-s0", true), ws / "tokens.bin", 4, model));
+  ASSERT_EQ(reference.size(), 4u);
+  EXPECT_LT(reference.back().loss, reference.front().loss) << model << " does not learn with Lion";
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string name = "lion" + std::to_string(stage);
+    TrainOptions full = options(ws.config(stage, name, true), ws / "tokens.bin", 4, model);
+    full.save_dir = ws / (name + "-full");
+    full.save_interval = 2;
+    const auto uninterrupted = train(world, full);
+    expect_losses_close(uninterrupted, reference, 0, 1e-5,
+                        "Lion, stage " + std::to_string(stage) + " on " + std::to_string(world.size()) + " ranks");
+    EXPECT_EQ(ckpt::CheckpointReader(full.save_dir).manifest().states, (std::vector<std::string>{"fp32", "exp_avg"}));
+    if (stage != 1 && stage != 3) continue;  // the optimizer's states partitioned, and with the parameters
+
+    TrainOptions resumed = full;
+    resumed.save_dir = ws / (name + "-resumed");
+    resumed.resume = (full.save_dir / "step-00000002").string();
+    const auto continued = train(world, resumed);
+    ASSERT_EQ(continued.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) EXPECT_EQ(continued[i].loss, uninterrupted[i + 2].loss) << "stage " << stage;
+    ckpt::CheckpointReader a(full.save_dir), b(resumed.save_dir);
+    for (const auto& e : ckpt::diff_checkpoints(a, b).entries) EXPECT_EQ(e.differing, 0) << e.tensor << " " << e.state;
+
+    TrainOptions as_adamw = resumed;
+    as_adamw.config = ws.config(stage, name + "-adamw");
+    as_adamw.save_dir = ws / (name + "-adamw");
+    try {
+      train(world, as_adamw);
+      ADD_FAILURE() << "an AdamW run resumed a Lion checkpoint";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("holds the optimizer states [fp32, exp_avg], but this run's AdamW keeps "
+                                           "[fp32, exp_avg, exp_avg_sq]"),
+                std::string::npos)
+          << e.what();
+    }
+    world.barrier();
   }
 }
 

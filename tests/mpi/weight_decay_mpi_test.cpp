@@ -25,7 +25,8 @@ TEST(WeightDecayMpi, WithZeroGradientsExactlyTheDecayingTensorsMove) {
     for (int stage = 0; stage <= 3; ++stage) {
       trainer::ZeroConfig config;
       config.stage = stage;
-      trainer::ZeroEngine engine(model->table(), model->groups(), decays, config, ckpt::DType::kF32, world);
+      trainer::ZeroEngine engine(model->table(), model->groups(), decays, config,
+                                 trainer::optimizer(trainer::OptimizerKind::kAdamW), ckpt::DType::kF32, world);
       const float decay = testing::step_with_zero_gradients(engine);
       const std::string where = std::string(name) + " stage " + std::to_string(stage) + " rank " +
                                 std::to_string(world.rank()) + "/" + std::to_string(world.size()) + ": ";

@@ -39,7 +39,8 @@ const std::vector<std::string>& adam_states() {
 
 std::filesystem::path write_synthetic_checkpoint(const std::filesystem::path& run_dir, const ckpt::TensorTable& table,
                                                  const ckpt::LayoutSpec& spec, const ckpt::ShardOptions& options,
-                                                 uint64_t seed, int64_t step, const nlohmann::json& model) {
+                                                 uint64_t seed, int64_t step, const nlohmann::json& model,
+                                                 const std::vector<std::string>& states) {
   const ckpt::Layout layout(table, spec);
   const std::filesystem::path step_dir = run_dir / ckpt::step_dir_name(step);
   ckpt::prepare_step_dir(step_dir);
@@ -48,7 +49,7 @@ std::filesystem::path write_synthetic_checkpoint(const std::filesystem::path& ru
   meta.step = step;
   meta.table = &table;
   meta.layout = spec;
-  meta.states = adam_states();
+  meta.states = states;
   meta.shard = options;
   meta.trainer_state = {{"step", step}};
   meta.model = model;

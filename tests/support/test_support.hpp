@@ -34,11 +34,13 @@ class TempDir {
 const std::vector<std::string>& adam_states();
 
 // Writes a committed checkpoint of synthetic values (ckpt::synthetic_value with `seed`) laid out by
-// `spec`, writing every rank's shard from this process. Returns the step directory.
+// `spec`, writing every rank's shard from this process: `states` (default adam_states()). Returns the
+// step directory.
 std::filesystem::path write_synthetic_checkpoint(const std::filesystem::path& run_dir, const ckpt::TensorTable& table,
                                                  const ckpt::LayoutSpec& spec, const ckpt::ShardOptions& options,
                                                  uint64_t seed, int64_t step = 1,
-                                                 const nlohmann::json& model = nlohmann::json::object());
+                                                 const nlohmann::json& model = nlohmann::json::object(),
+                                                 const std::vector<std::string>& states = adam_states());
 
 // Where chunk `chunk` of /state/<state> lies in a shard file (byte offset and stored size).
 struct ChunkExtent {

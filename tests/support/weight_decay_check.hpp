@@ -31,7 +31,7 @@ float step_with_zero_gradients(Engine& engine) {
   });
   engine.zero_grads();
   engine.reduce_grads();
-  trainer::AdamWStep step;
+  trainer::OptimizerStep step;
   step.lr = 0.1;
   step.weight_decay = 0.5;
   engine.step(step);

@@ -40,7 +40,7 @@ State random_state(size_t n, uint32_t seed) {
 // DeepSpeed's AdamW (and Adam with L2) in double; `decays(i)`: whether element i takes weight decay
 // (a parameter group with weight_decay 0 where not).
 template <typename Decays>
-void reference(State& s, const AdamWStep& a, Decays decays) {
+void reference(State& s, const OptimizerStep& a, Decays decays) {
   const double bc1 = a.bias_correction ? 1 - std::pow(a.beta1, double(a.step)) : 1;
   const double bc2 = a.bias_correction ? 1 - std::pow(a.beta2, double(a.step)) : 1;
   for (size_t i = 0; i < s.w.size(); ++i) {
@@ -57,7 +57,7 @@ void reference(State& s, const AdamWStep& a, Decays decays) {
   }
 }
 
-void reference(State& s, const AdamWStep& a) {
+void reference(State& s, const OptimizerStep& a) {
   reference(s, a, [](size_t) { return true; });
 }
 
@@ -70,7 +70,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 TEST(CpuAdamW, MatchesTheReferenceInBothModes) {
   for (const bool adam_w_mode : {true, false}) {
     for (const bool bias_correction : {true, false}) {
-      AdamWStep a;
+      OptimizerStep a;
       a.lr = 1e-3;
       a.beta1 = 0.9;
       a.beta2 = 0.95;
@@ -106,7 +106,7 @@ TEST(CpuAdamW, WeightDecaySkipsExactlyTheNoDecayRanges) {
     return std::ranges::any_of(view, [&](const ElementRange& r) { return r.begin <= at && at < r.end; });
   };
   for (const bool adam_w_mode : {true, false}) {
-    AdamWStep a;
+    OptimizerStep a;
     a.lr = 1e-2;
     a.weight_decay = 0.5;
     a.adam_w_mode = adam_w_mode;
@@ -125,7 +125,7 @@ TEST(CpuAdamW, WeightDecaySkipsExactlyTheNoDecayRanges) {
 TEST(CpuAdamW, WithZeroGradientsOnlyDecayingElementsMove) {
   // Moments zero, gradients zero: the step is w - lr * wd * w where the tensor decays, and w, to the
   // bit, where it does not.
-  AdamWStep a;
+  OptimizerStep a;
   a.lr = 0.1;
   a.weight_decay = 0.5;
   const AdamWCoefficients c = AdamWCoefficients::of(a);
@@ -192,7 +192,7 @@ TEST(WeightDecay, EveryStagesTableCoversExactlyTheUndecayedTensorsElements) {
 }
 
 TEST(CpuAdamW, NarrowedWeightsAreTheRoundedUpdate) {
-  AdamWStep a;
+  OptimizerStep a;
   a.lr = 1e-2;
   a.weight_decay = 0.01;
   const size_t n = 20000;
@@ -220,7 +220,7 @@ TEST(CpuAdamW, NarrowWeightsRoundsEveryElement) {
 
 TEST(CpuAdamW, EmptyArraysAreANoOp) {
   std::vector<float> none;
-  cpu_adamw(none, none, none, none, AdamWCoefficients::of(AdamWStep{}));
+  cpu_adamw(none, none, none, none, AdamWCoefficients::of(OptimizerStep{}));
 }
 
 }  // namespace

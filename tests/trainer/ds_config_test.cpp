@@ -102,7 +102,8 @@ auto fields(const ZeroConfig& z) {
                   z.sub_group_size, z.round_robin_gradients);
 }
 auto fields(const OptimizerConfig& o) {
-  return std::tie(o.type, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.adam_w_mode, o.bias_correction, o.given);
+  return std::tie(o.type, o.kind, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.adam_w_mode, o.bias_correction,
+                  o.given);
 }
 auto fields(const SchedulerConfig& s) {
   return std::tie(s.type, s.warmup_min_lr, s.warmup_max_lr, s.warmup_num_steps, s.warmup_type, s.total_num_steps,
@@ -650,18 +651,20 @@ TEST(DsConfigOptimizer, ReadsParamsAndDefaultsWithoutASection) {
                                      {"weight_decay", 0.1},
                                      {"bias_correction", false},
                                      {"torch_adam", true}}}}}}));
-  EXPECT_EQ(fields(c.optimizer), fields(OptimizerConfig{"AdamW", 3e-4, 0.8, 0.95, 1e-6, 0.1, true, false, true}));
+  EXPECT_EQ(fields(c.optimizer),
+            fields(OptimizerConfig{"AdamW", OptimizerKind::kAdamW, 3e-4, 0.8, 0.95, 1e-6, 0.1, true, false, true}));
   EXPECT_TRUE(c.warnings.empty());
 
   const OptimizerConfig defaults = parse(with()).optimizer;
-  EXPECT_EQ(fields(defaults), fields(OptimizerConfig{"AdamW", 1e-3, 0.9, 0.999, 1e-8, 0.0, true, true, false}));
+  EXPECT_EQ(fields(defaults),
+            fields(OptimizerConfig{"AdamW", OptimizerKind::kAdamW, 1e-3, 0.9, 0.999, 1e-8, 0.0, true, true, false}));
 }
 
 TEST(DsConfigOptimizer, RejectsUnsupportedTypesMaxGradNormAndBadBetas) {
   for (const char* type : {"SGD", "Lamb", "OneBitAdam"}) {
     const std::string message = error_of(with({{"optimizer", {{"type", type}}}}));
     EXPECT_TRUE(Contains(message, std::string("optimizer.type '") + type + "' is not supported"));
-    EXPECT_TRUE(Contains(message, "supported: Adam, AdamW"));
+    EXPECT_TRUE(Contains(message, "supported: Adam, AdamW, Lion"));
   }
   const std::string clip = error_of(with({{"optimizer", {{"type", "Adam"}, {"params", {{"max_grad_norm", 1.0}}}}}}));
   EXPECT_TRUE(Contains(clip, "optimizer.params.max_grad_norm"));
@@ -670,6 +673,28 @@ TEST(DsConfigOptimizer, RejectsUnsupportedTypesMaxGradNormAndBadBetas) {
     EXPECT_TRUE(Contains(error_of(with({{"optimizer", {{"params", {{"betas", betas}}}}}})), "optimizer.params.betas"))
         << betas.dump();
   }
+}
+
+// DeepSpeed's "Lion" (any case): lr, betas and weight_decay; the settings only Adam has are refused, as
+// DeepSpeed's Lion constructor would refuse them.
+TEST(DsConfigOptimizer, ReadsLionWithItsOwnParams) {
+  const DsConfig c = parse(with(
+      {{"optimizer", {{"type", "lion"}, {"params", {{"lr", 1e-4}, {"betas", {0.95, 0.98}}, {"weight_decay", 1.0}}}}}}));
+  EXPECT_EQ(c.optimizer.type, "Lion");
+  EXPECT_EQ(c.optimizer.kind, OptimizerKind::kLion);
+  EXPECT_EQ(c.optimizer.lr, 1e-4);
+  EXPECT_EQ(c.optimizer.beta1, 0.95);
+  EXPECT_EQ(c.optimizer.beta2, 0.98);
+  EXPECT_EQ(c.optimizer.weight_decay, 1.0);
+  EXPECT_TRUE(c.warnings.empty());
+  for (const char* key : {"eps", "adam_w_mode", "bias_correction", "amsgrad"}) {
+    const json value = std::string(key) == "eps" ? json(1e-8) : json(true);
+    const std::string message = error_of(with({{"optimizer", {{"type", "Lion"}, {"params", {{key, value}}}}}}));
+    EXPECT_TRUE(Contains(message, std::string("optimizer.params.") + key)) << message;
+    EXPECT_TRUE(Contains(message, "Lion takes lr, betas and weight_decay")) << message;
+  }
+  EXPECT_EQ(parse(with({{"optimizer", {{"type", "AdamW"}}}})).optimizer.kind, OptimizerKind::kAdamW);
+  EXPECT_EQ(parse(with({{"optimizer", {{"type", "Adam"}}}})).optimizer.kind, OptimizerKind::kAdamW);
 }
 
 TEST(DsConfigScheduler, ReadsEachTypeWithItsParams) {

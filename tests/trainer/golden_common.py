@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from torch_decay import adamw_groups
+from torch_lion import Lion
 
 RTOL = 1e-5
 SEED = 42
@@ -114,16 +115,30 @@ def check_dump(dump_tool, model, tokens, data, out_dir, loss_fn, shapes_fn, labe
     return cfg, init, inputs, targets
 
 
-def check_training(shardkit, model, cfg, init, inputs, targets, data, tmp, loss_fn, label):
-    """Three steps of `shardkit train` (AdamW with weight decay on the matrices and embeddings, gradient
-    clipping, gradient accumulation over 2 micro-batches of the 4 windows) against torch.optim.AdamW
-    with the same two parameter groups (torch_decay.py) on the reference: the loss and
-    gradient norm of each step element-wise, and the fp32 master weights and both Adam moments of the
-    checkpoint written after step 3 as close_after_adam() explains."""
+# The optimizers of the training check: DeepSpeed's config section, the PyTorch optimizer of the same
+# settings over the decay / no-decay groups, and the states a checkpoint holds besides "fp32".
+OPTIMIZERS = {
+    "AdamW": ({"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+              lambda params: torch.optim.AdamW(adamw_groups(params, 0.1), lr=1e-3, betas=(0.9, 0.95), eps=1e-8),
+              ("exp_avg", "exp_avg_sq")),
+    "Lion": ({"type": "Lion", "params": {"lr": 1e-4, "betas": [0.9, 0.99], "weight_decay": 0.1}},
+             lambda params: Lion(adamw_groups(params, 0.1), lr=1e-4, betas=(0.9, 0.99)),
+             ("exp_avg",)),
+}
+
+
+def check_training(shardkit, model, cfg, init, inputs, targets, data, tmp, loss_fn, label, optimizer="AdamW"):
+    """Three steps of `shardkit train` (`optimizer` with weight decay on the matrices and embeddings,
+    gradient clipping, gradient accumulation over 2 micro-batches of the 4 windows) against PyTorch's
+    AdamW (or torch_lion.py's Lion) with the same two parameter groups (torch_decay.py) on the
+    reference: the loss and gradient norm of each step element-wise, and the fp32 master weights and
+    the optimizer's moments of the checkpoint written after step 3 as close_after_adam() explains."""
+    section, make_optimizer, moments = OPTIMIZERS[optimizer]
+    label = f"{label} {optimizer}"
+    tmp = os.path.join(tmp, optimizer)
+    os.makedirs(tmp)
     config = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "gradient_clipping": 1.0,
-              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8,
-                                                         "weight_decay": 0.1}},
-              "steps_per_print": 1}
+              "optimizer": section, "steps_per_print": 1}
     cfg_path = os.path.join(tmp, "ds.json")
     with open(cfg_path, "w") as f:
         json.dump(config, f)
@@ -136,7 +151,7 @@ def check_training(shardkit, model, cfg, init, inputs, targets, data, tmp, loss_
 
     def train_torch(dtype):
         params = {n: torch.tensor(v, dtype=dtype, requires_grad=True) for n, v in init.items()}
-        opt = torch.optim.AdamW(adamw_groups(params.values(), 0.1), lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+        opt = make_optimizer(params.values())
         history = []
         for step in range(3):
             opt.zero_grad()
@@ -156,11 +171,14 @@ def check_training(shardkit, model, cfg, init, inputs, targets, data, tmp, loss_
     for step, (total, norm) in enumerate(history):
         close(f"[{label}] step {step + 1} loss", steps[step]["loss"], total)
         close(f"[{label}] step {step + 1} grad norm", steps[step]["grad_norm"], norm)
-    _, states = read_checkpoint(os.path.join(run, "step-00000003"))
+    manifest, states = read_checkpoint(os.path.join(run, "step-00000003"))
+    if manifest["states"] != ["fp32", *moments]:
+        failures.append(f"[{label}] states")
+        print(f"FAIL [{label}] the checkpoint holds the states {manifest['states']}, not fp32 and {moments}")
     for n, p in params.items():
         st, st32 = opt.state[p], opt32.state[params32[n]]
         close_after_adam(f"[{label}] master {n}", states["fp32"][n], p.detach().numpy(), params32[n].detach().numpy())
-        for s in ("exp_avg", "exp_avg_sq"):
+        for s in moments:
             close_after_adam(f"[{label}] {s} {n}", states[s][n], st[s].numpy(), st32[s].numpy())
 
 

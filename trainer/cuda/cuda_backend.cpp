@@ -39,14 +39,15 @@ class CudaBackend final : public Backend {
         context_(*o.comm),
         plan_(check_memory_plan<T>(*o.model, o.config->zero,
                                    RunShape{activation_plan(o), static_cast<int>(o.config->gradient_accumulation_steps),
-                                            comm_dtype(*o.config)},
+                                            comm_dtype(*o.config), o.config->optimizer.kind},
                                    *o.comm, context_, o.log)),
         model_(make_gpu_model<T>(*o.model, activation_plan(o), context_.cublas(), context_.stream())),
-        engine_(o.model->table(), o.model->groups(), decay_flags(*o.model), o.config->zero, comm_dtype(*o.config),
-                *o.comm, context_.nccl(), context_.stream(),
-                nvme::swap_factory(*o.config, true, sizeof(T), *o.comm, o.log)),
+        engine_(o.model->table(), o.model->groups(), decay_flags(*o.model), o.config->zero, optimizer_of(o),
+                comm_dtype(*o.config), *o.comm, context_.nccl(), context_.stream(),
+                nvme::swap_factory(*o.config, true, sizeof(T), optimizer_of(o).num_states(), *o.comm, o.log)),
         inputs_(static_cast<size_t>(o.micro_batch) * o.seq_len),
         targets_(static_cast<size_t>(o.micro_batch) * o.seq_len),
+        snapshot_(static_cast<size_t>(optimizer_of(o).num_states())),
         replay_(engine_.fixed_buffers() && !o.config->wall_clock_breakdown) {}
 
   const ckpt::Layout& layout() const override { return engine_.layout(); }
@@ -97,10 +98,11 @@ class CudaBackend final : public Backend {
   }
   void reduce_grads() override { engine_.reduce_grads(); }
   double global_grad_sq() override { return engine_.global_grad_sq(); }
-  void step(const AdamWStep& s) override {
+  void step(const OptimizerStep& s) override {
     if (!copies_) snapshot_gate_.wait_open();  // a save may be reading the offloaded states
     engine_.step(s);
   }
+  const Optimizer& optimizer() const override { return optimizer_of(options_); }
   void reserve_snapshot() override {
     if (decided_) return;
     decided_ = true;
@@ -116,7 +118,7 @@ class CudaBackend final : public Backend {
              "--snapshot-staging device: the optimizer states are offloaded to host memory (offload_optimizer), "
              "where a save copies them from directly");
       }
-      copies_ = snapshot_copies_states(options_, ckpt::kOptimizerStateBytes * flat);
+      copies_ = snapshot_copies_states(options_, optimizer().state_bytes() * flat);
     } else if (options_.snapshot_staging == SnapshotStaging::kNone) {
       fail(ErrorKind::kInvalidInput,
            "--snapshot-staging none: the optimizer states are in GPU memory, and a save copies them to host memory "
@@ -132,17 +134,18 @@ class CudaBackend final : public Backend {
       snapshot_gate_.close();
       return;
     }
-    const size_t flat = snapshot_[0].size();
-    engine_.begin_snapshot({snapshot_[0].data(), flat}, {snapshot_[1].data(), flat}, {snapshot_[2].data(), flat});
+    std::vector<std::span<float>> targets;
+    for (PinnedBuffer<float>& b : snapshot_) targets.emplace_back(b.data(), b.size());
+    engine_.begin_snapshot(targets);
   }
   void wait_snapshot() override {
     if (copies_) engine_.wait_snapshot();
   }
   double snapshot_wait_ms() override { return copies_ ? engine_.snapshot_wait_ms() : snapshot_gate_.waited_ms(); }
-  std::array<std::span<const float>, ckpt::kNumOptimizerStates> snapshot_buffers() const override {
-    return {std::span<const float>(snapshot_[0].data(), snapshot_[0].size()),
-            std::span<const float>(snapshot_[1].data(), snapshot_[1].size()),
-            std::span<const float>(snapshot_[2].data(), snapshot_[2].size())};
+  std::vector<std::span<const float>> snapshot_buffers() const override {
+    std::vector<std::span<const float>> out;
+    for (const PinnedBuffer<float>& b : snapshot_) out.emplace_back(b.data(), b.size());
+    return out;
   }
   void stream_snapshot(int state, const std::function<void(std::span<const float>)>& sink) override {
     if (copies_) return Backend::stream_snapshot(state, sink);
@@ -196,9 +199,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<GpuModel<T>> model_;
   GpuZeroEngine<T> engine_;
   DeviceBuffer<int32_t> inputs_, targets_;
-  PinnedBuffer<float> snapshot_[ckpt::kNumOptimizerStates];
-  bool decided_ = false;  // reserve_snapshot() has chosen
-  bool copies_ = true;    // snapshots are a copy; else (offloaded states) the save reads them behind the gate
+  std::vector<PinnedBuffer<float>> snapshot_;  // one per state of the optimizer (page-locked)
+  bool decided_ = false;                       // reserve_snapshot() has chosen
+  bool copies_ = true;  // snapshots are a copy; else (offloaded states) the save reads them behind the gate
   SnapshotGate snapshot_gate_;
   const bool replay_;  // the passes run as a captured graph
   bool warm_ = false;  // a micro-batch has run kernel by kernel

@@ -41,7 +41,7 @@ struct FixedBuffers {
   size_t grad_part = 0;    // fp32, the reduced partition where grads_full is not it
   size_t param_part = 0;   // T, stage 3
   ParamHome param_home = ParamHome::kDevice;
-  size_t states = 0;            // fp32 per optimizer state (3 of them)
+  size_t states = 0;            // fp32 per optimizer state
   bool states_on_host = false;  // the host optimizer's, in host memory or swapped to NVMe
   bool states_on_nvme = false;
 };
@@ -166,7 +166,8 @@ int64_t working_bytes(const ZeroPlan& plan, const std::vector<model::TensorGroup
 
 template <typename T>
 EngineFootprint engine_footprint(const ZeroPlan& plan, const std::vector<model::TensorGroup>& groups,
-                                 const ZeroConfig& config, ckpt::DType wire, bool accumulates) {
+                                 const ZeroConfig& config, const Optimizer& optimizer, ckpt::DType wire,
+                                 bool accumulates) {
   const FixedBuffers b = fixed_buffers_of(plan, config);
   const auto bytes = [](size_t n, size_t element) { return static_cast<int64_t>(n * element); };
   EngineFootprint f;
@@ -176,7 +177,7 @@ EngineFootprint engine_footprint(const ZeroPlan& plan, const std::vector<model::
   // The swap holds T (its file rounded up to whole chunks, which the plan leaves out).
   f.held.nvme_parameters = b.param_home == ParamHome::kSwap ? part : 0;
   f.held.gradients = bytes(b.grads_full + b.grad_part, sizeof(float));
-  const int64_t states = ckpt::kNumOptimizerStates * bytes(b.states, sizeof(float));
+  const int64_t states = optimizer.num_states() * bytes(b.states, sizeof(float));
   (b.states_on_nvme   ? f.held.nvme_optimizer_states
    : b.states_on_host ? f.held.host_optimizer_states
                       : f.held.optimizer_states) = states;
@@ -191,8 +192,8 @@ EngineFootprint engine_footprint(const ZeroPlan& plan, const std::vector<model::
 
 template <typename T>
 GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups,
-                                const std::vector<bool>& decays, const ZeroConfig& config, ckpt::DType wire,
-                                comm::MpiCollective& mpi, ncclComm_t nccl, cudaStream_t stream,
+                                const std::vector<bool>& decays, const ZeroConfig& config, const Optimizer& optimizer,
+                                ckpt::DType wire, comm::MpiCollective& mpi, ncclComm_t nccl, cudaStream_t stream,
                                 const nvme::SwapFactory& swaps)
     : table_(table),
       groups_(std::move(groups)),
@@ -202,6 +203,7 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<mode
       nccl_(nccl),
       stream_(stream),
       plan_(table, mpi.size(), mpi.rank(), config.stage),
+      optimizer_(optimizer),
       opened_swaps_(open_swaps(swaps, fixed_buffers_of(plan_, config))),
       param_part_(fixed_buffers_of(plan_, config).param_part, fixed_buffers_of(plan_, config).param_home,
                   std::move(opened_swaps_.params),
@@ -212,12 +214,10 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<mode
   params_full_.resize(fixed.params_full);
   grads_full_.resize(fixed.grads_full);
   if (fixed.states_on_host) {
-    host_ = std::make_unique<HostOptimizer<T>>(fixed.states, fixed.param_home, std::move(opened_swaps_.optimizer),
-                                               param_part_.swap());
+    host_ = std::make_unique<HostOptimizer<T>>(fixed.states, optimizer, fixed.param_home,
+                                               std::move(opened_swaps_.optimizer), param_part_.swap());
   } else {
-    master_.resize(fixed.states);
-    exp_avg_.resize(fixed.states);
-    exp_avg_sq_.resize(fixed.states);
+    for (int i = 0; i < optimizer.num_states(); ++i) states_.emplace_back(fixed.states);
   }
   grad_part_.resize(fixed.grad_part);
   if (fixed.grad_part > 0) CUDA_CHECK(cudaMemsetAsync(grad_part_.data(), 0, grad_part_.bytes(), stream_));
@@ -245,7 +245,7 @@ MemoryReport GpuZeroEngine<T>::memory() const noexcept {
   r.host_parameters = param_part_.host_bytes();
   r.nvme_parameters = param_part_.nvme_bytes();
   r.gradients = static_cast<int64_t>(grads_full_.bytes() + grad_part_.bytes());
-  r.optimizer_states = static_cast<int64_t>(master_.bytes() + exp_avg_.bytes() + exp_avg_sq_.bytes());
+  for (const DeviceBuffer<float>& state : states_) r.optimizer_states += static_cast<int64_t>(state.bytes());
   r.snapshot_staging = static_cast<int64_t>(staging_.bytes());
   if (host_) r.host_optimizer_states = host_->host_state_bytes();
   if (const nvme::StateSwapper* swap = swapper()) r.nvme_optimizer_states = swap->file_bytes();
@@ -267,15 +267,15 @@ void GpuZeroEngine<T>::initialize(const InitFn& init) {
   }
   // Zeroed on the compute threads, not one: billions of elements (the padding between fragments must
   // be zero; the rest is overwritten).
-  HugeBuffer<float> staging(master_.size());
-  parallel_fill(staging.data(), static_cast<int64_t>(master_.size()), 0.0f);
+  DeviceBuffer<float>& master = states_[0];
+  HugeBuffer<float> staging(master.size());
+  parallel_fill(staging.data(), static_cast<int64_t>(master.size()), 0.0f);
   const std::span<float> host = staging.span();
-  CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
-  CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
+  zero_moments();
   for (const ckpt::Fragment& f : fragments) {
     init(f.tensor, f.tensor_offset, host.subspan(static_cast<size_t>(f.flat_offset), static_cast<size_t>(f.length)));
   }
-  CUDA_CHECK(cudaMemcpy(master_.data(), host.data(), master_.bytes(), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(master.data(), host.data(), master.bytes(), cudaMemcpyHostToDevice));
   publish_params();
 }
 
@@ -303,10 +303,10 @@ void GpuZeroEngine<T>::initialize(const RandomInit& init) {
       }
     });
   } else {
-    CUDA_CHECK(cudaMemsetAsync(master_.data(), 0, master_.bytes(), stream_));  // the padding between fragments
-    for (const ckpt::Fragment& f : fragments) draw(master_.data() + f.flat_offset, f, 0, f.length);
-    CUDA_CHECK(cudaMemsetAsync(exp_avg_.data(), 0, exp_avg_.bytes(), stream_));
-    CUDA_CHECK(cudaMemsetAsync(exp_avg_sq_.data(), 0, exp_avg_sq_.bytes(), stream_));
+    DeviceBuffer<float>& master = states_[0];
+    CUDA_CHECK(cudaMemsetAsync(master.data(), 0, master.bytes(), stream_));  // the padding between fragments
+    for (const ckpt::Fragment& f : fragments) draw(master.data() + f.flat_offset, f, 0, f.length);
+    zero_moments();
   }
   publish_params();
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -324,10 +324,9 @@ void GpuZeroEngine<T>::load(const LoadFn& read) {
   }
   // State by state into host memory, each copied to the device by a helper thread while the next is
   // read: the copy hides behind the disk.
-  const size_t n = master_.size();
+  const size_t n = states_[0].size();
   HugeBuffer<float> staging[2] = {HugeBuffer<float>(n),
                                   HugeBuffer<float>(n)};  // the reads touch the pages, in parallel
-  DeviceBuffer<float>* devices[ckpt::kNumOptimizerStates] = {&master_, &exp_avg_, &exp_avg_sq_};
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   std::thread copier;
@@ -337,14 +336,15 @@ void GpuZeroEngine<T>::load(const LoadFn& read) {
     if (copy_error) std::rethrow_exception(copy_error);
   };
   try {
-    for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
+    for (int s = 0; s < optimizer_.num_states(); ++s) {
       const std::span<float> host = staging[s % 2].span();
       read(load_requests(fragments, {&host, 1}, s));
       join_copier();  // the previous state's copy, which also frees the other staging buffer
       copier = std::thread([&, s, host] {
         try {
           CUDA_CHECK(cudaSetDevice(device));
-          CUDA_CHECK(cudaMemcpy(devices[s]->data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice));
+          CUDA_CHECK(cudaMemcpy(states_[static_cast<size_t>(s)].data(), host.data(), host.size_bytes(),
+                                cudaMemcpyHostToDevice));
         } catch (...) {
           copy_error = std::current_exception();
         }
@@ -359,14 +359,14 @@ void GpuZeroEngine<T>::load(const LoadFn& read) {
 }
 
 template <typename T>
-void GpuZeroEngine<T>::begin_snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq) {
-  const std::span<float> targets[ckpt::kNumOptimizerStates] = {master, exp_avg, exp_avg_sq};
+void GpuZeroEngine<T>::begin_snapshot(std::span<const std::span<float>> targets) {
+  const int states = optimizer_.num_states();
   if (host_) {  // offloaded: the states are in host memory already; the host step would change them
     if (fault_armed("slow-snapshot")) {
       fault_delay();
     }
-    for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
-      float* out = targets[s].data();
+    for (int s = 0; s < states; ++s) {
+      float* out = targets[static_cast<size_t>(s)].data();
       read_offloaded(s, [&](std::span<const float> piece) {
         parallel_copy(out, piece.data(), static_cast<int64_t>(piece.size()));  // all threads: gigabytes
         out += piece.size();
@@ -374,7 +374,6 @@ void GpuZeroEngine<T>::begin_snapshot(std::span<float> master, std::span<float> 
     }
     return;
   }
-  const DeviceBuffer<float>* sources[ckpt::kNumOptimizerStates] = {&master_, &exp_avg_, &exp_avg_sq_};
   const size_t bytes = static_cast<size_t>(plan_.owned_size()) * sizeof(float);
   if (staging_.size() > 0) {
     // The compute stream makes the device copy itself, so its time (and any wait for the previous
@@ -383,16 +382,17 @@ void GpuZeroEngine<T>::begin_snapshot(std::span<float> master, std::span<float> 
     CUDA_CHECK(cudaEventRecord(snapshot_wait_begin_.get(), stream_));
     CUDA_CHECK(cudaStreamWaitEvent(stream_, snapshot_done_.get(), 0));
     if (fault_armed("slow-snapshot")) delay_stream(stream_, fault_delay_ms());
-    for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
-      CUDA_CHECK(cudaMemcpyAsync(staging_.data() + s * plan_.owned_size(), sources[s]->data() + plan_.owned_offset(),
-                                 bytes, cudaMemcpyDeviceToDevice, stream_));
+    for (int s = 0; s < states; ++s) {
+      CUDA_CHECK(cudaMemcpyAsync(staging_.data() + s * plan_.owned_size(),
+                                 states_[static_cast<size_t>(s)].data() + plan_.owned_offset(), bytes,
+                                 cudaMemcpyDeviceToDevice, stream_));
     }
     CUDA_CHECK(cudaEventRecord(snapshot_wait_end_.get(), stream_));
     snapshot_wait_timed_ = true;
     wait(snapshot_stream_.get(), stream_);
-    for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
-      CUDA_CHECK(cudaMemcpyAsync(targets[s].data(), staging_.data() + s * plan_.owned_size(), bytes,
-                                 cudaMemcpyDeviceToHost, snapshot_stream_.get()));
+    for (int s = 0; s < states; ++s) {
+      CUDA_CHECK(cudaMemcpyAsync(targets[static_cast<size_t>(s)].data(), staging_.data() + s * plan_.owned_size(),
+                                 bytes, cudaMemcpyDeviceToHost, snapshot_stream_.get()));
     }
     CUDA_CHECK(cudaEventRecord(snapshot_done_.get(), snapshot_stream_.get()));
     return;
@@ -401,8 +401,9 @@ void GpuZeroEngine<T>::begin_snapshot(std::span<float> master, std::span<float> 
   wait(snapshot_stream_.get(), stream_);
   if (fault_armed("slow-snapshot")) delay_stream(snapshot_stream_.get(), fault_delay_ms());
   snapshot_reads_states_ = true;
-  for (int s = 0; s < ckpt::kNumOptimizerStates; ++s) {
-    CUDA_CHECK(cudaMemcpyAsync(targets[s].data(), sources[s]->data() + plan_.owned_offset(), bytes,
+  for (int s = 0; s < states; ++s) {
+    CUDA_CHECK(cudaMemcpyAsync(targets[static_cast<size_t>(s)].data(),
+                               states_[static_cast<size_t>(s)].data() + plan_.owned_offset(), bytes,
                                cudaMemcpyDeviceToHost, snapshot_stream_.get()));
   }
   CUDA_CHECK(cudaEventRecord(snapshot_done_.get(), snapshot_stream_.get()));
@@ -428,13 +429,20 @@ void GpuZeroEngine<T>::read_offloaded(int state, const std::function<void(std::s
 
 template <typename T>
 int64_t GpuZeroEngine<T>::staging_bytes() const noexcept {
-  return host_ ? 0 : ckpt::kOptimizerStateBytes * plan_.owned_size();
+  return host_ ? 0 : optimizer_.state_bytes() * plan_.owned_size();
+}
+
+template <typename T>
+void GpuZeroEngine<T>::zero_moments() {
+  for (size_t i = 1; i < states_.size(); ++i) {
+    CUDA_CHECK(cudaMemsetAsync(states_[i].data(), 0, states_[i].bytes(), stream_));
+  }
 }
 
 template <typename T>
 void GpuZeroEngine<T>::reserve_staging() {
   if (!host_ && staging_.size() == 0)
-    staging_ = DeviceBuffer<float>(static_cast<size_t>(ckpt::kNumOptimizerStates * plan_.owned_size()));
+    staging_ = DeviceBuffer<float>(static_cast<size_t>(optimizer_.num_states() * plan_.owned_size()));
 }
 
 template <typename T>
@@ -449,7 +457,7 @@ void GpuZeroEngine<T>::write_params(const typename ParamPartition<T>::Producer& 
   if (plan_.partitions_params()) {
     param_part_.store(stream_, produce);
   } else {
-    produce(0, static_cast<int64_t>(master_.size()), owned_params());
+    produce(0, static_cast<int64_t>(states_[0].size()), owned_params());
   }
 }
 
@@ -459,7 +467,7 @@ void GpuZeroEngine<T>::publish_params() {
   if (host_) {
     host_->upload(mine, stream_);
   } else {
-    write_params([&](int64_t lo, int64_t n, T* out) { cast_from_float(out, master_.data() + lo, n, stream_); });
+    write_params([&](int64_t lo, int64_t n, T* out) { cast_from_float(out, states_[0].data() + lo, n, stream_); });
   }
   if (plan_.gathers_updated_params()) all_gather_params();
 }
@@ -741,7 +749,7 @@ double GpuZeroEngine<T>::global_grad_sq() {
 }
 
 template <typename T>
-void GpuZeroEngine<T>::step(const AdamWStep& s) {
+void GpuZeroEngine<T>::step(const OptimizerStep& s) {
   const float* grads = reduced_grads();
   // The update writes the compute-precision copy directly where the model reads it (stage 0: the
   // replicated buffer; 1-2: this rank's partition of it, then all-gathered; 3: the partition, which
@@ -760,16 +768,16 @@ void GpuZeroEngine<T>::step(const AdamWStep& s) {
     snapshot_reads_states_ = false;  // the steps after this one are ordered after the copy too
     snapshot_wait_timed_ = true;
   }
-  const AdamWCoefficients c = AdamWCoefficients::of(s);
-  // AdamW is elementwise: updating in chunks (for the pipelined gather below, or a partition in host
-  // memory) gives the same results.
+  // The update is elementwise: updating in chunks (for the pipelined gather below, or a partition in
+  // host memory) gives the same results.
   const NoDecayRanges no_decay{no_decay_device_.data(), static_cast<int64_t>(no_decay_device_.size())};
   const typename ParamPartition<T>::Producer update = [&](int64_t lo, int64_t n, T* out) {
-    adamw(master_.data() + lo, exp_avg_.data() + lo, exp_avg_sq_.data() + lo, grads + lo, out, n, c, no_decay.at(lo),
-          stream_);
+    std::vector<float*> at;
+    for (DeviceBuffer<float>& state : states_) at.push_back(state.data() + lo);
+    optimizer_update(s, at, grads + lo, out, n, no_decay.at(lo), stream_);
   };
   if (host_) {
-    host_->step(grads, params, c, {no_decay_.data(), static_cast<int64_t>(no_decay_.size())}, stream_);
+    host_->step(grads, params, s, {no_decay_.data(), static_cast<int64_t>(no_decay_.size())}, stream_);
     if (plan_.gathers_updated_params()) all_gather_params();
   } else if (plan_.gathers_updated_params()) {
     update_and_gather(update);
@@ -805,10 +813,10 @@ template class GpuZeroEngine<float>;
 template class GpuZeroEngine<__nv_bfloat16>;
 template class GpuZeroEngine<__half>;
 template EngineFootprint engine_footprint<float>(const ZeroPlan&, const std::vector<model::TensorGroup>&,
-                                                 const ZeroConfig&, ckpt::DType, bool);
+                                                 const ZeroConfig&, const Optimizer&, ckpt::DType, bool);
 template EngineFootprint engine_footprint<__nv_bfloat16>(const ZeroPlan&, const std::vector<model::TensorGroup>&,
-                                                         const ZeroConfig&, ckpt::DType, bool);
+                                                         const ZeroConfig&, const Optimizer&, ckpt::DType, bool);
 template EngineFootprint engine_footprint<__half>(const ZeroPlan&, const std::vector<model::TensorGroup>&,
-                                                  const ZeroConfig&, ckpt::DType, bool);
+                                                  const ZeroConfig&, const Optimizer&, ckpt::DType, bool);
 
 }  // namespace shardkit::trainer::cuda

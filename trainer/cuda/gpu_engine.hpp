@@ -42,7 +42,8 @@ struct EngineFootprint {
 // a step (later ones land their reductions through a receive buffer).
 template <typename T>
 EngineFootprint engine_footprint(const ZeroPlan& plan, const std::vector<model::TensorGroup>& groups,
-                                 const ZeroConfig& config, ckpt::DType wire, bool accumulates);
+                                 const ZeroConfig& config, const Optimizer& optimizer, ckpt::DType wire,
+                                 bool accumulates);
 
 template <typename T>
 class GpuZeroEngine final : public model::cuda::GpuParamStore<T> {
@@ -52,8 +53,8 @@ class GpuZeroEngine final : public model::cuda::GpuParamStore<T> {
   // swaps of the optimizer states and of stage 3's parameters where offload_optimizer's or
   // offload_param's device is nvme.
   GpuZeroEngine(const ckpt::TensorTable& table, std::vector<model::TensorGroup> groups, const std::vector<bool>& decays,
-                const ZeroConfig& config, ckpt::DType wire, comm::MpiCollective& mpi, ncclComm_t nccl,
-                cudaStream_t stream, const nvme::SwapFactory& swaps = {});
+                const ZeroConfig& config, const Optimizer& optimizer, ckpt::DType wire, comm::MpiCollective& mpi,
+                ncclComm_t nccl, cudaStream_t stream, const nvme::SwapFactory& swaps = {});
 
   const ckpt::Layout& layout() const noexcept { return plan_.layout(); }
   MemoryReport memory() const noexcept;
@@ -64,18 +65,18 @@ class GpuZeroEngine final : public model::cuda::GpuParamStore<T> {
   void initialize(const InitFn& init);
   void initialize(const RandomInit& init);
   void load(const LoadFn& read);
-  // Starts copying the rank's states into the (page-locked) host spans. Directly: on a side stream,
-  // and the next step() waits for the copy on the device. Through the device staging buffer, once
+  // Starts copying the rank's states into the (page-locked) host spans, one per state of the optimizer. Directly: on a
+  // side stream, and the next step() waits for the copy on the device. Through the device staging buffer, once
   // reserve_staging() has allocated it: the compute stream copies the states into it (device to
   // device, a few milliseconds) and goes on, and the side stream drains it to the host spans over the
   // following steps, which never wait for that. wait_snapshot() blocks until the host spans are full.
-  void begin_snapshot(std::span<float> master, std::span<float> exp_avg, std::span<float> exp_avg_sq);
+  void begin_snapshot(std::span<const std::span<float>> targets);
   void wait_snapshot();
   // The device time the last snapshot took from the compute stream (ms): the direct copy's wait in
   // step() (0 when no step has reached it yet), or the staging copy (with any wait for the previous
   // drain). Read once per snapshot.
   double snapshot_wait_ms();
-  // The device staging buffer: the three states of the rank's slice. None with the optimizer
+  // The device staging buffer: the optimizer's states of the rank's slice. None with the optimizer
   // offloaded (the states are in host memory or on NVMe, where the snapshot reads them directly).
   int64_t staging_bytes() const noexcept;
   void reserve_staging();
@@ -84,7 +85,7 @@ class GpuZeroEngine final : public model::cuda::GpuParamStore<T> {
   const nvme::StateSwapper* swapper() const noexcept { return host_ ? host_->swapper() : nullptr; }
   // Stage 3 with offload_param nvme: the parameters' swap file (else null).
   const nvme::StateSwapper* param_swapper() const noexcept { return param_part_.swap(); }
-  // Offloaded: the rank's slice of state `state` (0 master, 1 exp_avg, 2 exp_avg_sq), where it lives
+  // Offloaded: the rank's slice of the optimizer's state `state` (0: master weights), where it lives
   // (which step() changes), handed to `sink` in order, in one piece or several.
   void read_offloaded(int state, const std::function<void(std::span<const float>)>& sink);
 
@@ -99,16 +100,17 @@ class GpuZeroEngine final : public model::cuda::GpuParamStore<T> {
   void zero_grads();
   void reduce_grads();
   double global_grad_sq();
-  void step(const AdamWStep& step);
+  void step(const OptimizerStep& step);
 
  private:
   void publish_params();
+  void zero_moments();       // every state but the master weights, on the device
   void all_gather_params();  // stages 1-2: every rank's partition into params_full_, on the compute stream
   T* owned_params();         // where this rank's share of the parameters lives in T (stage 3: maybe host memory)
   // Makes what `produce` queues on the compute stream -- device work writing the rank's share of the
   // parameters in T, [lo, lo + n) of the optimizer view, to `out` -- land where that share lives.
   void write_params(const typename ParamPartition<T>::Producer& produce);
-  // Stages 1-2 with the GPU optimizer: `update` (AdamW over [lo, lo + n) of the partition) and the
+  // Stages 1-2 with the GPU optimizer: `update` (the optimizer over [lo, lo + n) of the partition) and the
   // all-gather of the updated weights, pipelined in chunks.
   void update_and_gather(const typename ParamPartition<T>::Producer& update);
   // Whether the optimizer view's gradients are grads_full_ itself: stage 0, and stage 1 on one rank
@@ -144,14 +146,17 @@ class GpuZeroEngine final : public model::cuda::GpuParamStore<T> {
   ncclComm_t nccl_;
   cudaStream_t stream_;
   ZeroPlan plan_;
+  const Optimizer& optimizer_;
   nvme::Swaps opened_swaps_;  // NVMe offload: the swaps as opened, until param_part_ and host_ take them
 
   model::cuda::DeviceBuffer<T> params_full_;     // stages 0-2: W * P, tensors at global offsets
   model::cuda::DeviceBuffer<float> grads_full_;  // stages 0-1: W * P (one rank at stage 1: also its partition)
   ParamPartition<T> param_part_;                 // stage 3: the partition in T, gathered from
   // Optimizer view: stage 0 the full W * P, stages 1-2 the partition P, stage 3 the slots F.
-  model::cuda::DeviceBuffer<float> master_, exp_avg_, exp_avg_sq_, grad_part_;
-  std::unique_ptr<HostOptimizer<T>> host_;  // offloaded: master weights and moments (then not on the device)
+  // The optimizer's states on the device, master weights first (none when offloaded).
+  std::vector<model::cuda::DeviceBuffer<float>> states_;
+  model::cuda::DeviceBuffer<float> grad_part_;
+  std::unique_ptr<HostOptimizer<T>> host_;  // offloaded: the optimizer's states (then not on the device)
   // Positions of the optimizer view that weight decay skips: for the host optimizer, and a copy in
   // device memory for the kernel.
   std::vector<ElementRange> no_decay_;

@@ -28,7 +28,6 @@ void narrow_into(std::span<const float> in, T* out) {
   }
 }
 
-constexpr int kAllStates[] = {0, 1, 2};
 constexpr int kMaster[] = {0};
 
 // No larger than the states, for small models.
@@ -64,21 +63,29 @@ int64_t HostOptimizer<T>::pinned_bytes(size_t count, ParamHome weights, int64_t 
 }
 
 template <typename T>
-HostOptimizer<T>::HostOptimizer(size_t count, ParamHome weights, std::unique_ptr<nvme::StateSwapper> swap,
-                                nvme::StateSwapper* weight_swap, int64_t ring_chunk)
+HostOptimizer<T>::HostOptimizer(size_t count, const Optimizer& optimizer, ParamHome weights,
+                                std::unique_ptr<nvme::StateSwapper> swap, nvme::StateSwapper* weight_swap,
+                                int64_t ring_chunk)
     : count_(count),
+      optimizer_(optimizer),
       weights_(weights),
       swap_(std::move(swap)),
       weight_swap_(weight_swap),
-      master_(swap_ ? 0 : count),
-      exp_avg_(swap_ ? 0 : count),
-      exp_avg_sq_(swap_ ? 0 : count),
       ring_chunk_(ring_chunk_of(count, ring_chunk)),
       slots_(slots_of<T>(count, ring_chunk)),
       grad_ring_(static_cast<size_t>(slots_ * ring_chunk_)),
       weight_ring_(weights == ParamHome::kDevice ? static_cast<size_t>(slots_ * ring_chunk_) : 0),
       down_(static_cast<size_t>(slots_)),
       up_(static_cast<size_t>(slots_)) {
+  for (int s = 0; s < optimizer.num_states(); ++s) {
+    all_states_.push_back(s);
+    if (!swap_) states_.emplace_back(count);
+  }
+  if (swap_ && static_cast<int>(swap_->all_states().size()) != optimizer.num_states()) {
+    fail(ErrorKind::kInternal, swap_->path().string() + ": a swap of " + std::to_string(swap_->all_states().size()) +
+                                   " states for " + std::string(optimizer.name) + "'s " +
+                                   std::to_string(optimizer.num_states()));
+  }
   for (const nvme::StateSwapper* s : {swap_.get(), weight_swap_}) {
     if (s && s->elements() != static_cast<int64_t>(count)) {
       fail(ErrorKind::kInternal, s->path().string() + ": a swap of " + std::to_string(s->elements()) +
@@ -108,18 +115,18 @@ void HostOptimizer<T>::visit(Access access, std::span<const int> states, int64_t
     swap_->visit(access, states, [&](const Chunk& chunk) { visit_chunk(chunk, nullptr); });
     return;
   }
-  HugeBuffer<float>* buffers[] = {&master_, &exp_avg_, &exp_avg_sq_};
   const int64_t n = static_cast<int64_t>(count_);
   for (int64_t lo = 0; lo < n; lo += host_chunk) {
     const size_t len = static_cast<size_t>(std::min(host_chunk, n - lo));
     Chunk chunk{lo, {}, {}};
-    for (const int s : states) chunk.states[static_cast<size_t>(s)] = {buffers[s]->data() + lo, len};
+    for (const int s : states)
+      chunk.states[static_cast<size_t>(s)] = {states_[static_cast<size_t>(s)].data() + lo, len};
     visit_chunk(chunk, nullptr);
   }
   if (mirror) {
     weight_swap_->visit(Access::kWrite, kMaster, [&](const Chunk& chunk) {
       const std::span<T> out = weights_in<T>(chunk);
-      narrow_into(std::span<const float>(master_.data() + chunk.offset, out.size()), out.data());
+      narrow_into(std::span<const float>(states_[0].data() + chunk.offset, out.size()), out.data());
     });
   }
 }
@@ -128,10 +135,12 @@ template <typename T>
 void HostOptimizer<T>::fill(const StatesFill& fill) {
   // In host memory, one call for everything: the zeroing (on all threads) is also the first touch of
   // the pages, which then spreads over the threads.
-  visit(Access::kWrite, kAllStates, std::max<int64_t>(1, static_cast<int64_t>(count_)), false,
+  visit(Access::kWrite, all_states_, std::max<int64_t>(1, static_cast<int64_t>(count_)), false,
         [&](const Chunk& chunk, T*) {
-          for (const std::span<float> s : chunk.states) parallel_fill(s.data(), static_cast<int64_t>(s.size()), 0.0f);
-          fill(chunk.offset, chunk.states);
+          const std::span<const std::span<float>> states =
+              std::span(chunk.states).first(static_cast<size_t>(optimizer_.num_states()));
+          for (const std::span<float> s : states) parallel_fill(s.data(), static_cast<int64_t>(s.size()), 0.0f);
+          fill(chunk.offset, states);
         });
 }
 
@@ -218,19 +227,23 @@ void HostOptimizer<T>::upload(T* params, cudaStream_t stream) {
 }
 
 template <typename T>
-void HostOptimizer<T>::step(const float* grads, T* params, const AdamWCoefficients& c, NoDecayRanges no_decay,
+void HostOptimizer<T>::step(const float* grads, T* params, const OptimizerStep& step, NoDecayRanges no_decay,
                             cudaStream_t stream) {
-  pass(Access::kUpdate, kAllStates, grads, params, stream,
-       [&](int64_t offset, std::span<const std::span<float>> states, const float* g, T* weights) {
-         const std::span<const float> grad(g, states[0].size());
-         if (weights == nullptr) {  // the weight swap takes them after the pass
-           cpu_adamw(states[0], states[1], states[2], grad, c, no_decay.at(offset));
-         } else if constexpr (std::is_same_v<T, float>) {
-           cpu_adamw(states[0], states[1], states[2], grad, c, no_decay.at(offset));
-           narrow_into(states[0], weights);
-         } else {
-           cpu_adamw(states[0], states[1], states[2], grad, c, no_decay.at(offset), DeviceType<T>::kNarrow,
-                     reinterpret_cast<uint16_t*>(weights));
+  pass(Access::kUpdate, all_states_, grads, params, stream,
+       [&](int64_t offset, std::span<const std::span<float>> piece, const float* g, T* weights) {
+         const std::span<const std::span<float>> states = piece.first(static_cast<size_t>(optimizer_.num_states()));
+         UpdateChunk chunk{states, std::span<const float>(g, states[0].size()), no_decay.at(offset)};
+         // The weights in T in the same pass where they are 16-bit (the weight swap takes them after
+         // the pass where there is no place for them here).
+         if constexpr (!std::is_same_v<T, float>) {
+           if (weights != nullptr) {
+             chunk.narrow = DeviceType<T>::kNarrow;
+             chunk.narrowed = reinterpret_cast<uint16_t*>(weights);
+           }
+         }
+         optimizer_.cpu_update(step, chunk);
+         if constexpr (std::is_same_v<T, float>) {
+           if (weights != nullptr) narrow_into(states[0], weights);
          }
        });
 }

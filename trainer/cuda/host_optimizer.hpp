@@ -20,17 +20,17 @@
 #include "base/huge_pages.hpp"
 #include "ckpt/shard_format.hpp"
 #include "model/cuda/cuda_common.hpp"
-#include "trainer/adamw.hpp"
 #include "trainer/cuda/param_partition.hpp"
 #include "trainer/nvme/state_swapper.hpp"
+#include "trainer/optimizer.hpp"
 
 namespace shardkit::trainer::cuda {
 
 template <typename T>
 class HostOptimizer {
  public:
-  // Sets elements [offset, offset + size) of the master weights, exp_avg and exp_avg_sq (states[0..2]),
-  // handed over zeroed.
+  // Sets elements [offset, offset + size) of the optimizer's states (master weights first), handed over
+  // zeroed.
   using StatesFill = std::function<void(int64_t offset, std::span<const std::span<float>> states)>;
 
   // Elements per slot of the transfer rings (64 MiB of fp32 gradients): large transfers, yet the first
@@ -39,19 +39,19 @@ class HostOptimizer {
   static constexpr int64_t kRingChunk = int64_t{16} << 20;
   static constexpr int kSlots = 4;
 
-  // `count` elements of each state, in host memory, or in `swap` (three states of `count` elements)
-  // where given. `weights`: where upload() and step() put the updated weights -- in T in device
+  // `count` elements of each of `optimizer`'s states, in host memory, or in `swap` (those states of
+  // `count` elements) where given. `weights`: where upload() and step() put the updated weights -- in T in device
   // memory (up through a ring of page-locked buffers) or in page-locked host memory, or in
   // `weight_swap` (one state of `count` elements of T, not owned).
   // `ring_chunk`: elements per ring slot (tests take small ones).
-  HostOptimizer(size_t count, ParamHome weights, std::unique_ptr<nvme::StateSwapper> swap,
+  HostOptimizer(size_t count, const Optimizer& optimizer, ParamHome weights, std::unique_ptr<nvme::StateSwapper> swap,
                 nvme::StateSwapper* weight_swap = nullptr, int64_t ring_chunk = kRingChunk);
 
   size_t size() const noexcept { return count_; }
   const nvme::StateSwapper* swapper() const noexcept { return swap_.get(); }
   // The states' bytes in host memory (none when swapped).
   int64_t host_state_bytes() const noexcept {
-    return swap_ ? 0 : ckpt::kOptimizerStateBytes * static_cast<int64_t>(count_);
+    return swap_ ? 0 : optimizer_.state_bytes() * static_cast<int64_t>(count_);
   }
   // The page-locked transfer buffers an optimizer of `count` elements allocates.
   static int64_t pinned_bytes(size_t count, ParamHome weights, int64_t ring_chunk = kRingChunk) noexcept;
@@ -59,7 +59,7 @@ class HostOptimizer {
   // Sets every element of the states: `fill` is called for consecutive chunks of them in order (all
   // at once in host memory).
   void fill(const StatesFill& fill);
-  // Elements [offset, offset + count) of state `state` (0 master, 1 exp_avg, 2 exp_avg_sq) handed to
+  // Elements [offset, offset + count) of the optimizer's state `state` (0: master weights) handed to
   // `sink` in order, in one piece or several. Not concurrently with step() (the backend's snapshot
   // gate keeps them apart).
   void read(int state, int64_t offset, int64_t count, const std::function<void(std::span<const float>)>& sink);
@@ -68,12 +68,12 @@ class HostOptimizer {
   // on `stream` so far is done (it may read them); complete on return.
   void upload(T* params, cudaStream_t stream);
 
-  // One AdamW step from the device gradients `grads` (count fp32, complete once `stream` reaches this
+  // One optimizer step from the device gradients `grads` (count fp32, complete once `stream` reaches this
   // point), without weight decay on the elements `no_decay` names (its table in host memory); the
   // updated weights land in `params` in T (null for ParamHome::kSwap): in device memory queued on
   // `stream`, in host memory or the weight swap on return (written once `stream` has reached this
   // point, so work queued before may read them).
-  void step(const float* grads, T* params, const AdamWCoefficients& c, NoDecayRanges no_decay, cudaStream_t stream);
+  void step(const float* grads, T* params, const OptimizerStep& step, NoDecayRanges no_decay, cudaStream_t stream);
 
  private:
   using Access = nvme::StateSwapper::Access;
@@ -98,11 +98,13 @@ class HostOptimizer {
             const PieceWork& work);
 
   size_t count_;
+  const Optimizer& optimizer_;
+  std::vector<int> all_states_;  // 0, 1, ... one per state of the optimizer
   ParamHome weights_;
   std::unique_ptr<nvme::StateSwapper> swap_;
-  nvme::StateSwapper* weight_swap_;                  // ParamHome::kSwap
-  HugeBuffer<float> master_, exp_avg_, exp_avg_sq_;  // in host memory (empty when swapped)
-  int64_t ring_chunk_;                               // elements per ring slot
+  nvme::StateSwapper* weight_swap_;        // ParamHome::kSwap
+  std::vector<HugeBuffer<float>> states_;  // in host memory (empty when swapped)
+  int64_t ring_chunk_;                     // elements per ring slot
   int slots_;
   model::cuda::PinnedBuffer<float> grad_ring_;  // slots_ chunks of gradients on their way down
   model::cuda::PinnedBuffer<T> weight_ring_;    // ParamHome::kDevice: slots_ chunks of weights on their way up

@@ -95,8 +95,8 @@ bool fits(const MemoryPlan& plan, const MemoryLimits& limits) {
 template <typename T>
 MemoryPlan plan_memory(const model::Model& model, const ZeroConfig& zero, const RunShape& run, int world, int rank) {
   MemoryPlan plan;
-  plan.engine = engine_footprint<T>(ZeroPlan(model.table(), world, rank, zero.stage), model.groups(), zero, run.wire,
-                                    run.accumulation > 1);
+  plan.engine = engine_footprint<T>(ZeroPlan(model.table(), world, rank, zero.stage), model.groups(), zero,
+                                    optimizer(run.optimizer), run.wire, run.accumulation > 1);
   const ActivationBytes activations = planned_activation_bytes<T>(model, run.activations);
   plan.activations = activations.device;
   plan.activations_host = activations.host;

@@ -32,9 +32,10 @@ struct MemoryPlan {
 
 // How the run trains, beyond the ZeRO settings: what the plan depends on.
 struct RunShape {
-  model::ActivationPlan activations;     // micro-batch, sequence and activation checkpointing
-  int accumulation = 1;                  // gradient_accumulation_steps
-  ckpt::DType wire = ckpt::DType::kF32;  // communication_data_type, resolved
+  model::ActivationPlan activations;                // micro-batch, sequence and activation checkpointing
+  int accumulation = 1;                             // gradient_accumulation_steps
+  ckpt::DType wire = ckpt::DType::kF32;             // communication_data_type, resolved
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  // whose states the engine keeps
 };
 
 // What a plan must fit in: one GPU's free memory, and the host memory available to the node's ranks.

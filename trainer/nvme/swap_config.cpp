@@ -47,8 +47,8 @@ void note_aio(const AioConfig& aio, bool gpu, std::vector<std::string>& notes) {
   }
 }
 
-SwapFactory swap_factory(const DsConfig& config, bool gpu, int param_bytes, comm::MpiCollective& comm,
-                         const std::function<void(const std::string&)>& log) {
+SwapFactory swap_factory(const DsConfig& config, bool gpu, int param_bytes, int optimizer_states,
+                         comm::MpiCollective& comm, const std::function<void(const std::string&)>& log) {
   const ZeroConfig& z = config.zero;
   std::optional<SwapOptions> optimizer, params;
   std::vector<std::string> notes;
@@ -58,14 +58,14 @@ SwapFactory swap_factory(const DsConfig& config, bool gpu, int param_bytes, comm
   if (!optimizer && !params) return {};
   note_aio(config.aio, gpu, notes);
   for (const std::string& line : notes) log(line);
-  return [optimizer, params, param_bytes, &comm, log](int64_t elements) {
+  return [optimizer, params, param_bytes, optimizer_states, &comm, log](int64_t elements) {
     struct Kind {
       const std::optional<SwapOptions>& options;
       int states, element_bytes;
       const char* contents;
       const char* name;
     };
-    const Kind kinds[] = {{optimizer, 3, 4, "optimizer states", "optimizer"},
+    const Kind kinds[] = {{optimizer, optimizer_states, 4, "optimizer states", "optimizer"},
                           {params, 1, param_bytes, "parameters", "params"}};
     std::vector<SwapNeed> needs;
     for (const Kind& k : kinds) {

@@ -31,10 +31,11 @@ struct Swaps {
 // checks the node's free space for every rank's files first (collective), then creates them.
 using SwapFactory = std::function<Swaps(int64_t elements)>;
 // The factory for what config.zero sends to NVMe (offload_optimizer, offload_param with device
-// "nvme"); empty when nothing goes there. `param_bytes`: the width of a parameter in its swap (4 on
+// "nvme"); empty when nothing goes there. `optimizer_states`: the optimizer's fp32 states per element
+// (the master weights included). `param_bytes`: the width of a parameter in its swap (4 on
 // CPU ranks, which compute in fp32; the compute type's on GPUs). The notes on its settings go to
 // `log` now.
-SwapFactory swap_factory(const DsConfig& config, bool gpu, int param_bytes, comm::MpiCollective& comm,
-                         const std::function<void(const std::string&)>& log);
+SwapFactory swap_factory(const DsConfig& config, bool gpu, int param_bytes, int optimizer_states,
+                         comm::MpiCollective& comm, const std::function<void(const std::string&)>& log);
 
 }  // namespace shardkit::trainer::nvme
