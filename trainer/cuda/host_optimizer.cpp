@@ -233,8 +233,8 @@ void HostOptimizer<T>::step(const float* grads, T* params, const OptimizerStep& 
        [&](int64_t offset, std::span<const std::span<float>> piece, const float* g, T* weights) {
          const std::span<const std::span<float>> states = piece.first(static_cast<size_t>(optimizer_.num_states()));
          UpdateChunk chunk{states, std::span<const float>(g, states[0].size()), no_decay.at(offset)};
-         // The weights in T in the same pass where they are 16-bit (the weight swap takes them after
-         // the pass where there is no place for them here).
+         // The updated weights in T: 16-bit ones rounded in the update's own pass, fp32 ones copied after
+         // it; none here where the weight swap takes them after the whole pass (weights null).
          if constexpr (!std::is_same_v<T, float>) {
            if (weights != nullptr) {
              chunk.narrow = DeviceType<T>::kNarrow;
