@@ -9,10 +9,11 @@ Usage: bench/attention_vs_sdpa.py [--model tinyllama-1.1b] [--batch 4] [--seq 20
 """
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
+
+from torch_timing import time_ms  # bench/torch_timing.py, beside this script
 
 SHAPES = {"tinyllama-1.1b": (2048, 5632, 32, 4), "llama-3.2-1b": (2048, 8192, 32, 8), "smollm-135m": (576, 1536, 9, 3),
           "llama-2-7b": (4096, 11008, 32, 32)}
@@ -25,19 +26,6 @@ H, I, NH, NKV = SHAPES[args.model]
 D, B, S = H // NH, args.batch, args.seq
 dev, dt = "cuda", torch.bfloat16
 
-
-def time_ms(fn, reps=15):
-    fn()
-    fn()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
 
 
 rows = {}

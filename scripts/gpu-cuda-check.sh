@@ -12,6 +12,8 @@
 # ACTCKPT=1 adds activation checkpointing: llama-2-7b's shape at stage 1 with ACTCKPT_SEQ (default
 # 8192) tokens a sample, without it (refused by the memory plan), with it, and with its inputs in host
 # memory: tokens/s, MFU, the plan against the measured memory (bench/gpu_scale_bench.py).
+# ATTENTION=1 adds the attention kernels' TFLOP/s beside PyTorch's SDPA backends at 2k/4k/8k tokens and
+# head sizes 64 and 128 (bench/attention_tflops.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
@@ -28,7 +30,7 @@ log "build ($gpus GPU(s))"
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
 # Only what this script runs: the CPU test binaries would double the build.
 cmake --build build-gpu -j"$(nproc)" --target shardkit shardkit_cuda_tests shardkit_cuda_kernel_tests \
-  shardkit_cuda_cli_tests shardkit_gpu_kernels_bench shardkit_gpu_comm_bench > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+  shardkit_cuda_cli_tests shardkit_gpu_kernels_bench shardkit_gpu_comm_bench shardkit_attention_abi > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
 echo "build ok"
 
 if [ "${TESTS:-1}" != 0 ]; then
@@ -52,6 +54,12 @@ if [ "${SPEED:-1}" != 0 ]; then
         build-gpu/bench/shardkit_gpu_kernels_bench > "$out/ncu-$k.txt" 2>&1
       grep -E "^  [a-z_ ]+kernel|Duration|Throughput|Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc A|smsp__|sm__pipe|l1tex__" "$out/ncu-$k.txt" | head -45
     done
+  fi
+
+  if [ "${ATTENTION:-0}" != 0 ]; then
+    log "attention TFLOP/s beside SDPA's backends (bench/attention_tflops.py)"
+    timeout 600 python3 bench/attention_tflops.py --lib build-gpu/bench/libshardkit_attention_abi.so 2>&1 |
+      tee "$out/attention.txt" | grep -v '^{'
   fi
 
   log "training speed (bench/gpu_vs_pytorch.py${PYTORCH:+, with PyTorch})"

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Causal attention, forward and backward TFLOP/s: shardkit's kernels beside each of PyTorch's SDPA
+backends (FlashAttention-2, cuDNN, memory-efficient), in one process, on the same tensors and stream.
+
+shardkit's kernels come from libshardkit_attention_abi.so (bench/attention_abi.cpp, built with the CUDA
+backend), loaded with ctypes. For each sequence length and head size: B = --tokens / S sequences of
+--hidden / HS heads (llama-2-7b's 4096 by default), bf16; times are CUDA-event medians of 15 runs after
+2 warm-ups; the backward pass is timed alone (SDPA's through autograd.grad on a kept graph). FLOPs as
+FlashAttention counts them: forward 4 B NH S^2 HS / 2 (causal), backward 2.5 times that. Every row also
+says how far shardkit's output and gradients are from SDPA's (the first backend that runs), so a fast
+wrong kernel cannot pass unnoticed.
+
+Usage: bench/attention_tflops.py [--lib build/bench/libshardkit_attention_abi.so] [--tokens 16384]
+       [--seqs 2048,4096,8192] [--head-sizes 64,128] [--hidden 4096] [--kv-heads-ratio 1]
+Prints a table and, last, one JSON line.
+"""
+import argparse
+import ctypes
+import json
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from torch_timing import time_ms  # bench/torch_timing.py, beside this script
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--lib", default="build/bench/libshardkit_attention_abi.so")
+ap.add_argument("--tokens", type=int, default=16384)
+ap.add_argument("--seqs", default="2048,4096,8192")
+ap.add_argument("--head-sizes", default="64,128")
+ap.add_argument("--hidden", type=int, default=4096)
+ap.add_argument("--kv-heads-ratio", type=int, default=1, help="query heads per kv head (grouped-query attention)")
+args = ap.parse_args()
+
+lib = ctypes.CDLL(args.lib)
+P, I, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+lib.shardkit_attention_forward.argtypes = [I, P, P, P, P, P, I, I, I, I, I, I64, I64, P]
+lib.shardkit_attention_backward.argtypes = [I, P, P, P, P, P, P, P, P, P, P, I, I, I, I, I, I64, I64, P]
+lib.shardkit_attention_error.restype = ctypes.c_char_p
+dev, dt = "cuda", torch.bfloat16
+BACKENDS = (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+            ("efficient", SDPBackend.EFFICIENT_ATTENTION))
+
+
+def check(status):
+    if status != 0:
+        raise RuntimeError(lib.shardkit_attention_error().decode())
+
+
+
+def relative(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
+
+
+def measure(S, HS):
+    B, NH = args.tokens // S, args.hidden // HS
+    NKV = NH // args.kv_heads_ratio
+    torch.manual_seed(0)
+    # Rows of tokens, heads side by side: shardkit's layout; SDPA reads them as (B, NH, S, HS) views.
+    q = torch.randn(B, S, NH, HS, device=dev, dtype=dt)
+    k = torch.randn(B, S, NKV, HS, device=dev, dtype=dt)
+    v = torch.randn(B, S, NKV, HS, device=dev, dtype=dt)
+    dout = torch.randn(B, S, NH, HS, device=dev, dtype=dt)
+    fwd_flops = 4 * B * NH * S * S * HS / 2
+    bwd_flops = 2.5 * fwd_flops
+    row = {"seq": S, "head_size": HS, "batch": B, "heads": NH, "kv_heads": NKV}
+
+    results = {}
+    for name, backend in BACKENDS:
+        qs, ks, vs = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
+        go = dout.transpose(1, 2)
+        try:
+            with sdpa_kernel([backend]):
+                def forward():
+                    return F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=NKV != NH)
+                fwd = time_ms(forward)
+                out = forward()
+                bwd = time_ms(lambda: torch.autograd.grad(out, (qs, ks, vs), go, retain_graph=True))
+                grads = torch.autograd.grad(out, (qs, ks, vs), go)
+        except RuntimeError as e:  # the backend does not take this shape or is not built
+            row[name] = {"error": str(e).splitlines()[0][:120]}
+            continue
+        row[name] = {"forward_tflops": fwd_flops / fwd / 1e9, "backward_tflops": bwd_flops / bwd / 1e9,
+                     "forward_ms": fwd, "backward_ms": bwd}
+        results.setdefault("reference", (name, out.transpose(1, 2), [g.transpose(1, 2) for g in grads]))
+
+    out = torch.empty(B, S, NH, HS, device=dev, dtype=dt)
+    lse = torch.empty(B, NH, S, device=dev, dtype=torch.float32)
+    delta = torch.empty(B, NH, S, device=dev, dtype=torch.float32)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    stream = torch.cuda.current_stream().cuda_stream
+    shape = (B, S, NH, NKV, HS, NH * HS, NKV * HS, stream)
+
+    def forward():
+        check(lib.shardkit_attention_forward(0, out.data_ptr(), lse.data_ptr(), q.data_ptr(), k.data_ptr(),
+                                             v.data_ptr(), *shape))
+
+    def backward():
+        check(lib.shardkit_attention_backward(0, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), delta.data_ptr(),
+                                              dout.data_ptr(), out.data_ptr(), q.data_ptr(), k.data_ptr(),
+                                              v.data_ptr(), lse.data_ptr(), *shape))
+    fwd = time_ms(forward)
+    forward()
+    bwd = time_ms(backward)
+    row["shardkit"] = {"forward_tflops": fwd_flops / fwd / 1e9, "backward_tflops": bwd_flops / bwd / 1e9,
+                       "forward_ms": fwd, "backward_ms": bwd}
+    if "reference" in results:
+        name, ref_out, ref_grads = results["reference"]
+        row["shardkit"]["against"] = name
+        row["shardkit"]["out_relative_error"] = relative(out, ref_out)
+        for g, r, n in zip((dq, dk, dv), ref_grads, ("dq", "dk", "dv")):
+            row["shardkit"][f"{n}_relative_error"] = relative(g, r)
+    return row
+
+
+rows = []
+for S in (int(s) for s in args.seqs.split(",")):
+    for HS in (int(h) for h in args.head_sizes.split(",")):
+        rows.append(measure(S, HS))
+        r = rows[-1]
+        cells = []
+        for name in ("shardkit",) + tuple(n for n, _ in BACKENDS):
+            x = r[name]
+            cells.append(f"{name} " + ("n/a" if "error" in x else f"{x['forward_tflops']:5.0f}/{x['backward_tflops']:5.0f}"))
+        errors = r["shardkit"].get("out_relative_error")
+        print(f"S {r['seq']:5d} HS {r['head_size']:3d} B {r['batch']:2d} NH {r['heads']:2d} | fwd/bwd TFLOP/s: " +
+              " | ".join(cells) + ("" if errors is None else f" | out err {errors:.1e}"))
+print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": args.tokens,
+                  "rows": rows}))
