@@ -12,7 +12,7 @@ struct MemoryReport {
   int64_t parameters = 0;
   int64_t host_parameters = 0;  // the same, where offloaded to host memory (GPU ranks, stage 3)
   int64_t gradients = 0;
-  int64_t optimizer_states = 0;       // fp32 master weights + exp_avg + exp_avg_sq
+  int64_t optimizer_states = 0;       // the optimizer's states: fp32 master weights and its moments
   int64_t host_optimizer_states = 0;  // the same, where offloaded to host memory (GPU ranks)
   int64_t nvme_parameters = 0;        // stage 3's partition, where swapped to NVMe (the swap file's size)
   int64_t nvme_optimizer_states = 0;  // the optimizer states, where swapped to NVMe (the swap file's size)

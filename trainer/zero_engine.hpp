@@ -105,7 +105,7 @@ class ZeroEngine final : public model::ParameterStore {
   std::span<float> params_partition() noexcept;
   void fill_swapped_states(const StateFill& fill);
   // Visits the swapped optimizer states chunk by chunk with `access`: `update` sets or changes the
-  // chunk's states (offset, master / exp_avg / exp_avg_sq), whose master weights then become the
+  // chunk's states (offset, the optimizer's states), whose master weights then become the
   // parameters (written to the parameter swap in the same pass, or copied into params_partition()).
   void visit_swapped(nvme::StateSwapper::Access access,
                      const std::function<void(int64_t offset, std::span<const std::span<float>> states)>& update);

@@ -1,5 +1,5 @@
 // ZeRO-Infinity's NVMe offload: a rank's states kept in a swap file (swap_file.hpp) instead of host
-// memory -- the optimizer's fp32 master weights, exp_avg and exp_avg_sq in one file, stage 3's
+// memory -- the optimizer's fp32 master weights and moments in one file, stage 3's
 // partition of the parameters in another (fp32 on CPU ranks, the GPU's 16-bit type on GPUs) -- and
 // visited chunk by chunk through a few aligned bounce buffers.
 // The visit is a pipeline over asynchronous I/O (aio.hpp): chunk i+1 is read while the caller

@@ -22,7 +22,7 @@ SwapOptions swap_options(const DsConfig& config, const std::string& key, bool gp
 // One line per setting of the aio block accepted without effect.
 void note_aio(const AioConfig& aio, bool gpu, std::vector<std::string>& notes);
 
-// A rank's swaps: its optimizer states (master weights, exp_avg, exp_avg_sq) and its stage 3 parameter
+// A rank's swaps: its optimizer states (master weights and moments) and its stage 3 parameter
 // partition (one state); null where that is not swapped.
 struct Swaps {
   std::unique_ptr<StateSwapper> optimizer, params;
