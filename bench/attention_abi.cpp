@@ -8,6 +8,7 @@
 #include <exception>
 #include <string>
 
+#include "model/cuda/hopper_attention.hpp"
 #include "model/cuda/kernels.hpp"
 
 namespace {
@@ -37,29 +38,35 @@ int with_dtype(int dtype, F&& f) {
 
 extern "C" {
 
+// kernel 0: what training runs (attention_forward / attention_backward); 1: the sm_90 kernels
+// (hopper_attention.hpp), which refuse a device or shape they do not take.
+//
 // q (B, S, NH * HS) with row stride ld_q; k and v (B, S, NKV * HS) with row stride ld_kv; out (B, S,
 // NH * HS); lse (B, NH, S) in fp32. Queued on `stream` (a cudaStream_t). Returns 0, or 1 with
 // shardkit_attention_error() saying why.
-int shardkit_attention_forward(int dtype, void* out, float* lse, const void* q, const void* k, const void* v, int B,
-                               int S, int NH, int NKV, int HS, int64_t ld_q, int64_t ld_kv, void* stream) {
+int shardkit_attention_forward(int kernel, int dtype, void* out, float* lse, const void* q, const void* k,
+                               const void* v, int B, int S, int NH, int NKV, int HS, int64_t ld_q, int64_t ld_kv,
+                               void* stream) {
   const shardkit::model::cuda::AttentionShape shape{B, S, NH, NKV, HS, ld_q, ld_kv};
   return with_dtype(dtype, [&]<typename T>(T*) {
-    shardkit::model::cuda::attention_forward(static_cast<T*>(out), lse, static_cast<const T*>(q),
-                                             static_cast<const T*>(k), static_cast<const T*>(v), shape,
-                                             static_cast<cudaStream_t>(stream));
+    const auto run = kernel == 1 ? &shardkit::model::cuda::hopper_attention_forward<T>
+                                 : &shardkit::model::cuda::attention_forward<T>;
+    run(static_cast<T*>(out), lse, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), shape,
+        static_cast<cudaStream_t>(stream));
   });
 }
 
 // dq (as q), dk and dv (as k and v) overwritten; delta (B, NH, S) fp32 scratch; dout as out.
-int shardkit_attention_backward(int dtype, void* dq, void* dk, void* dv, float* delta, const void* dout,
+int shardkit_attention_backward(int kernel, int dtype, void* dq, void* dk, void* dv, float* delta, const void* dout,
                                 const void* out, const void* q, const void* k, const void* v, const float* lse, int B,
                                 int S, int NH, int NKV, int HS, int64_t ld_q, int64_t ld_kv, void* stream) {
   const shardkit::model::cuda::AttentionShape shape{B, S, NH, NKV, HS, ld_q, ld_kv};
   return with_dtype(dtype, [&]<typename T>(T*) {
-    shardkit::model::cuda::attention_backward(static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv), delta,
-                                              static_cast<const T*>(dout), static_cast<const T*>(out),
-                                              static_cast<const T*>(q), static_cast<const T*>(k),
-                                              static_cast<const T*>(v), lse, shape, static_cast<cudaStream_t>(stream));
+    const auto run = kernel == 1 ? &shardkit::model::cuda::hopper_attention_backward<T>
+                                 : &shardkit::model::cuda::attention_backward<T>;
+    run(static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv), delta, static_cast<const T*>(dout),
+        static_cast<const T*>(out), static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse,
+        shape, static_cast<cudaStream_t>(stream));
   });
 }
 

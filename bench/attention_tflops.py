@@ -3,12 +3,12 @@
 backends (FlashAttention-2, cuDNN, memory-efficient), in one process, on the same tensors and stream.
 
 shardkit's kernels come from libshardkit_attention_abi.so (bench/attention_abi.cpp, built with the CUDA
-backend), loaded with ctypes. For each sequence length and head size: B = --tokens / S sequences of
---hidden / HS heads (llama-2-7b's 4096 by default), bf16; times are CUDA-event medians of 15 runs after
-2 warm-ups; the backward pass is timed alone (SDPA's through autograd.grad on a kept graph). FLOPs as
-FlashAttention counts them: forward 4 B NH S^2 HS / 2 (causal), backward 2.5 times that. Every row also
-says how far shardkit's output and gradients are from SDPA's (the first backend that runs), so a fast
-wrong kernel cannot pass unnoticed.
+backend), loaded with ctypes: the ones training runs ("shardkit") and the sm_90 kernels ("sm90"). For
+each sequence length and head size: B = --tokens / S sequences of --hidden / HS heads (llama-2-7b's
+4096 by default), bf16; times are CUDA-event medians of 15 runs after 2 warm-ups; the backward pass is
+timed alone (SDPA's through autograd.grad on a kept graph). FLOPs as FlashAttention counts them: forward
+4 B NH S^2 HS / 2 (causal), backward 2.5 times that. Every row also says how far shardkit's outputs and
+gradients are from SDPA's (the first backend that runs), so a fast wrong kernel cannot pass unnoticed.
 
 Usage: bench/attention_tflops.py [--lib build/bench/libshardkit_attention_abi.so] [--tokens 16384]
        [--seqs 2048,4096,8192] [--head-sizes 64,128] [--hidden 4096] [--kv-heads-ratio 1]
@@ -35,12 +35,15 @@ args = ap.parse_args()
 
 lib = ctypes.CDLL(args.lib)
 P, I, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-lib.shardkit_attention_forward.argtypes = [I, P, P, P, P, P, I, I, I, I, I, I64, I64, P]
-lib.shardkit_attention_backward.argtypes = [I, P, P, P, P, P, P, P, P, P, P, I, I, I, I, I, I64, I64, P]
+lib.shardkit_attention_forward.argtypes = [I, I, P, P, P, P, P, I, I, I, I, I, I64, I64, P]
+lib.shardkit_attention_backward.argtypes = [I, I, P, P, P, P, P, P, P, P, P, P, I, I, I, I, I, I64, I64, P]
 lib.shardkit_attention_error.restype = ctypes.c_char_p
 dev, dt = "cuda", torch.bfloat16
 BACKENDS = (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
             ("efficient", SDPBackend.EFFICIENT_ATTENTION))
+# shardkit's kernels through the library's `kernel` argument: what training runs, and the sm_90 kernels
+# (model/cuda/hopper_attention.hpp; refused on other devices and head sizes).
+KERNELS = (("shardkit", 0), ("sm90", 1))
 
 
 def check(status):
@@ -91,26 +94,31 @@ def measure(S, HS):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     stream = torch.cuda.current_stream().cuda_stream
     shape = (B, S, NH, NKV, HS, NH * HS, NKV * HS, stream)
+    for name, kernel in KERNELS:
+        def forward():
+            check(lib.shardkit_attention_forward(kernel, 0, out.data_ptr(), lse.data_ptr(), q.data_ptr(),
+                                                 k.data_ptr(), v.data_ptr(), *shape))
 
-    def forward():
-        check(lib.shardkit_attention_forward(0, out.data_ptr(), lse.data_ptr(), q.data_ptr(), k.data_ptr(),
-                                             v.data_ptr(), *shape))
-
-    def backward():
-        check(lib.shardkit_attention_backward(0, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), delta.data_ptr(),
-                                              dout.data_ptr(), out.data_ptr(), q.data_ptr(), k.data_ptr(),
-                                              v.data_ptr(), lse.data_ptr(), *shape))
-    fwd = time_ms(forward)
-    forward()
-    bwd = time_ms(backward)
-    row["shardkit"] = {"forward_tflops": fwd_flops / fwd / 1e9, "backward_tflops": bwd_flops / bwd / 1e9,
-                       "forward_ms": fwd, "backward_ms": bwd}
-    if "reference" in results:
-        name, ref_out, ref_grads = results["reference"]
-        row["shardkit"]["against"] = name
-        row["shardkit"]["out_relative_error"] = relative(out, ref_out)
-        for g, r, n in zip((dq, dk, dv), ref_grads, ("dq", "dk", "dv")):
-            row["shardkit"][f"{n}_relative_error"] = relative(g, r)
+        def backward():
+            check(lib.shardkit_attention_backward(kernel, 0, dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+                                                  delta.data_ptr(), dout.data_ptr(), out.data_ptr(), q.data_ptr(),
+                                                  k.data_ptr(), v.data_ptr(), lse.data_ptr(), *shape))
+        try:
+            fwd = time_ms(forward)
+            forward()
+            bwd = time_ms(backward)
+            backward()
+        except RuntimeError as e:  # the sm_90 kernels on another device or head size
+            row[name] = {"error": str(e).splitlines()[0][:120]}
+            continue
+        row[name] = {"forward_tflops": fwd_flops / fwd / 1e9, "backward_tflops": bwd_flops / bwd / 1e9,
+                     "forward_ms": fwd, "backward_ms": bwd}
+        if "reference" in results:
+            ref, ref_out, ref_grads = results["reference"]
+            row[name]["against"] = ref
+            row[name]["out_relative_error"] = relative(out, ref_out)
+            for g, r, n in zip((dq, dk, dv), ref_grads, ("dq", "dk", "dv")):
+                row[name][f"{n}_relative_error"] = relative(g, r)
     return row
 
 
@@ -120,11 +128,12 @@ for S in (int(s) for s in args.seqs.split(",")):
         rows.append(measure(S, HS))
         r = rows[-1]
         cells = []
-        for name in ("shardkit",) + tuple(n for n, _ in BACKENDS):
+        for name in tuple(n for n, _ in KERNELS) + tuple(n for n, _ in BACKENDS):
             x = r[name]
             cells.append(f"{name} " + ("n/a" if "error" in x else f"{x['forward_tflops']:5.0f}/{x['backward_tflops']:5.0f}"))
-        errors = r["shardkit"].get("out_relative_error")
+        errors = [f"{n} out/dq err {r[n]['out_relative_error']:.1e}/{r[n]['dq_relative_error']:.1e}"
+                  for n, _ in KERNELS if "out_relative_error" in r[n]]
         print(f"S {r['seq']:5d} HS {r['head_size']:3d} B {r['batch']:2d} NH {r['heads']:2d} | fwd/bwd TFLOP/s: " +
-              " | ".join(cells) + ("" if errors is None else f" | out err {errors:.1e}"))
+              " | ".join(cells + errors))
 print(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": args.tokens,
                   "rows": rows}))

@@ -4,13 +4,12 @@
 
 #include "model/cuda/cuda_common.hpp"
 #include "model/cuda/flash_attention.hpp"
+#include "model/cuda/fragments.cuh"
 #include "model/cuda/head_size.hpp"
 
 namespace shardkit::model::cuda {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 // Padding (elements) of every shared-memory row: the 8 rows a fragment load touches then start in
 // 8 different groups of 4 banks, so the loads are free of bank conflicts.
 constexpr int kPad = 8;
@@ -41,55 +40,9 @@ __device__ __forceinline__ void mma<__half>(float (&d)[4], const uint32_t (&a)[4
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two floats rounded (to nearest even) into one register of two 16-bit values, `lo` in the low half.
-template <typename T>
-__device__ __forceinline__ uint32_t pack(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack<__nv_bfloat16>(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t pack<__half>(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// The two 16-bit values of a register as floats (the low half first).
-template <typename T>
-__device__ __forceinline__ float2 unpack(uint32_t v);
-template <>
-__device__ __forceinline__ float2 unpack<__nv_bfloat16>(uint32_t v) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-}
-template <>
-__device__ __forceinline__ float2 unpack<__half>(uint32_t v) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&v));
-}
-
 template <typename T>
 __device__ __forceinline__ uint32_t ld32(const T* p) {
   return *reinterpret_cast<const uint32_t*>(p);
-}
-
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
-// f(std::true_type) for a tile that crosses the causal diagonal (some of its scores are masked), else
-// f(std::false_type): the mask's compares and selects are compiled only into the diagonal tiles' code.
-template <typename F>
-__device__ __forceinline__ void with_causal_mask(bool diagonal, F&& f) {
-  if (diagonal) {
-    f(std::true_type{});
-  } else {
-    f(std::false_type{});
-  }
 }
 
 // Rows [r0, r0 + R) of a row-major matrix with leading dimension ld, HS columns, into shared memory
@@ -224,21 +177,6 @@ __device__ __forceinline__ void mma_pb(float (&acc)[HS / 8][4], const float (&p)
   }
 }
 
-// Writes acc (16 x HS) * (scale0 for row0, scale1 for row0 + 8) to rows of a row-major matrix.
-template <typename T, int HS>
-__device__ void store_rows(T* dst, const float (&acc)[HS / 8][4], int row0, int S, int64_t ld, float scale0,
-                           float scale1) {
-  const int t = threadIdx.x % 4;
-#pragma unroll
-  for (int n = 0; n < HS / 8; ++n) {
-    const int c = n * 8 + 2 * t;
-    if (row0 < S) *reinterpret_cast<uint32_t*>(dst + row0 * ld + c) = pack<T>(acc[n][0] * scale0, acc[n][1] * scale0);
-    if (row0 + 8 < S) {
-      *reinterpret_cast<uint32_t*>(dst + (row0 + 8) * ld + c) = pack<T>(acc[n][2] * scale1, acc[n][3] * scale1);
-    }
-  }
-}
-
 // Forward: a block owns kBq query rows of one (batch, head), a warp 16 of them; key/value tiles of kBk
 // rows pass through shared memory.
 template <typename T, int HS, int kBq, int kBk, int kMinBlocks>
@@ -253,70 +191,26 @@ __global__ void __launch_bounds__(kBq * 2, kMinBlocks)
   const int q0 = (gridDim.x - 1 - blockIdx.x) * kBq;  // the longest rows (most keys) start first
   const T* q_base = q + int64_t{b} * S * a.ld_q + h * HS;
   const int64_t kv_offset = int64_t{b} * S * a.ld_kv + kvh * HS;
-  const int row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+  const int row0 = q0 + warp * 16 + g;
   const int warp_last = q0 + warp * 16 + 15;
   uint32_t qa[HS / 16][4];
   load_a_fragments<T, HS>(qa, q_base, row0, S, a.ld_q);
   float o[HS / 8][4] = {};
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  OnlineSoftmax softmax;
   auto tile = [&](int k0, const T* ks, const T* vs) {
     if (k0 > warp_last) return;  // every key of the tile follows every query of this warp
     float s[kBk / 8][4];
     mma_abt<T, HS, kBk / 8>(s, qa, ks);
-    // The running maximum is kept in raw score units (the scale is positive, so it commutes with the
-    // maximum) and the scale folds into the exponent's FFMA. Keys after the query are masked. The
-    // first tile (k0 = 0) always holds key 0, so every row's running maximum is finite from then on.
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-    with_causal_mask(k0 + kBk - 1 > q0 + warp * 16, [&](auto masked) {
-#pragma unroll
-      for (int n = 0; n < kBk / 8; ++n) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          if constexpr (masked()) {
-            const int key = k0 + n * 8 + 2 * t + i;
-            if (key > row0) s[n][i] = -INFINITY;
-            if (key > row1) s[n][2 + i] = -INFINITY;
-          }
-          mx0 = fmaxf(mx0, s[n][i]);
-          mx1 = fmaxf(mx1, s[n][2 + i]);
-        }
-      }
-    });
-    const float mn0 = fmaxf(m0, quad_max(mx0)), mn1 = fmaxf(m1, quad_max(mx1));
-    const float c0 = exp2f((m0 - mn0) * scale_log2), c1 = exp2f((m1 - mn1) * scale_log2);
-    m0 = mn0;
-    m1 = mn1;
-    const float ms0 = m0 * scale_log2, ms1 = m1 * scale_log2;
-    l0 *= c0;
-    l1 *= c1;
-#pragma unroll
-    for (int n = 0; n < HS / 8; ++n) {
-      o[n][0] *= c0;
-      o[n][1] *= c0;
-      o[n][2] *= c1;
-      o[n][3] *= c1;
-    }
-#pragma unroll
-    for (int n = 0; n < kBk / 8; ++n) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        s[n][i] = exp2f(fmaf(s[n][i], scale_log2, -ms0));
-        s[n][2 + i] = exp2f(fmaf(s[n][2 + i], scale_log2, -ms1));
-        l0 += s[n][i];
-        l1 += s[n][2 + i];
-      }
-    }
+    // Keys after the query are masked. The first tile (k0 = 0) always holds key 0, so every row's
+    // running maximum is finite from then on.
+    with_causal_mask(k0 + kBk - 1 > q0 + warp * 16,
+                     [&](auto masked) { softmax.tile<masked()>(s, o, k0, row0, scale_log2); });
     mma_pb<T, HS, kBk>(o, s, vs);
   };
   for_each_kv_tile<T, HS, kBk>(k_tiles, v_tiles, k + kv_offset, v + kv_offset, S, a.ld_kv, min(S, q0 + kBq), tile);
-  l0 = quad_sum(l0);
-  l1 = quad_sum(l1);
-  store_rows<T, HS>(out + int64_t{b} * S * C + h * HS, o, row0, S, C, 1.0f / l0, 1.0f / l1);
-  if (t == 0) {
-    float* row_lse = lse + (int64_t{b} * NH + h) * S;
-    if (row0 < S) row_lse[row0] = (m0 * scale_log2 + log2f(l0)) * kLn2;
-    if (row1 < S) row_lse[row1] = (m1 * scale_log2 + log2f(l1)) * kLn2;
-  }
+  softmax.finish();
+  store_rows<T, HS>(out + int64_t{b} * S * C + h * HS, o, row0, S, C, 1.0f / softmax.l[0], 1.0f / softmax.l[1]);
+  if (t == 0) softmax.store_lse(lse + (int64_t{b} * NH + h) * S, row0, S, scale_log2);
 }
 
 // dq = scale * dS K with dS = P o (dO V^T - delta): a block owns kBq query rows, like the forward.
@@ -341,9 +235,8 @@ __global__ void __launch_bounds__(kBq * 2, kMinBlocks)
   load_a_fragments<T, HS>(qa, q + q_offset, row0, S, a.ld_q);
   load_a_fragments<T, HS>(da, dout + int64_t{b} * S * C + h * HS, row0, S, C);
   const int64_t stats = (int64_t{b} * NH + h) * S;
-  const float lse0 = row0 < S ? lse[stats + row0] * kLog2e : 0.0f;
-  const float lse1 = row1 < S ? lse[stats + row1] * kLog2e : 0.0f;
-  float delta0 = 0.0f, delta1 = 0.0f;
+  const float row_lse[2] = {row0 < S ? lse[stats + row0] * kLog2e : 0.0f, row1 < S ? lse[stats + row1] * kLog2e : 0.0f};
+  float row_delta[2] = {0.0f, 0.0f};
   {
     uint32_t oa[HS / 16][4];
     load_a_fragments<T, HS>(oa, out + int64_t{b} * S * C + h * HS, row0, S, C);
@@ -352,13 +245,13 @@ __global__ void __launch_bounds__(kBq * 2, kMinBlocks)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {  // registers 0 and 2 hold row0, 1 and 3 row1
         const float2 d = unpack<T>(da[kk][r]), o = unpack<T>(oa[kk][r]);
-        (r % 2 == 0 ? delta0 : delta1) += d.x * o.x + d.y * o.y;
+        row_delta[r % 2] += d.x * o.x + d.y * o.y;
       }
     }
-    delta0 = quad_sum(delta0);
-    delta1 = quad_sum(delta1);
-    if (t == 0 && row0 < S) delta[stats + row0] = delta0;
-    if (t == 0 && row1 < S) delta[stats + row1] = delta1;
+    row_delta[0] = quad_sum(row_delta[0]);
+    row_delta[1] = quad_sum(row_delta[1]);
+    if (t == 0 && row0 < S) delta[stats + row0] = row_delta[0];
+    if (t == 0 && row1 < S) delta[stats + row1] = row_delta[1];
   }
   float dq[HS / 8][4] = {};
   auto tile = [&](int k0, const T* ks, const T* vs) {
@@ -366,23 +259,8 @@ __global__ void __launch_bounds__(kBq * 2, kMinBlocks)
     float s[kBk / 8][4], dp[kBk / 8][4];
     mma_abt<T, HS, kBk / 8>(s, qa, ks);
     mma_abt<T, HS, kBk / 8>(dp, da, vs);
-    with_causal_mask(k0 + kBk - 1 > q0 + warp * 16, [&](auto masked) {
-#pragma unroll
-      for (int n = 0; n < kBk / 8; ++n) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          float p0 = exp2f(fmaf(s[n][i], scale_log2, -lse0));
-          float p1 = exp2f(fmaf(s[n][2 + i], scale_log2, -lse1));
-          if constexpr (masked()) {
-            const int key = k0 + n * 8 + 2 * t + i;
-            if (key > row0) p0 = 0.0f;
-            if (key > row1) p1 = 0.0f;
-          }
-          s[n][i] = p0 * (dp[n][i] - delta0);
-          s[n][2 + i] = p1 * (dp[n][2 + i] - delta1);
-        }
-      }
-    });
+    with_causal_mask(k0 + kBk - 1 > q0 + warp * 16,
+                     [&](auto masked) { query_tile_ds<masked()>(s, dp, k0, row0, row_lse, row_delta, scale_log2); });
     mma_pb<T, HS, kBk>(dq, s, ks);
   };
   for_each_kv_tile<T, HS, kBk>(k_tiles, v_tiles, k + kv_offset, v + kv_offset, S, a.ld_kv, min(S, q0 + kBq), tile);
@@ -399,12 +277,12 @@ __global__ void __launch_bounds__(kBk * 2, kMinBlocks)
   __shared__ __align__(16) T q_tiles[2 * kTile];
   __shared__ __align__(16) T do_tiles[2 * kTile];
   __shared__ float lse_tiles[2 * kBq], delta_tiles[2 * kBq];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
   const int S = a.S, NH = a.NH, C = NH * HS, group = NH / a.NKV;
   const int b = blockIdx.y / a.NKV, kvh = blockIdx.y % a.NKV;
   const int k0 = blockIdx.x * kBk;  // the first key tiles see the most queries and start first
   const int64_t kv_offset = int64_t{b} * S * a.ld_kv + kvh * HS;
-  const int key0 = k0 + warp * 16 + g, key1 = key0 + 8;
+  const int key0 = k0 + warp * 16 + g;
   const int warp_first = k0 + warp * 16;
   uint32_t ka[HS / 16][4], va[HS / 16][4];
   load_a_fragments<T, HS>(ka, k + kv_offset, key0, S, a.ld_kv);
@@ -440,25 +318,8 @@ __global__ void __launch_bounds__(kBk * 2, kMinBlocks)
       float pt[kBq / 8][4], dpt[kBq / 8][4];
       mma_abt<T, HS, kBq / 8>(pt, ka, qs);
       mma_abt<T, HS, kBq / 8>(dpt, va, dos);
-      with_causal_mask(q0 < warp_first + 15, [&](auto masked) {
-#pragma unroll
-        for (int n = 0; n < kBq / 8; ++n) {
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int col = n * 8 + 2 * t + i;
-            float p0 = exp2f(fmaf(pt[n][i], scale_log2, -lse_s[col]));
-            float p1 = exp2f(fmaf(pt[n][2 + i], scale_log2, -lse_s[col]));
-            if constexpr (masked()) {
-              if (q0 + col < key0) p0 = 0.0f;
-              if (q0 + col < key1) p1 = 0.0f;
-            }
-            pt[n][i] = p0;
-            pt[n][2 + i] = p1;
-            dpt[n][i] = p0 * (dpt[n][i] - delta_s[col]);
-            dpt[n][2 + i] = p1 * (dpt[n][2 + i] - delta_s[col]);
-          }
-        }
-      });
+      with_causal_mask(q0 < warp_first + 15,
+                       [&](auto masked) { key_tile_ds<masked()>(pt, dpt, q0, key0, lse_s, delta_s, scale_log2); });
       mma_pb<T, HS, kBq>(dv, pt, dos);
       mma_pb<T, HS, kBq>(dk, dpt, qs);
     });

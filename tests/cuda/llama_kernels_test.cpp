@@ -27,27 +27,14 @@
 #include "model/llama/cuda/kernels.hpp"
 #include "model/llama/model.hpp"
 #include "model/registry.hpp"
+#include "tests/cuda/device_values.hpp"
 #include "tests/cuda/require_gpus.hpp"
 
 namespace shardkit::model::llama {
 namespace {
 
 using namespace cuda;
-
-float widen(float x) {
-  return x;
-}
-float widen(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <typename T>
-T narrow(float x) {
-  if constexpr (std::is_same_v<T, float>) {
-    return x;
-  } else {
-    return __float2bfloat16_rn(x);
-  }
-}
+using namespace shardkit::testing;
 
 // Random values rounded to T, as T (for the GPU) and as the floats they are (for the CPU).
 template <typename T>
@@ -61,47 +48,16 @@ Values<T> random_values(size_t n, float mean, float stddev, uint32_t seed) {
   std::normal_distribution<float> dist(mean, stddev);
   Values<T> v;
   for (size_t i = 0; i < n; ++i) {
-    v.t.push_back(narrow<T>(dist(rng)));
-    v.f.push_back(widen(v.t.back()));
+    v.t.push_back(to<T>(dist(rng)));
+    v.f.push_back(from(v.t.back()));
   }
   return v;
 }
 
-template <typename U>
-DeviceBuffer<U> upload(const std::vector<U>& host) {
-  DeviceBuffer<U> d(host.size());
-  CUDA_CHECK(cudaMemcpy(d.data(), host.data(), host.size() * sizeof(U), cudaMemcpyHostToDevice));
-  return d;
-}
-
 // The device buffer's values as floats.
 template <typename U>
-std::vector<float> download(const DeviceBuffer<U>& d) {
-  std::vector<U> host(d.size());
-  CUDA_CHECK(cudaDeviceSynchronize());
-  CUDA_CHECK(cudaMemcpy(host.data(), d.data(), d.bytes(), cudaMemcpyDeviceToHost));
-  std::vector<float> out(host.size());
-  std::transform(host.begin(), host.end(), out.begin(), [](U x) { return widen(x); });
-  return out;
-}
-
-template <typename U>
-std::vector<U> bits(const DeviceBuffer<U>& d) {
-  std::vector<U> host(d.size());
-  CUDA_CHECK(cudaDeviceSynchronize());
-  CUDA_CHECK(cudaMemcpy(host.data(), d.data(), d.bytes(), cudaMemcpyDeviceToHost));
-  return host;
-}
-
-// Largest |got - want| relative to the largest |want|.
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
-    err = std::max(err, std::abs(double{got[i]} - double{want[i]}));
-    scale = std::max(scale, std::abs(double{want[i]}));
-  }
-  return err / std::max(scale, 1e-30);
+std::vector<float> download_floats(const DeviceBuffer<U>& d) {
+  return widen(download(d));
 }
 
 // fp32 follows the CPU to rounding; bf16 outputs carry about 3 significant digits.
@@ -129,17 +85,17 @@ void check_rmsnorm(int N, int H) {
   // The backward pass from the GPU's own rstd (compared with the CPU's below).
   rmsnorm_backward(dx_d.data(), dw_d.data(), dout_d.data(), x_d.data(), w_d.data(), rstd_d.data(), N, H, scratch.data(),
                    nullptr);
-  EXPECT_LT(relative_error(download(out_d), out), kTolerance<T>) << "out " << what;
-  EXPECT_LT(relative_error(download(rstd_d), rstd), 1e-4) << "rstd " << what;
-  EXPECT_LT(relative_error(download(dx_d), dx), kTolerance<T>) << "dx " << what;
-  EXPECT_LT(relative_error(download(dw_d), dw), 1e-4) << "dweight " << what;  // fp32 sums of the same terms
+  EXPECT_LT(relative_error(download_floats(out_d), out), kTolerance<T>) << "out " << what;
+  EXPECT_LT(relative_error(download_floats(rstd_d), rstd), 1e-4) << "rstd " << what;
+  EXPECT_LT(relative_error(download_floats(dx_d), dx), kTolerance<T>) << "dx " << what;
+  EXPECT_LT(relative_error(download_floats(dw_d), dw), 1e-4) << "dweight " << what;  // fp32 sums of the same terms
 
   // The weight gradient's sums run in a fixed order: again from the same start, the same bits.
-  const std::vector<float> first = bits(dw_d);
+  const std::vector<float> first = download(dw_d);
   auto dw_again = upload(dw0.f), dx_again = upload(dx0.t);
   rmsnorm_backward(dx_again.data(), dw_again.data(), dout_d.data(), x_d.data(), w_d.data(), rstd_d.data(), N, H,
                    scratch.data(), nullptr);
-  EXPECT_EQ(bits(dw_again), first) << "dweight twice " << what;
+  EXPECT_EQ(download(dw_again), first) << "dweight twice " << what;
 }
 
 TEST(LlamaCudaKernels, RmsNormMatchesTheCpu) {
@@ -168,8 +124,8 @@ void check_rope(int B, int S, int heads, int D) {
   auto fwd_d = upload(x.t), bwd_d = upload(x.t);
   rope_forward(fwd_d.data(), cos_d.data(), sin_d.data(), B, S, heads, D, nullptr);
   rope_backward(bwd_d.data(), cos_d.data(), sin_d.data(), B, S, heads, D, nullptr);
-  EXPECT_LT(relative_error(download(fwd_d), fwd), kTolerance<T>) << "forward " << what;
-  EXPECT_LT(relative_error(download(bwd_d), bwd), kTolerance<T>) << "backward " << what;
+  EXPECT_LT(relative_error(download_floats(fwd_d), fwd), kTolerance<T>) << "forward " << what;
+  EXPECT_LT(relative_error(download_floats(bwd_d), bwd), kTolerance<T>) << "backward " << what;
 }
 
 TEST(LlamaCudaKernels, RopeMatchesTheCpu) {
@@ -192,9 +148,9 @@ void check_swiglu(int64_t n) {
   swiglu_forward(out_d.data(), gate_d.data(), up_d.data(), n, nullptr);
   // d(gate) over d(out) in place, as the model runs it.
   swiglu_backward(dout_d.data(), dup_d.data(), dout_d.data(), gate_d.data(), up_d.data(), n, nullptr);
-  EXPECT_LT(relative_error(download(out_d), out), kTolerance<T>) << "out";
-  EXPECT_LT(relative_error(download(dout_d), dgate), kTolerance<T>) << "dgate";
-  EXPECT_LT(relative_error(download(dup_d), dup), kTolerance<T>) << "dup";
+  EXPECT_LT(relative_error(download_floats(out_d), out), kTolerance<T>) << "out";
+  EXPECT_LT(relative_error(download_floats(dout_d), dgate), kTolerance<T>) << "dgate";
+  EXPECT_LT(relative_error(download_floats(dup_d), dup), kTolerance<T>) << "dup";
 }
 
 TEST(LlamaCudaKernels, SwigluMatchesTheCpu) {
@@ -236,17 +192,17 @@ void check_attention(const AttentionCase& c) {
   // In bf16 the probabilities are rounded before each product, and the backward pass starts from the
   // rounded output: the gradients get a little more room.
   const double tol = kTolerance<T>, grad_tol = std::is_same_v<T, float> ? 1e-4 : 3e-2;
-  EXPECT_LT(relative_error(download(out_d), out), tol) << "out " << what;
-  EXPECT_LT(relative_error(download(dq_d), dq), grad_tol) << "dq " << what;
-  EXPECT_LT(relative_error(download(dk_d), dk), grad_tol) << "dk " << what;
-  EXPECT_LT(relative_error(download(dv_d), dv), grad_tol) << "dv " << what;
+  EXPECT_LT(relative_error(download_floats(out_d), out), tol) << "out " << what;
+  EXPECT_LT(relative_error(download_floats(dq_d), dq), grad_tol) << "dq " << what;
+  EXPECT_LT(relative_error(download_floats(dk_d), dk), grad_tol) << "dk " << what;
+  EXPECT_LT(relative_error(download_floats(dv_d), dv), grad_tol) << "dv " << what;
 
   // dk and dv sum a group's heads in the kernel, in head order: the same bits every time.
-  const auto dk_bits = bits(dk_d), dv_bits = bits(dv_d);
+  const auto dk_bits = download(dk_d), dv_bits = download(dv_d);
   cuda::attention_backward(dq_d.data(), dk_d.data(), dv_d.data(), delta.data(), dout_d.data(), out_d.data(), q_d.data(),
                            k_d.data(), v_d.data(), lse.data(), shape, nullptr);
-  EXPECT_EQ(bits(dk_d), dk_bits) << "dk twice " << what;
-  EXPECT_EQ(bits(dv_d), dv_bits) << "dv twice " << what;
+  EXPECT_EQ(download(dk_d), dk_bits) << "dk twice " << what;
+  EXPECT_EQ(download(dv_d), dv_bits) << "dv twice " << what;
 }
 
 const AttentionCase kCases[] = {

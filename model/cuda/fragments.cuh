@@ -1,0 +1,207 @@
+// Fragment arithmetic both tensor-core attention implementations share (flash_attention.cu on mma.sync,
+// hopper_attention.cu on wgmma). Their fp32 accumulators have the same layout: a thread's [n][4] holds,
+// with g = lane / 4 and t = lane % 4, row g at columns 8n + 2t, +1 ([n][0], [n][1]) and row g + 8 at the
+// same columns ([n][2], [n][3]) of its warp's 16 rows, each row spread over the four lanes of a quad.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace shardkit::model::cuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Two floats rounded (to nearest even) into one register of two 16-bit values, `lo` in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t pack(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The two 16-bit values of a register as floats (the low half first).
+template <typename T>
+__device__ __forceinline__ float2 unpack(uint32_t v);
+template <>
+__device__ __forceinline__ float2 unpack<__nv_bfloat16>(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+}
+template <>
+__device__ __forceinline__ float2 unpack<__half>(uint32_t v) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&v));
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// f(std::true_type) for a tile that crosses the causal diagonal (some of its scores are masked), else
+// f(std::false_type): the mask's compares and selects are compiled only into the diagonal tiles' code.
+template <typename F>
+__device__ __forceinline__ void with_causal_mask(bool diagonal, F&& f) {
+  if (diagonal) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
+// The A fragments (16 x K, for the next product) of an fp32 accumulator tile (16 x K), rounded to T
+// in pairs: columns 8n.. are the low (n even) or high half of k16 step n / 2.
+template <typename T, int K>
+__device__ __forceinline__ void to_fragments(uint32_t (&p)[K / 16][4], const float (&x)[K / 8][4]) {
+#pragma unroll
+  for (int n = 0; n < K / 8; ++n) {
+    p[n / 2][(n % 2) * 2] = pack<T>(x[n][0], x[n][1]);
+    p[n / 2][(n % 2) * 2 + 1] = pack<T>(x[n][2], x[n][3]);
+  }
+}
+
+// The online softmax of FlashAttention over a thread's two rows (row0, row0 + 8), a key tile at a
+// time: the running maximum m in raw score units (the scale is positive, so it commutes with the
+// maximum, and folds into the exponent's FFMA) and the running sum l of exp(scale * s - scale * m).
+struct OnlineSoftmax {
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+  // Scores s (16 x 8 N8, raw, keys k0.. in columns) become probabilities; with kMasked, keys after
+  // the row (key > row) get probability 0. o (the output accumulated under the old maximum) is
+  // rescaled to the new one.
+  template <bool kMasked, int N8, int O8>
+  __device__ __forceinline__ void tile(float (&s)[N8][4], float (&o)[O8][4], int k0, int row0, float scale_log2) {
+    const int t = threadIdx.x % 4;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < N8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if constexpr (kMasked) {
+          const int key = k0 + n * 8 + 2 * t + i;
+          if (key > row0) s[n][i] = -INFINITY;
+          if (key > row0 + 8) s[n][2 + i] = -INFINITY;
+        }
+        mx[0] = fmaxf(mx[0], s[n][i]);
+        mx[1] = fmaxf(mx[1], s[n][2 + i]);
+      }
+    }
+    float c[2], ms[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float mn = fmaxf(m[r], quad_max(mx[r]));
+      c[r] = exp2f((m[r] - mn) * scale_log2);
+      m[r] = mn;
+      ms[r] = mn * scale_log2;
+      l[r] *= c[r];
+    }
+#pragma unroll
+    for (int n = 0; n < O8; ++n) {
+      o[n][0] *= c[0];
+      o[n][1] *= c[0];
+      o[n][2] *= c[1];
+      o[n][3] *= c[1];
+    }
+#pragma unroll
+    for (int n = 0; n < N8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        s[n][i] = exp2f(fmaf(s[n][i], scale_log2, -ms[0]));
+        s[n][2 + i] = exp2f(fmaf(s[n][2 + i], scale_log2, -ms[1]));
+        l[0] += s[n][i];
+        l[1] += s[n][2 + i];
+      }
+    }
+  }
+
+  // After the last tile: the sums over the quad's columns.
+  __device__ __forceinline__ void finish() {
+    l[0] = quad_sum(l[0]);
+    l[1] = quad_sum(l[1]);
+  }
+  // lse (natural log) of the two rows into row_lse, rows at or past S skipped.
+  __device__ __forceinline__ void store_lse(float* row_lse, int row0, int S, float scale_log2) const {
+    if (row0 < S) row_lse[row0] = (m[0] * scale_log2 + log2f(l[0])) * kLn2;
+    if (row0 + 8 < S) row_lse[row0 + 8] = (m[1] * scale_log2 + log2f(l[1])) * kLn2;
+  }
+};
+
+// The backward pass on a tile of a query row block (dq): scores s (raw; keys k0.. in columns) become
+// dS = P o (dP - delta), P = exp2(scale_log2 * s - lse) with each row's lse in log2 units; with
+// kMasked, keys after the row contribute 0.
+template <bool kMasked, int N8>
+__device__ __forceinline__ void query_tile_ds(float (&s)[N8][4], const float (&dp)[N8][4], int k0, int row0,
+                                              const float (&lse)[2], const float (&delta)[2], float scale_log2) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int n = 0; n < N8; ++n) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float p0 = exp2f(fmaf(s[n][i], scale_log2, -lse[0]));
+      float p1 = exp2f(fmaf(s[n][2 + i], scale_log2, -lse[1]));
+      if constexpr (kMasked) {
+        const int key = k0 + n * 8 + 2 * t + i;
+        if (key > row0) p0 = 0.0f;
+        if (key > row0 + 8) p1 = 0.0f;
+      }
+      s[n][i] = p0 * (dp[n][i] - delta[0]);
+      s[n][2 + i] = p1 * (dp[n][2 + i] - delta[1]);
+    }
+  }
+}
+
+// The backward pass on a tile of a key row block (dk, dv), transposed: a thread's rows are keys (key0,
+// key0 + 8) and its columns queries q0..; pt (scores) becomes P^T and dpt (dP^T) becomes dS^T, with
+// each query's lse (log2 units) and delta read from lse_s and delta_s; with kMasked, queries before
+// the key contribute 0.
+template <bool kMasked, int N8>
+__device__ __forceinline__ void key_tile_ds(float (&pt)[N8][4], float (&dpt)[N8][4], int q0, int key0,
+                                            const float* lse_s, const float* delta_s, float scale_log2) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int n = 0; n < N8; ++n) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int col = n * 8 + 2 * t + i;
+      float p0 = exp2f(fmaf(pt[n][i], scale_log2, -lse_s[col]));
+      float p1 = exp2f(fmaf(pt[n][2 + i], scale_log2, -lse_s[col]));
+      if constexpr (kMasked) {
+        if (q0 + col < key0) p0 = 0.0f;
+        if (q0 + col < key0 + 8) p1 = 0.0f;
+      }
+      pt[n][i] = p0;
+      pt[n][2 + i] = p1;
+      dpt[n][i] = p0 * (dpt[n][i] - delta_s[col]);
+      dpt[n][2 + i] = p1 * (dpt[n][2 + i] - delta_s[col]);
+    }
+  }
+}
+
+// Writes acc (16 x HS) * (scale0 for row0, scale1 for row0 + 8) to rows of a row-major matrix.
+template <typename T, int HS>
+__device__ __forceinline__ void store_rows(T* dst, const float (&acc)[HS / 8][4], int row0, int S, int64_t ld,
+                                           float scale0, float scale1) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int n = 0; n < HS / 8; ++n) {
+    const int c = n * 8 + 2 * t;
+    if (row0 < S) *reinterpret_cast<uint32_t*>(dst + row0 * ld + c) = pack<T>(acc[n][0] * scale0, acc[n][1] * scale0);
+    if (row0 + 8 < S) {
+      *reinterpret_cast<uint32_t*>(dst + (row0 + 8) * ld + c) = pack<T>(acc[n][2] * scale1, acc[n][3] * scale1);
+    }
+  }
+}
+
+}  // namespace shardkit::model::cuda
