@@ -13,7 +13,10 @@
 # 8192) tokens a sample, without it (refused by the memory plan), with it, and with its inputs in host
 # memory: tokens/s, MFU, the plan against the measured memory (bench/gpu_scale_bench.py).
 # ATTENTION=1 adds the attention kernels' TFLOP/s beside PyTorch's SDPA backends at 2k/4k/8k tokens and
-# head sizes 64 and 128 (bench/attention_tflops.py).
+# head sizes 64 and 128 (bench/attention_tflops.py). HOPPER=1 does only what the sm_90 kernels need and
+# stops: builds the kernel tests and the attention library, runs the building-block probes and the
+# attention tests (Sm90Probes, HopperAttention: each ends its process if a kernel hangs), then the
+# attention table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
@@ -26,6 +29,27 @@ if ! pkg-config --exists liburing && [ -d build-deps/liburing ]; then
   export PKG_CONFIG_PATH=$PWD/build-deps/liburing/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 fi
 gpus=$(nvidia-smi --list-gpus | wc -l)
+
+if [ "${HOPPER:-0}" != 0 ]; then
+  log "sm_90 kernels: build"
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
+  cmake --build build-gpu -j"$(nproc)" --target shardkit_cuda_kernel_tests shardkit_attention_abi \
+    > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+  for suite in Sm90Probes HopperAttention; do
+    log "$suite"
+    timeout 300 build-gpu/tests/shardkit_cuda_kernel_tests --gtest_filter="$suite.*" > "$out/$suite.log" 2>&1
+    status=$?
+    echo "exit $status"; grep -E "^\[  |Failure|Expected|Which|error|stuck|rror" "$out/$suite.log" | head -40
+  done
+  # A kernel that failed its test could hang the benchmark: the table only after the tests pass.
+  if [ "$status" = 0 ]; then
+    log "attention TFLOP/s beside SDPA's backends (bench/attention_tflops.py)"
+    timeout 600 python3 bench/attention_tflops.py --lib build-gpu/bench/libshardkit_attention_abi.so 2>&1 |
+      tee "$out/attention.txt" | grep -v '^{'
+  fi
+  exit 0
+fi
+
 log "build ($gpus GPU(s))"
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
 # Only what this script runs: the CPU test binaries would double the build.

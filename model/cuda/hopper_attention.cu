@@ -10,6 +10,7 @@
 #include "model/cuda/cuda_common.hpp"
 #include "model/cuda/fragments.cuh"
 #include "model/cuda/sm90.cuh"
+#include "model/cuda/sm90_tiles.cuh"
 #include "model/cuda/tensor_map.hpp"
 
 namespace shardkit::model::cuda {
@@ -17,112 +18,23 @@ namespace {
 
 // Every kernel here is one producer warpgroup (a warp of it issues the copies) and two consumer
 // warpgroups of 64 rows each: a block owns kOwned rows (queries in the forward and dq kernels, keys in
-// the dk/dv kernel) and streams tiles of the other side through a ring of kStages buffers.
-constexpr int kWarpgroup = 128;
+// the dk/dv kernel) and streams tiles of the other side through rings of kStages buffers.
+using sm90::kWarpgroup;
 constexpr int kConsumers = 2 * kWarpgroup;
 constexpr int kThreads = kWarpgroup + kConsumers;
 constexpr int kOwned = 128;
 constexpr int kStages = 2;
+using Ring = sm90::Ring<kStages>;
 // Registers after reallocation: the producer gives up what the consumers' fragments need. 24 * 128 +
 // 240 * 256 fits the 65,536 of a multiprocessor, which the launch bounds (one block of 384 threads)
 // reserve for this block.
 constexpr int kProducerRegisters = 24;
 constexpr int kConsumerRegisters = 240;
 
-// Runs producer() on warpgroup 0 and consumer(wg) on warpgroups 1 and 2 (wg = 0, 1), each after moving
-// registers from the first to the others.
 template <typename Producer, typename Consumer>
 __device__ __forceinline__ void split_roles(Producer&& producer, Consumer&& consumer) {
-#if defined(SHARDKIT_SM90A)
-  if (threadIdx.x < kWarpgroup) {
-    sm90::shrink_registers<kProducerRegisters>();
-    producer();
-  } else {
-    sm90::grow_registers<kConsumerRegisters>();
-    consumer(static_cast<int>(threadIdx.x) / kWarpgroup - 1);
-  }
-#endif
+  sm90::split_roles<kProducerRegisters, kConsumerRegisters>(producer, consumer);
 }
-
-// A ring of kStages buffers between the producer and the consumers, counted in uses: use u fills
-// stage u % kStages, whose barriers are then in their (u / kStages)-th phase. `fill_arrivals` arrive on
-// a full barrier (the copy engine's transaction counts on top), every consumer thread on an empty one.
-struct Ring {
-  uint64_t full[kStages], empty[kStages];
-  __device__ void init(uint32_t fill_arrivals) {
-    for (int s = 0; s < kStages; ++s) {
-      sm90::mbarrier_init(&full[s], fill_arrivals);
-      sm90::mbarrier_init(&empty[s], kConsumers);
-    }
-  }
-  static __device__ int stage(int use) { return use % kStages; }
-  static __device__ uint32_t parity(int use) { return (use / kStages) & 1; }
-  // The producer: waits until the consumers are done with the stage's previous use.
-  __device__ void wait_free(int use) { sm90::mbarrier_wait(&empty[stage(use)], parity(use) ^ 1); }
-  __device__ void wait_full(int use) { sm90::mbarrier_wait(&full[stage(use)], parity(use)); }
-  __device__ void release(int use) { sm90::mbarrier_arrive(&empty[stage(use)]); }
-};
-
-// Brings the kernel's tensor maps (parameters) into the copy engine's cache ahead of the first copy.
-template <typename... Maps>
-__device__ __forceinline__ void prefetch_maps(const Maps&... maps) {
-  (sm90::prefetch_tensor_map(&maps), ...);
-}
-
-// A tile of `rows` rows of a chunked-rows tensor map (tensor_map.hpp) into shared memory, HS / 64
-// chunk tiles one after another, counted on `bar` (whose expected bytes the caller announced).
-template <int HS>
-__device__ __forceinline__ void load_tile(uint8_t* dst, int rows, const CUtensorMap* map, uint64_t* bar,
-                                          int first_chunk, int row, int batch) {
-  for (int c = 0; c < HS / kChunkElements; ++c) {
-    sm90::tma_load_4d(dst + c * rows * kChunkRowBytes, map, bar, 0, first_chunk + c, row, batch);
-  }
-}
-
-// Descriptor of k16 step kk of a K-major operand: rows from `rows0` of a tile of `rows` rows.
-__device__ __forceinline__ uint64_t k_step(const uint8_t* tile, int rows, int rows0, int kk) {
-  return sm90::k_major_descriptor(tile + (kk / 4) * rows * kChunkRowBytes + rows0 * kChunkRowBytes + (kk % 4) * 32);
-}
-// Descriptor of k16 step kk of an MN-major operand (contracted over the tile's rows).
-__device__ __forceinline__ uint64_t mn_step(const uint8_t* tile, int rows, int kk) {
-  return sm90::mn_major_descriptor(tile + kk * 16 * kChunkRowBytes, rows * kChunkRowBytes);
-}
-
-// acc (64 x N) = A (64 rows from a0 of the K-major tile `a`, HS columns) * B^T (N rows of the K-major
-// tile `b`, HS columns), waited for.
-template <typename T, int HS, int N>
-__device__ __forceinline__ void product_abt(float (&acc)[N / 8][4], const uint8_t* a, int a_rows, int a0,
-                                            const uint8_t* b) {
-  sm90::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < HS / 16; ++kk) {
-    sm90::wgmma_ss<T, N>(acc, k_step(a, a_rows, a0, kk), k_step(b, N, 0, kk), kk > 0);
-  }
-  sm90::wgmma_commit();
-  sm90::wgmma_wait<0>();
-  sm90::fence_registers(acc);
-}
-
-// acc (64 x HS) += P (64 x K, register fragments) * B (K rows of the tile `b`, HS columns), waited for.
-template <typename T, int HS, int K>
-__device__ __forceinline__ void product_pb(float (&acc)[HS / 8][4], const uint32_t (&p)[K / 16][4], const uint8_t* b) {
-  sm90::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < K / 16; ++kk) sm90::wgmma_rs<T, HS>(acc, p[kk], mn_step(b, K, kk), true);
-  sm90::wgmma_commit();
-  sm90::wgmma_wait<0>();
-  sm90::fence_registers(acc);
-}
-
-// The rows this thread holds of its warpgroup's 64: first the warp's, then row0 (and row0 + 8).
-struct Rows {
-  int warp_first, row0;
-  __device__ Rows(int first, int wg) {
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    warp_first = first + wg * 64 + warp * 16;
-    row0 = warp_first + lane / 4;
-  }
-};
 
 // Shared memory of a kernel: kOwnedTiles tiles of kOwned rows (loaded once), then two rings of kStages
 // tiles of kTileRows rows; every tile HS / 64 chunk tiles, 1,024-byte aligned.
@@ -139,10 +51,6 @@ struct Layout {
   static constexpr int ring1(int stage) { return kRing1 + stage * kTileBytes; }
 };
 
-__device__ __forceinline__ uint8_t* aligned_smem(uint8_t* raw) {
-  return raw + (kAtomBytes - sm90::smem_address(raw) % kAtomBytes) % kAtomBytes;
-}
-
 // The forward and dq kernels' barriers: their owned tiles (q, and dO for dq) on one, key and value tiles
 // in rings 0 and 1.
 struct KvBarriers {
@@ -150,8 +58,8 @@ struct KvBarriers {
   Ring k, v;
   __device__ void init() {
     sm90::mbarrier_init(&owned_full, 1);
-    k.init(1);
-    v.init(1);
+    k.init(1, kConsumers);
+    v.init(1, kConsumers);
     sm90::fence_barrier_init();
   }
 };
@@ -165,10 +73,10 @@ __device__ __forceinline__ void stream_kv(uint8_t* smem, KvBarriers& bars, const
     const int s = Ring::stage(j);
     bars.k.wait_free(j);
     sm90::mbarrier_arrive_expect_tx(&bars.k.full[s], L::kTileBytes);
-    load_tile<HS>(smem + L::ring0(s), L::kRows, k_map, &bars.k.full[s], kv_chunk, j * L::kRows, b);
+    sm90::load_tile<HS>(smem + L::ring0(s), L::kRows, k_map, &bars.k.full[s], kv_chunk, j * L::kRows, b);
     bars.v.wait_free(j);
     sm90::mbarrier_arrive_expect_tx(&bars.v.full[s], L::kTileBytes);
-    load_tile<HS>(smem + L::ring1(s), L::kRows, v_map, &bars.v.full[s], kv_chunk, j * L::kRows, b);
+    sm90::load_tile<HS>(smem + L::ring1(s), L::kRows, v_map, &bars.v.full[s], kv_chunk, j * L::kRows, b);
   }
 }
 
@@ -201,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kKeys = kForwardKeys, kChunks = HS / kChunkElements;
   extern __shared__ uint8_t smem_raw[];
   __shared__ KvBarriers bars;
-  uint8_t* smem = aligned_smem(smem_raw);
+  uint8_t* smem = sm90::aligned_smem(smem_raw);
   const int S = a.S, NH = a.NH;
   const QueryBlock blk(a);
   const int b = blk.b, h = blk.h, kvh = blk.kvh, q0 = blk.q0, tiles = blk.key_tiles(S, kKeys);
@@ -210,13 +118,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   split_roles(
       [&] {
         if (threadIdx.x != 0) return;
-        prefetch_maps(q_map, k_map, v_map);
+        sm90::prefetch_maps(q_map, k_map, v_map);
         sm90::mbarrier_arrive_expect_tx(&bars.owned_full, L::kOwnedBytes);
-        load_tile<HS>(smem + L::owned(0), kOwned, &q_map, &bars.owned_full, h * kChunks, q0, b);
+        sm90::load_tile<HS>(smem + L::owned(0), kOwned, &q_map, &bars.owned_full, h * kChunks, q0, b);
         stream_kv<HS, L>(smem, bars, &k_map, &v_map, kvh * kChunks, tiles, b);
       },
       [&](int wg) {
-        const Rows r(q0, wg);
+        const sm90::Rows r(q0, wg);
         float o[HS / 8][4] = {};
         OnlineSoftmax softmax;
         sm90::mbarrier_wait(&bars.owned_full, 0);
@@ -224,7 +132,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int st = Ring::stage(j), k0 = j * kKeys;
           float s[kKeys / 8][4];
           bars.k.wait_full(j);
-          product_abt<T, HS, kKeys>(s, smem + L::owned(0), kOwned, wg * 64, smem + L::ring0(st));
+          sm90::product_abt<T, HS, kKeys>(s, smem + L::owned(0), kOwned, wg * 64, smem + L::ring0(st));
           bars.k.release(j);
           // Only the block's last tile crosses the diagonal; keys past S all follow it.
           with_causal_mask(k0 + kKeys - 1 > r.warp_first,
@@ -232,7 +140,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           uint32_t p[kKeys / 16][4];
           to_fragments<T, kKeys>(p, s);
           bars.v.wait_full(j);
-          product_pb<T, HS, kKeys>(o, p, smem + L::ring1(st));
+          sm90::product_pb<T, HS, kKeys>(o, p, smem + L::ring1(st));
           bars.v.release(j);
         }
         softmax.finish();
@@ -266,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kKeys = kDqKeys, kChunks = HS / kChunkElements;
   extern __shared__ uint8_t smem_raw[];
   __shared__ KvBarriers bars;
-  uint8_t* smem = aligned_smem(smem_raw);
+  uint8_t* smem = sm90::aligned_smem(smem_raw);
   const int S = a.S, NH = a.NH;
   const QueryBlock blk(a);
   const int b = blk.b, h = blk.h, kvh = blk.kvh, q0 = blk.q0, tiles = blk.key_tiles(S, kKeys);
@@ -275,14 +183,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   split_roles(
       [&] {
         if (threadIdx.x != 0) return;
-        prefetch_maps(q_map, do_map, k_map, v_map);
+        sm90::prefetch_maps(q_map, do_map, k_map, v_map);
         sm90::mbarrier_arrive_expect_tx(&bars.owned_full, 2 * L::kOwnedBytes);
-        load_tile<HS>(smem + L::owned(0), kOwned, &q_map, &bars.owned_full, h * kChunks, q0, b);
-        load_tile<HS>(smem + L::owned(1), kOwned, &do_map, &bars.owned_full, h * kChunks, q0, b);
+        sm90::load_tile<HS>(smem + L::owned(0), kOwned, &q_map, &bars.owned_full, h * kChunks, q0, b);
+        sm90::load_tile<HS>(smem + L::owned(1), kOwned, &do_map, &bars.owned_full, h * kChunks, q0, b);
         stream_kv<HS, L>(smem, bars, &k_map, &v_map, kvh * kChunks, tiles, b);
       },
       [&](int wg) {
-        const Rows r(q0, wg);
+        const sm90::Rows r(q0, wg);
         const int row0 = r.row0, row1 = row0 + 8, t = threadIdx.x % 4;
         const int64_t C = int64_t{NH} * HS, stats = (int64_t{b} * NH + h) * S;
         // delta of this thread's rows from its columns of dO and O (the accumulators' columns),
@@ -319,16 +227,16 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint8_t* k_tile = smem + L::ring0(st);
           float s[kKeys / 8][4], dp[kKeys / 8][4];
           bars.k.wait_full(j);
-          product_abt<T, HS, kKeys>(s, smem + L::owned(0), kOwned, wg * 64, k_tile);
+          sm90::product_abt<T, HS, kKeys>(s, smem + L::owned(0), kOwned, wg * 64, k_tile);
           bars.v.wait_full(j);
-          product_abt<T, HS, kKeys>(dp, smem + L::owned(1), kOwned, wg * 64, smem + L::ring1(st));
+          sm90::product_abt<T, HS, kKeys>(dp, smem + L::owned(1), kOwned, wg * 64, smem + L::ring1(st));
           bars.v.release(j);
           with_causal_mask(k0 + kKeys - 1 > r.warp_first, [&](auto masked) {
             query_tile_ds<masked()>(s, dp, k0, row0, row_lse, row_delta, scale_log2);
           });
           uint32_t ds[kKeys / 16][4];
           to_fragments<T, kKeys>(ds, s);
-          product_pb<T, HS, kKeys>(dq, ds, k_tile);
+          sm90::product_pb<T, HS, kKeys>(dq, ds, k_tile);
           bars.k.release(j);
         }
         store_rows<T, HS>(dq_out + int64_t{b} * S * a.ld_q + h * HS, dq, row0, S, a.ld_q, scale, scale);
@@ -363,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kQueries = kDkvQueries, kChunks = HS / kChunkElements;
   extern __shared__ uint8_t smem_raw[];
   __shared__ DkvShared bars;
-  uint8_t* smem = aligned_smem(smem_raw);
+  uint8_t* smem = sm90::aligned_smem(smem_raw);
   const int S = a.S, NH = a.NH, group = NH / a.NKV;
   const int b = blockIdx.y / a.NKV, kvh = blockIdx.y % a.NKV;
   const int k0 = blockIdx.x * kOwned;  // the first key tiles see the most queries and start first
@@ -373,8 +281,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90::mbarrier_init(&bars.kv_full, 1);
     // The q ring's fills: the copy engine's bytes, announced by lane 0 (one arrival), and every lane
     // of the producer warp arriving once it has stored its share of lse and delta.
-    bars.q.init(1 + kProducerLanes);
-    bars.d.init(1);
+    bars.q.init(1 + kProducerLanes, kConsumers);
+    bars.d.init(1, kConsumers);
     sm90::fence_barrier_init();
   }
   __syncthreads();
@@ -383,10 +291,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (threadIdx.x >= kProducerLanes) return;
         const int lane = threadIdx.x;
         if (lane == 0) {
-          prefetch_maps(k_map, v_map, q_map, do_map);
+          sm90::prefetch_maps(k_map, v_map, q_map, do_map);
           sm90::mbarrier_arrive_expect_tx(&bars.kv_full, 2 * L::kOwnedBytes);
-          load_tile<HS>(smem + L::owned(0), kOwned, &k_map, &bars.kv_full, kvh * kChunks, k0, b);
-          load_tile<HS>(smem + L::owned(1), kOwned, &v_map, &bars.kv_full, kvh * kChunks, k0, b);
+          sm90::load_tile<HS>(smem + L::owned(0), kOwned, &k_map, &bars.kv_full, kvh * kChunks, k0, b);
+          sm90::load_tile<HS>(smem + L::owned(1), kOwned, &v_map, &bars.kv_full, kvh * kChunks, k0, b);
         }
         int use = 0;
         for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
@@ -396,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             bars.q.wait_free(use);
             if (lane == 0) {
               sm90::mbarrier_arrive_expect_tx(&bars.q.full[s], L::kTileBytes);
-              load_tile<HS>(smem + L::ring0(s), kQueries, &q_map, &bars.q.full[s], h * kChunks, q0, b);
+              sm90::load_tile<HS>(smem + L::ring0(s), kQueries, &q_map, &bars.q.full[s], h * kChunks, q0, b);
             }
             for (int e = lane; e < kQueries; e += kProducerLanes) {
               const int q = q0 + e;
@@ -407,13 +315,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             bars.d.wait_free(use);
             if (lane == 0) {
               sm90::mbarrier_arrive_expect_tx(&bars.d.full[s], L::kTileBytes);
-              load_tile<HS>(smem + L::ring1(s), kQueries, &do_map, &bars.d.full[s], h * kChunks, q0, b);
+              sm90::load_tile<HS>(smem + L::ring1(s), kQueries, &do_map, &bars.d.full[s], h * kChunks, q0, b);
             }
           }
         }
       },
       [&](int wg) {
-        const Rows r(k0, wg);
+        const sm90::Rows r(k0, wg);
         const int key0 = r.row0;
         float dk[HS / 8][4] = {}, dv[HS / 8][4] = {};
         sm90::mbarrier_wait(&bars.kv_full, 0);
@@ -425,17 +333,17 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint8_t* do_tile = smem + L::ring1(s);
             float pt[kQueries / 8][4], dpt[kQueries / 8][4];
             bars.q.wait_full(use);
-            product_abt<T, HS, kQueries>(pt, smem + L::owned(0), kOwned, wg * 64, q_tile);
+            sm90::product_abt<T, HS, kQueries>(pt, smem + L::owned(0), kOwned, wg * 64, q_tile);
             bars.d.wait_full(use);
-            product_abt<T, HS, kQueries>(dpt, smem + L::owned(1), kOwned, wg * 64, do_tile);
+            sm90::product_abt<T, HS, kQueries>(dpt, smem + L::owned(1), kOwned, wg * 64, do_tile);
             with_causal_mask(q0 < r.warp_first + 15, [&](auto masked) {
               key_tile_ds<masked()>(pt, dpt, q0, key0, bars.lse[s], bars.delta[s], scale_log2);
             });
             uint32_t pf[kQueries / 16][4], dsf[kQueries / 16][4];
             to_fragments<T, kQueries>(pf, pt);
             to_fragments<T, kQueries>(dsf, dpt);
-            product_pb<T, HS, kQueries>(dv, pf, do_tile);
-            product_pb<T, HS, kQueries>(dk, dsf, q_tile);
+            sm90::product_pb<T, HS, kQueries>(dv, pf, do_tile);
+            sm90::product_pb<T, HS, kQueries>(dk, dsf, q_tile);
             bars.q.release(use);
             bars.d.release(use);
           }

@@ -8,9 +8,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "model/cuda/cuda_common.hpp"
@@ -87,6 +92,30 @@ inline double relative_error(const std::vector<float>& got, const std::vector<fl
     scale = std::max(scale, std::abs(double{want[i]}));
   }
   return err / std::max(scale, 1e-30);
+}
+
+// Waits up to `seconds` for the work queued so far on the default stream. Past that, says which work
+// (`what`) never finished and ends the process: a kernel stuck on a barrier that never completes
+// would otherwise hold the test until ctest's timeout, and the device with it. (ctest runs each test
+// in a process of its own, so the next test starts on a fresh context.)
+inline void finish_within(double seconds, const std::string& what) {
+  cudaEvent_t done = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(done, nullptr));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  cudaError_t status = cudaEventQuery(done);
+  while (status == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    status = cudaEventQuery(done);
+  }
+  if (status == cudaErrorNotReady) {
+    std::fprintf(stderr, "%s did not finish within %.0f s: a kernel is stuck; ending the test process\n", what.c_str(),
+                 seconds);
+    std::fflush(stderr);
+    std::_Exit(3);
+  }
+  CUDA_CHECK(cudaEventDestroy(done));
+  CUDA_CHECK(status);
 }
 
 }  // namespace shardkit::testing

@@ -23,18 +23,6 @@ namespace {
 
 using namespace shardkit::testing;
 
-// Skips unless the current device runs the sm_90 kernels.
-#define REQUIRE_SM90()                                                                                                \
-  do {                                                                                                                \
-    REQUIRE_GPUS(1);                                                                                                  \
-    int major_ = 0, minor_ = 0;                                                                                       \
-    CUDA_CHECK(cudaDeviceGetAttribute(&major_, cudaDevAttrComputeCapabilityMajor, 0));                                \
-    CUDA_CHECK(cudaDeviceGetAttribute(&minor_, cudaDevAttrComputeCapabilityMinor, 0));                                \
-    if (major_ != 9 || minor_ != 0) {                                                                                 \
-      GTEST_SKIP() << "needs a compute capability 9.0 device (sm_90a code), this one is " << major_ << "." << minor_; \
-    }                                                                                                                 \
-  } while (0)
-
 struct Case {
   int B, S, NH, NKV, HS;
   bool packed;  // q, k, v side by side in one row (GPT-2's qkv) rather than three buffers
@@ -102,7 +90,7 @@ Result run(const Inputs<T>& in, const std::vector<T>& dout_host, Forward&& forwa
   forward(out.data(), lse.data(), q, k, v, a);
   backward(grads.data() + in.q_at, grads.data() + in.k_at, grads.data() + in.v_at, delta.data(), dout.data(),
            out.data(), q, k, v, lse.data(), a);
-  CUDA_CHECK(cudaDeviceSynchronize());
+  finish_within(60, "attention forward and backward");
   const auto g = widen(download(grads));
   const int64_t ld_q = a.ld_q, ld_kv = a.ld_kv;
   return {widen(download(out)), download(lse), operand_rows(g, in.q_at, ld_q, N, QW),
