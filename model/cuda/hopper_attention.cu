@@ -436,8 +436,8 @@ void with_hopper_head_size(int head_size, F&& f) {
 }
 
 template <typename T>
-void require_supported(const AttentionShape& a, const T* q, const T* k, const T* v) {
-  if (!hopper_attention_supports(a, q, k, v)) {
+void require_supported(const AttentionShape& a, const T* q, const T* k, const T* v, const T* dout = nullptr) {
+  if (!hopper_attention_supports(a, q, k, v, dout)) {
     fail(ErrorKind::kInternal, "the sm_90 attention kernels were called for head size " + std::to_string(a.HS) +
                                    ", operands or a device they do not take (see hopper_attention_supports)");
   }
@@ -445,10 +445,11 @@ void require_supported(const AttentionShape& a, const T* q, const T* k, const T*
 
 }  // namespace
 
-bool hopper_attention_supports(const AttentionShape& a, const void* q, const void* k, const void* v) {
+bool hopper_attention_supports(const AttentionShape& a, const void* q, const void* k, const void* v, const void* dout) {
   if (a.HS != 64 && a.HS != 128) return false;
   constexpr size_t k16Bit = 2;
   if (!aligned16(q, a.ld_q, k16Bit) || !aligned16(k, a.ld_kv, k16Bit) || !aligned16(v, a.ld_kv, k16Bit)) return false;
+  if (dout != nullptr && !aligned16(dout, int64_t{a.NH} * a.HS, k16Bit)) return false;
   int device = 0, major = 0, minor = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -466,10 +467,7 @@ void hopper_attention_forward(T* out, float* lse, const T* q, const T* k, const 
 template <typename T>
 void hopper_attention_backward(T* dq, T* dk, T* dv, float* delta, const T* dout, const T* out, const T* q, const T* k,
                                const T* v, const float* lse, const AttentionShape& a, cudaStream_t st) {
-  require_supported(a, q, k, v);
-  if (!aligned16(dout, int64_t{a.NH} * a.HS, sizeof(T))) {
-    fail(ErrorKind::kInternal, "the sm_90 attention backward pass needs a 16-byte aligned output gradient");
-  }
+  require_supported(a, q, k, v, dout);
   with_hopper_head_size(a.HS,
                         [&](auto hs) { backward_hs<T, hs()>(dq, dk, dv, delta, dout, out, q, k, v, lse, a, st); });
 }

@@ -15,16 +15,18 @@
 
 namespace shardkit::model::cuda {
 
-// Whether the sm_90 kernels run this call: the current device has compute capability 9.0, the
-// head size is 64 or 128, and q, k, v and their row strides are 16-byte aligned (the copy engine's
-// rule). Anything else takes the mma.sync kernels.
-bool hopper_attention_supports(const AttentionShape& shape, const void* q, const void* k, const void* v);
+// Whether the sm_90 kernels take this call: the current device has compute capability 9.0, the head
+// size is 64 or 128, and q, k, v (and dout, the backward pass's output gradient, when given) and their
+// row strides are 16-byte aligned (the copy engine's rule). attention_kernels.hpp chooses between them
+// and the mma.sync kernels.
+bool hopper_attention_supports(const AttentionShape& shape, const void* q, const void* k, const void* v,
+                               const void* dout = nullptr);
 
 template <typename T>
 void hopper_attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& shape,
                               cudaStream_t st);
 // dq, dk, dv overwritten at their rows' positions; delta (B, NH, S) is scratch, written by the first
-// kernel and read by the second. dout must be 16-byte aligned.
+// kernel and read by the second.
 template <typename T>
 void hopper_attention_backward(T* dq, T* dk, T* dv, float* delta, const T* dout, const T* out, const T* q, const T* k,
                                const T* v, const float* lse, const AttentionShape& shape, cudaStream_t st);

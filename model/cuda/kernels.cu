@@ -4,9 +4,11 @@
 
 #include <type_traits>
 
+#include "model/cuda/attention_kernels.hpp"
 #include "model/cuda/cuda_common.hpp"
 #include "model/cuda/flash_attention.hpp"
 #include "model/cuda/head_size.hpp"
+#include "model/cuda/hopper_attention.hpp"
 #include "model/cuda/kernels.hpp"
 #include "model/cuda/launch.cuh"
 #include "model/cuda/vec.cuh"
@@ -518,6 +520,8 @@ void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, c
   check_attention_shape(a);
   if constexpr (std::is_same_v<T, float>) {
     with_head_size(a.HS, [&](auto hs) { attention_forward_hs<T, hs()>(out, lse, q, k, v, a, st); });
+  } else if (use_hopper_attention(attention_kernels(), a, q, k, v, nullptr)) {
+    hopper_attention_forward(out, lse, q, k, v, a, st);
   } else {
     flash_attention_forward(out, lse, q, k, v, a, st);
   }
@@ -531,6 +535,8 @@ void attention_backward(T* dq, T* dk, T* dv, float* delta, const T* dout, const 
     attention_delta(delta, dout, out, a.B, a.S, a.NH * a.HS, a.NH, st);
     with_head_size(a.HS,
                    [&](auto hs) { attention_backward_hs<T, hs()>(dq, dk, dv, delta, dout, q, k, v, lse, a, st); });
+  } else if (use_hopper_attention(attention_kernels(), a, q, k, v, dout)) {
+    hopper_attention_backward(dq, dk, dv, delta, dout, out, q, k, v, lse, a, st);
   } else {
     flash_attention_backward(dq, dk, dv, delta, dout, out, q, k, v, lse, a, st);
   }

@@ -51,6 +51,7 @@ struct AttentionShape {
 
 // Memory-efficient: no (S x S) matrix is stored, only lse, the log-sum-exp of each query's scores,
 // for the backward pass, which recomputes the probabilities tile by tile. Head size 32, 64 or 128.
+// 16-bit types run on the kernels SHARDKIT_ATTENTION picks (attention_kernels.hpp).
 template <typename T>
 void attention_forward(T* out, float* lse, const T* q, const T* k, const T* v, const AttentionShape& shape,
                        cudaStream_t st);

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "base/error.hpp"
+#include "model/cuda/attention_kernels.hpp"
 #include "model/cuda/cuda_common.hpp"
 #include "model/cuda/hopper_attention.hpp"
 #include "model/cuda/kernels.hpp"
@@ -186,6 +188,32 @@ TEST(HopperAttention, ShapesItDoesNotTakeAreNotOffered) {
   EXPECT_FALSE(hopper_attention_supports(odd_stride, buffer, buffer, buffer));
   const AttentionShape fine{1, 8, 1, 1, 64, 64, 64};
   EXPECT_FALSE(hopper_attention_supports(fine, buffer + 1, buffer, buffer)) << "a q base off 16 bytes";
+}
+
+// Needs no GPU: the setting's words, and a refusal that names the variable.
+TEST(HopperAttention, SettingIsReadByNameAndOtherWordsAreRefused) {
+  EXPECT_EQ(parse_attention_kernels("mma"), AttentionKernels::kMma);
+  EXPECT_EQ(parse_attention_kernels("sm90"), AttentionKernels::kSm90);
+  EXPECT_EQ(parse_attention_kernels("auto"), AttentionKernels::kAuto);
+  try {
+    parse_attention_kernels("flash");
+    FAIL() << "flash was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidInput);
+    EXPECT_NE(std::string(e.what()).find("SHARDKIT_ATTENTION=flash: expected mma, sm90 or auto"), std::string::npos)
+        << e.what();
+  }
+  // mma never asks the device; sm90 refuses a head size the kernels do not have, by name.
+  alignas(16) static const __nv_bfloat16 buffer[64] = {};
+  const AttentionShape head32{1, 8, 2, 2, 32, 64, 64};
+  EXPECT_FALSE(use_hopper_attention(AttentionKernels::kMma, head32, buffer, buffer, buffer, nullptr));
+  EXPECT_FALSE(use_hopper_attention(AttentionKernels::kAuto, head32, buffer, buffer, buffer, nullptr));
+  try {
+    use_hopper_attention(AttentionKernels::kSm90, head32, buffer, buffer, buffer, nullptr);
+    FAIL() << "head size 32 was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("SHARDKIT_ATTENTION=sm90"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
