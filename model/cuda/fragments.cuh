@@ -78,11 +78,27 @@ __device__ __forceinline__ void to_fragments(uint32_t (&p)[K / 16][4], const flo
 struct OnlineSoftmax {
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-  // Scores s (16 x 8 N8, raw, keys k0.. in columns) become probabilities; with kMasked, keys after
-  // the row (key > row) get probability 0. o (the output accumulated under the old maximum) is
-  // rescaled to the new one.
-  template <bool kMasked, int N8, int O8>
-  __device__ __forceinline__ void tile(float (&s)[N8][4], float (&o)[O8][4], int k0, int row0, float scale_log2) {
+  // The factors that move what was accumulated under the previous maximum to the new one.
+  struct Rescale {
+    float c[2];
+    template <int O8>
+    __device__ __forceinline__ void apply(float (&o)[O8][4]) const {
+#pragma unroll
+      for (int n = 0; n < O8; ++n) {
+        o[n][0] *= c[0];
+        o[n][1] *= c[0];
+        o[n][2] *= c[1];
+        o[n][3] *= c[1];
+      }
+    }
+  };
+
+  // Scores s (16 x 8 N8, raw, keys k0.. in columns) become probabilities under the new running
+  // maximum, and the running sum is moved to it and grows by them; with kMasked, keys after the row
+  // (key > row) get probability 0. The output accumulated so far is the caller's to rescale (the
+  // Hopper kernel does it once the product still adding to it has finished).
+  template <bool kMasked, int N8>
+  __device__ __forceinline__ Rescale probabilities(float (&s)[N8][4], int k0, int row0, float scale_log2) {
     const int t = threadIdx.x % 4;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -98,21 +114,15 @@ struct OnlineSoftmax {
         mx[1] = fmaxf(mx[1], s[n][2 + i]);
       }
     }
-    float c[2], ms[2];
+    Rescale rescale;
+    float ms[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const float mn = fmaxf(m[r], quad_max(mx[r]));
-      c[r] = exp2f((m[r] - mn) * scale_log2);
+      rescale.c[r] = exp2f((m[r] - mn) * scale_log2);
       m[r] = mn;
       ms[r] = mn * scale_log2;
-      l[r] *= c[r];
-    }
-#pragma unroll
-    for (int n = 0; n < O8; ++n) {
-      o[n][0] *= c[0];
-      o[n][1] *= c[0];
-      o[n][2] *= c[1];
-      o[n][3] *= c[1];
+      l[r] *= rescale.c[r];
     }
 #pragma unroll
     for (int n = 0; n < N8; ++n) {
@@ -124,6 +134,13 @@ struct OnlineSoftmax {
         l[1] += s[n][2 + i];
       }
     }
+    return rescale;
+  }
+
+  // probabilities() and the output o rescaled at once.
+  template <bool kMasked, int N8, int O8>
+  __device__ __forceinline__ void tile(float (&s)[N8][4], float (&o)[O8][4], int k0, int row0, float scale_log2) {
+    probabilities<kMasked>(s, k0, row0, scale_log2).apply(o);
   }
 
   // After the last tile: the sums over the quad's columns.

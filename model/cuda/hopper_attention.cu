@@ -127,22 +127,45 @@ __global__ void __launch_bounds__(kThreads, 1)
         const sm90::Rows r(q0, wg);
         float o[HS / 8][4] = {};
         OnlineSoftmax softmax;
+        // Scores of tile j into probabilities: only the block's last tile crosses the diagonal (keys
+        // past S all follow it).
+        auto probabilities = [&](float(&s)[kKeys / 8][4], int j) {
+          OnlineSoftmax::Rescale rescale{};
+          with_causal_mask(j == tiles - 1, [&](auto masked) {
+            rescale = softmax.probabilities<masked()>(s, j * kKeys, r.row0, scale_log2);
+          });
+          return rescale;
+        };
+        // Software-pipelined as FlashAttention-3 describes: while the tensor cores add P(j-1) V(j-1)
+        // into o, this warpgroup turns the scores of tile j (issued just before) into probabilities;
+        // o is rescaled once that product is done, and P(j) takes P(j-1)'s registers.
+        float s[kKeys / 8][4];
+        uint32_t p[kKeys / 16][4];
         sm90::mbarrier_wait(&bars.owned_full, 0);
-        for (int j = 0; j < tiles; ++j) {
-          const int st = Ring::stage(j), k0 = j * kKeys;
-          float s[kKeys / 8][4];
+        bars.k.wait_full(0);
+        sm90::product_abt<T, HS, kKeys>(s, smem + L::owned(0), kOwned, wg * 64, smem + L::ring0(0));
+        bars.k.release(0);
+        probabilities(s, 0);  // o is still zero: nothing to rescale
+        to_fragments<T, kKeys>(p, s);
+        for (int j = 1; j < tiles; ++j) {
           bars.k.wait_full(j);
-          sm90::product_abt<T, HS, kKeys>(s, smem + L::owned(0), kOwned, wg * 64, smem + L::ring0(st));
+          sm90::issue_abt<T, HS, kKeys>(s, smem + L::owned(0), kOwned, wg * 64, smem + L::ring0(Ring::stage(j)));
+          bars.v.wait_full(j - 1);
+          sm90::issue_pb<T, HS, kKeys>(o, p, smem + L::ring1(Ring::stage(j - 1)));
+          sm90::wgmma_wait<1>();  // the scores (the older group) are in
+          sm90::fence_registers(s);
           bars.k.release(j);
-          // Only the block's last tile crosses the diagonal; keys past S all follow it.
-          with_causal_mask(k0 + kKeys - 1 > r.warp_first,
-                           [&](auto masked) { softmax.tile<masked()>(s, o, k0, r.row0, scale_log2); });
-          uint32_t p[kKeys / 16][4];
+          const OnlineSoftmax::Rescale rescale = probabilities(s, j);
+          sm90::wgmma_wait<0>();  // P(j-1) V(j-1) is in o, and p is free
+          sm90::fence_registers(o);
+          sm90::fence_registers(p);
+          bars.v.release(j - 1);
+          rescale.apply(o);
           to_fragments<T, kKeys>(p, s);
-          bars.v.wait_full(j);
-          sm90::product_pb<T, HS, kKeys>(o, p, smem + L::ring1(st));
-          bars.v.release(j);
         }
+        bars.v.wait_full(tiles - 1);
+        sm90::product_pb<T, HS, kKeys>(o, p, smem + L::ring1(Ring::stage(tiles - 1)));
+        bars.v.release(tiles - 1);
         softmax.finish();
         const int64_t C = int64_t{NH} * HS;
         store_rows<T, HS>(out + int64_t{b} * S * C + h * HS, o, r.row0, S, C, 1.0f / softmax.l[0], 1.0f / softmax.l[1]);

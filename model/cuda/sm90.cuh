@@ -123,13 +123,23 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-// Keeps the compiler from moving reads or writes of these registers across an asynchronous product.
+// Keeps the compiler from moving reads or writes of these registers across an asynchronous product:
+// after the wait for a product, fence its accumulators (read next) and its A fragments (overwritten
+// next), since the compiler sees the product's asm use them when it is issued, not when it ends.
 template <int N8>
 __device__ __forceinline__ void fence_registers(float (&r)[N8][4]) {
 #pragma unroll
   for (int n = 0; n < N8; ++n) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(r[n][i])::"memory");
+  }
+}
+template <int K16>
+__device__ __forceinline__ void fence_registers(uint32_t (&r)[K16][4]) {
+#pragma unroll
+  for (int n = 0; n < K16; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(r[n][i])::"memory");
   }
 }
 

@@ -82,29 +82,44 @@ __device__ __forceinline__ uint64_t mn_step(const uint8_t* tile, int rows, int k
   return mn_major_descriptor(tile + kk * 16 * kChunkRowBytes, rows * kChunkRowBytes);
 }
 
-// acc (64 x N) = A (64 rows from a0 of the K-major tile `a` of a_rows rows, HS columns) * B^T (the N
-// rows of the K-major tile `b`, HS columns), waited for. Every thread of the warpgroup calls it.
+// Issues acc (64 x N) = A (64 rows from a0 of the K-major tile `a` of a_rows rows, HS columns) * B^T
+// (the N rows of the K-major tile `b`, HS columns) as one committed group, not waited for: acc is not
+// to be touched until wgmma_wait says the group is done and fence_registers(acc) follows. Every
+// thread of the warpgroup calls it.
 template <typename T, int HS, int N>
-__device__ __forceinline__ void product_abt(float (&acc)[N / 8][4], const uint8_t* a, int a_rows, int a0,
-                                            const uint8_t* b) {
+__device__ __forceinline__ void issue_abt(float (&acc)[N / 8][4], const uint8_t* a, int a_rows, int a0,
+                                          const uint8_t* b) {
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < HS / 16; ++kk) wgmma_ss<T, N>(acc, k_step(a, a_rows, a0, kk), k_step(b, N, 0, kk), kk > 0);
   wgmma_commit();
-  wgmma_wait<0>();
-  fence_registers(acc);
 }
 
-// acc (64 x HS) += P (64 x K, register fragments) * B (the K rows of the tile `b`, HS columns), waited
-// for. Every thread of the warpgroup calls it.
+// Issues acc (64 x HS) += P (64 x K, register fragments) * B (the K rows of the tile `b`, HS columns)
+// as one committed group, not waited for: neither acc nor p is to be touched until the group is done
+// (wgmma_wait, then fence_registers on both).
 template <typename T, int HS, int K>
-__device__ __forceinline__ void product_pb(float (&acc)[HS / 8][4], const uint32_t (&p)[K / 16][4], const uint8_t* b) {
+__device__ __forceinline__ void issue_pb(float (&acc)[HS / 8][4], const uint32_t (&p)[K / 16][4], const uint8_t* b) {
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) wgmma_rs<T, HS>(acc, p[kk], mn_step(b, K, kk), true);
   wgmma_commit();
+}
+
+// The same, waited for.
+template <typename T, int HS, int N>
+__device__ __forceinline__ void product_abt(float (&acc)[N / 8][4], const uint8_t* a, int a_rows, int a0,
+                                            const uint8_t* b) {
+  issue_abt<T, HS, N>(acc, a, a_rows, a0, b);
   wgmma_wait<0>();
   fence_registers(acc);
+}
+template <typename T, int HS, int K>
+__device__ __forceinline__ void product_pb(float (&acc)[HS / 8][4], uint32_t (&p)[K / 16][4], const uint8_t* b) {
+  issue_pb<T, HS, K>(acc, p, b);
+  wgmma_wait<0>();
+  fence_registers(acc);
+  fence_registers(p);
 }
 
 // The rows a thread holds of warpgroup wg's 64 of a block's rows from `first`: its warp's first row,
