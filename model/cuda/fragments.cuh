@@ -155,12 +155,12 @@ struct OnlineSoftmax {
   }
 };
 
-// The backward pass on a tile of a query row block (dq): scores s (raw; keys k0.. in columns) become
-// dS = P o (dP - delta), P = exp2(scale_log2 * s - lse) with each row's lse in log2 units; with
-// kMasked, keys after the row contribute 0.
+// The backward pass on a tile of a query row block (dq), in two steps so that the second can wait for
+// dP: scores s (raw; keys k0.. in columns) become P = exp2(scale_log2 * s - lse) with each row's lse
+// in log2 units (with kMasked, keys after the row get 0), then P becomes dS = P o (dP - delta).
 template <bool kMasked, int N8>
-__device__ __forceinline__ void query_tile_ds(float (&s)[N8][4], const float (&dp)[N8][4], int k0, int row0,
-                                              const float (&lse)[2], const float (&delta)[2], float scale_log2) {
+__device__ __forceinline__ void query_tile_probabilities(float (&s)[N8][4], int k0, int row0, const float (&lse)[2],
+                                                         float scale_log2) {
   const int t = threadIdx.x % 4;
 #pragma unroll
   for (int n = 0; n < N8; ++n) {
@@ -173,19 +173,36 @@ __device__ __forceinline__ void query_tile_ds(float (&s)[N8][4], const float (&d
         if (key > row0) p0 = 0.0f;
         if (key > row0 + 8) p1 = 0.0f;
       }
-      s[n][i] = p0 * (dp[n][i] - delta[0]);
-      s[n][2 + i] = p1 * (dp[n][2 + i] - delta[1]);
+      s[n][i] = p0;
+      s[n][2 + i] = p1;
     }
   }
 }
-
-// The backward pass on a tile of a key row block (dk, dv), transposed: a thread's rows are keys (key0,
-// key0 + 8) and its columns queries q0..; pt (scores) becomes P^T and dpt (dP^T) becomes dS^T, with
-// each query's lse (log2 units) and delta read from lse_s and delta_s; with kMasked, queries before
-// the key contribute 0.
+template <int N8>
+__device__ __forceinline__ void query_tile_ds_from_p(float (&p)[N8][4], const float (&dp)[N8][4],
+                                                     const float (&delta)[2]) {
+#pragma unroll
+  for (int n = 0; n < N8; ++n) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      p[n][i] *= dp[n][i] - delta[0];
+      p[n][2 + i] *= dp[n][2 + i] - delta[1];
+    }
+  }
+}
 template <bool kMasked, int N8>
-__device__ __forceinline__ void key_tile_ds(float (&pt)[N8][4], float (&dpt)[N8][4], int q0, int key0,
-                                            const float* lse_s, const float* delta_s, float scale_log2) {
+__device__ __forceinline__ void query_tile_ds(float (&s)[N8][4], const float (&dp)[N8][4], int k0, int row0,
+                                              const float (&lse)[2], const float (&delta)[2], float scale_log2) {
+  query_tile_probabilities<kMasked>(s, k0, row0, lse, scale_log2);
+  query_tile_ds_from_p(s, dp, delta);
+}
+
+// The same on a tile of a key row block (dk, dv), transposed: a thread's rows are keys (key0, key0 + 8)
+// and its columns queries q0.., each query's lse (log2 units) and delta read from lse_s and delta_s;
+// pt (scores) becomes P^T (with kMasked, queries before the key get 0), then dpt (dP^T) becomes dS^T.
+template <bool kMasked, int N8>
+__device__ __forceinline__ void key_tile_probabilities(float (&pt)[N8][4], int q0, int key0, const float* lse_s,
+                                                       float scale_log2) {
   const int t = threadIdx.x % 4;
 #pragma unroll
   for (int n = 0; n < N8; ++n) {
@@ -200,10 +217,28 @@ __device__ __forceinline__ void key_tile_ds(float (&pt)[N8][4], float (&dpt)[N8]
       }
       pt[n][i] = p0;
       pt[n][2 + i] = p1;
-      dpt[n][i] = p0 * (dpt[n][i] - delta_s[col]);
-      dpt[n][2 + i] = p1 * (dpt[n][2 + i] - delta_s[col]);
     }
   }
+}
+template <int N8>
+__device__ __forceinline__ void key_tile_ds_from_p(float (&dpt)[N8][4], const float (&pt)[N8][4],
+                                                   const float* delta_s) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int n = 0; n < N8; ++n) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int col = n * 8 + 2 * t + i;
+      dpt[n][i] = pt[n][i] * (dpt[n][i] - delta_s[col]);
+      dpt[n][2 + i] = pt[n][2 + i] * (dpt[n][2 + i] - delta_s[col]);
+    }
+  }
+}
+template <bool kMasked, int N8>
+__device__ __forceinline__ void key_tile_ds(float (&pt)[N8][4], float (&dpt)[N8][4], int q0, int key0,
+                                            const float* lse_s, const float* delta_s, float scale_log2) {
+  key_tile_probabilities<kMasked>(pt, q0, key0, lse_s, scale_log2);
+  key_tile_ds_from_p(dpt, pt, delta_s);
 }
 
 // Writes acc (16 x HS) * (scale0 for row0, scale1 for row0 + 8) to rows of a row-major matrix.

@@ -249,14 +249,19 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int st = Ring::stage(j), k0 = j * kKeys;
           const uint8_t* k_tile = smem + L::ring0(st);
           float s[kKeys / 8][4], dp[kKeys / 8][4];
+          // Both products issued at once: the probabilities are made while dP is on the tensor cores.
           bars.k.wait_full(j);
-          sm90::product_abt<T, HS, kKeys>(s, smem + L::owned(0), kOwned, wg * 64, k_tile);
+          sm90::issue_abt<T, HS, kKeys>(s, smem + L::owned(0), kOwned, wg * 64, k_tile);
           bars.v.wait_full(j);
-          sm90::product_abt<T, HS, kKeys>(dp, smem + L::owned(1), kOwned, wg * 64, smem + L::ring1(st));
+          sm90::issue_abt<T, HS, kKeys>(dp, smem + L::owned(1), kOwned, wg * 64, smem + L::ring1(st));
+          sm90::wgmma_wait<1>();
+          sm90::fence_registers(s);
+          with_causal_mask(k0 + kKeys - 1 > r.warp_first,
+                           [&](auto masked) { query_tile_probabilities<masked()>(s, k0, row0, row_lse, scale_log2); });
+          sm90::wgmma_wait<0>();
+          sm90::fence_registers(dp);
           bars.v.release(j);
-          with_causal_mask(k0 + kKeys - 1 > r.warp_first, [&](auto masked) {
-            query_tile_ds<masked()>(s, dp, k0, row0, row_lse, row_delta, scale_log2);
-          });
+          query_tile_ds_from_p(s, dp, row_delta);
           uint32_t ds[kKeys / 16][4];
           to_fragments<T, kKeys>(ds, s);
           sm90::product_pb<T, HS, kKeys>(dq, ds, k_tile);
@@ -355,18 +360,30 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint8_t* q_tile = smem + L::ring0(s);
             const uint8_t* do_tile = smem + L::ring1(s);
             float pt[kQueries / 8][4], dpt[kQueries / 8][4];
+            // Both score products issued at once (P^T is made while dP^T is on the tensor cores), and
+            // both gradient products, waited for together.
             bars.q.wait_full(use);
-            sm90::product_abt<T, HS, kQueries>(pt, smem + L::owned(0), kOwned, wg * 64, q_tile);
+            sm90::issue_abt<T, HS, kQueries>(pt, smem + L::owned(0), kOwned, wg * 64, q_tile);
             bars.d.wait_full(use);
-            sm90::product_abt<T, HS, kQueries>(dpt, smem + L::owned(1), kOwned, wg * 64, do_tile);
+            sm90::issue_abt<T, HS, kQueries>(dpt, smem + L::owned(1), kOwned, wg * 64, do_tile);
+            sm90::wgmma_wait<1>();
+            sm90::fence_registers(pt);
             with_causal_mask(q0 < r.warp_first + 15, [&](auto masked) {
-              key_tile_ds<masked()>(pt, dpt, q0, key0, bars.lse[s], bars.delta[s], scale_log2);
+              key_tile_probabilities<masked()>(pt, q0, key0, bars.lse[s], scale_log2);
             });
+            sm90::wgmma_wait<0>();
+            sm90::fence_registers(dpt);
+            key_tile_ds_from_p(dpt, pt, bars.delta[s]);
             uint32_t pf[kQueries / 16][4], dsf[kQueries / 16][4];
             to_fragments<T, kQueries>(pf, pt);
             to_fragments<T, kQueries>(dsf, dpt);
-            sm90::product_pb<T, HS, kQueries>(dv, pf, do_tile);
-            sm90::product_pb<T, HS, kQueries>(dk, dsf, q_tile);
+            sm90::issue_pb<T, HS, kQueries>(dv, pf, do_tile);
+            sm90::issue_pb<T, HS, kQueries>(dk, dsf, q_tile);
+            sm90::wgmma_wait<0>();
+            sm90::fence_registers(dv);
+            sm90::fence_registers(dk);
+            sm90::fence_registers(pf);
+            sm90::fence_registers(dsf);
             bars.q.release(use);
             bars.d.release(use);
           }
