@@ -138,20 +138,29 @@ __global__ void __launch_bounds__(kThreads, 1)
         };
         // Software-pipelined as FlashAttention-3 describes: while the tensor cores add P(j-1) V(j-1)
         // into o, this warpgroup turns the scores of tile j (issued just before) into probabilities;
-        // o is rescaled once that product is done, and P(j) takes P(j-1)'s registers.
+        // o is rescaled once that product is done, and P(j) takes P(j-1)'s registers. The two
+        // warpgroups take turns issuing (ping-pong), one's softmax beside the other's products.
         float s[kKeys / 8][4];
         uint32_t p[kKeys / 16][4];
+        sm90::PingPong turns(wg);
         sm90::mbarrier_wait(&bars.owned_full, 0);
         bars.k.wait_full(0);
-        sm90::product_abt<T, HS, kKeys>(s, smem + L::owned(0), kOwned, wg * 64, smem + L::ring0(0));
+        turns.turn([&] { sm90::issue_abt<T, HS, kKeys>(s, smem + L::owned(0), kOwned, wg * 64, smem + L::ring0(0)); },
+                   false);
+        sm90::wgmma_wait<0>();
+        sm90::fence_registers(s);
         bars.k.release(0);
         probabilities(s, 0);  // o is still zero: nothing to rescale
         to_fragments<T, kKeys>(p, s);
         for (int j = 1; j < tiles; ++j) {
           bars.k.wait_full(j);
-          sm90::issue_abt<T, HS, kKeys>(s, smem + L::owned(0), kOwned, wg * 64, smem + L::ring0(Ring::stage(j)));
           bars.v.wait_full(j - 1);
-          sm90::issue_pb<T, HS, kKeys>(o, p, smem + L::ring1(Ring::stage(j - 1)));
+          turns.turn(
+              [&] {
+                sm90::issue_abt<T, HS, kKeys>(s, smem + L::owned(0), kOwned, wg * 64, smem + L::ring0(Ring::stage(j)));
+                sm90::issue_pb<T, HS, kKeys>(o, p, smem + L::ring1(Ring::stage(j - 1)));
+              },
+              false);
           sm90::wgmma_wait<1>();  // the scores (the older group) are in
           sm90::fence_registers(s);
           bars.k.release(j);
@@ -164,7 +173,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           to_fragments<T, kKeys>(p, s);
         }
         bars.v.wait_full(tiles - 1);
-        sm90::product_pb<T, HS, kKeys>(o, p, smem + L::ring1(Ring::stage(tiles - 1)));
+        turns.turn([&] { sm90::issue_pb<T, HS, kKeys>(o, p, smem + L::ring1(Ring::stage(tiles - 1))); }, true);
+        sm90::wgmma_wait<0>();
+        sm90::fence_registers(o);
+        sm90::fence_registers(p);
         bars.v.release(tiles - 1);
         softmax.finish();
         const int64_t C = int64_t{NH} * HS;

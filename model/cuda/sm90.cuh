@@ -88,6 +88,15 @@ __device__ __forceinline__ void shrink_registers() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 }
 
+// --- Named barriers (0 is __syncthreads'): `threads` (a multiple of 32) take part, as waiters or as
+// arrivers that go on without waiting.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // --- Shared-memory matrix descriptors (PTX ISA, "Matrix Descriptor Format"): start address, leading
 // and stride byte offsets (all in 16-byte units), swizzle mode 1 = 128 bytes.
 __device__ __forceinline__ uint64_t matrix_descriptor(const void* start, uint32_t leading_bytes,

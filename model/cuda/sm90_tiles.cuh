@@ -122,6 +122,27 @@ __device__ __forceinline__ void product_pb(float (&acc)[HS / 8][4], uint32_t (&p
   fence_registers(p);
 }
 
+// FlashAttention-3's ping-pong between two consumer warpgroups: they take turns issuing their
+// products (named barriers 1 and 2), so that while one's products are on the tensor cores the other
+// does its softmax. Warpgroup 0 goes first. Both must take the same number of turns, and the last turn
+// of warpgroup 1 hands nothing over (every arrival then meets a wait).
+class PingPong {
+ public:
+  __device__ explicit PingPong(int wg) : mine_(1 + wg), other_(2 - wg), second_(wg == 1) {
+    if (second_) named_barrier_arrive(1, 2 * kWarpgroup);
+  }
+  template <typename Issue>
+  __device__ __forceinline__ void turn(Issue&& issue, bool last) {
+    named_barrier_sync(mine_, 2 * kWarpgroup);
+    issue();
+    if (!(last && second_)) named_barrier_arrive(other_, 2 * kWarpgroup);
+  }
+
+ private:
+  int mine_, other_;
+  bool second_;
+};
+
 // The rows a thread holds of warpgroup wg's 64 of a block's rows from `first`: its warp's first row,
 // and row0 (and row0 + 8, the accumulator fragment's second row).
 struct Rows {
