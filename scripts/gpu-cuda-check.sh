@@ -16,7 +16,7 @@
 # head sizes 64 and 128 (bench/attention_tflops.py). HOPPER=1 does only what the sm_90 kernels need and
 # stops: builds the kernel tests and the attention library, runs the building-block probes and the
 # attention tests (Sm90Probes, HopperAttention: each ends its process if a kernel hangs), then the
-# attention table.
+# attention table and the step's kernels at GPT-2's and tinyllama's shapes with either attention.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
@@ -34,7 +34,7 @@ if [ "${HOPPER:-0}" != 0 ]; then
   log "sm_90 kernels: build"
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
   cmake --build build-gpu -j"$(nproc)" --target shardkit_cuda_kernel_tests shardkit_attention_abi \
-    > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
+    shardkit_gpu_kernels_bench > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
   for suite in Sm90Probes HopperAttention; do
     log "$suite"
     timeout 300 build-gpu/tests/shardkit_cuda_kernel_tests --gtest_filter="$suite.*" > "$out/$suite.log" 2>&1
@@ -46,6 +46,15 @@ if [ "${HOPPER:-0}" != 0 ]; then
     log "attention TFLOP/s beside SDPA's backends (bench/attention_tflops.py)"
     timeout 600 python3 bench/attention_tflops.py --lib build-gpu/bench/libshardkit_attention_abi.so 2>&1 |
       tee "$out/attention.txt" | grep -v '^{'
+    # Every kernel of a training step at the models' shapes, with each attention implementation.
+    for kernels in mma sm90; do
+      for shape in "gpt2 16 1024" "tinyllama-1.1b 4 2048"; do
+        set -- $shape
+        log "step kernels, $1 $2 x $3, SHARDKIT_ATTENTION=$kernels"
+        SHARDKIT_ATTENTION=$kernels timeout 300 build-gpu/bench/shardkit_gpu_kernels_bench --model "$1" --batch "$2" \
+          --seq "$3" 2>&1 | tee "$out/kernels-$1-$kernels.txt" | grep -iE "attention|sum|total"
+      done
+    done
   fi
   exit 0
 fi
