@@ -38,7 +38,7 @@ using torch::ValueBuilder;
 constexpr const char* kFormatVersion = "0.14.5";
 // DeepSpeed's default stage-3 sub-group size.
 constexpr int64_t kDefaultSubGroupSize = 1'000'000'000;
-constexpr int kFp32 = kSourceFp32, kExpAvg = kSourceExpAvg, kExpAvgSq = kSourceExpAvgSq;
+constexpr int kFp32 = kSourceFp32;
 
 // The source with what DeepSpeed needs back: recorded by an import, or derived from the model shardkit
 // trained.
@@ -48,11 +48,13 @@ struct Source : CheckpointSource {
 
 Source open_source(const std::filesystem::path& path, const std::string& model_name) {
   Source s{open_checkpoint_source(path, model_name), {}};
-  require_adamw_or_weights(s, "a DeepSpeed checkpoint");
+  // DeepSpeed's Lion (FusedLion, DeepSpeedCPULion) keeps exp_avg alone; its Adam and AdamW both moments.
+  const std::vector<std::string> lion{std::string(ckpt::kMasterWeights), "exp_avg"};
+  if (s.states != lion) require_adamw_or_weights(s, "a DeepSpeed checkpoint (or Lion's fp32, exp_avg)");
   if (!s.has_moments) {
     fail(ErrorKind::kInvalidInput, s.path.string() +
-                                       ": holds no Adam moments; DeepSpeed resumes from the fp32 "
-                                       "master weights and both moments");
+                                       ": holds no optimizer moments; DeepSpeed resumes from the fp32 "
+                                       "master weights and the optimizer's moments");
   }
   s.full_run = optimizer_run(s);
   return s;
@@ -298,6 +300,22 @@ const Value* group_options(ValueBuilder& b, const nlohmann::json& options, std::
   return b.dict(std::move(pairs));
 }
 
+// One storage per state of the source (the fp32 master weights, then the optimizer's moments).
+std::vector<Storage*> state_storages(Files& f, size_t file, const Source& src) {
+  std::vector<Storage*> st;
+  for (size_t s = 0; s < src.states.size(); ++s) st.push_back(&f.storage(file, static_cast<int>(s), ckpt::DType::kF32));
+  return st;
+}
+
+// The optimizer's state of one flat group or sub-group: its step and its moments (exp_avg and
+// exp_avg_sq for Adam and AdamW, exp_avg for Lion), over the storages st[1..].
+const Value* optimizer_state(Files& f, size_t file, const Common& c, const Source& src, const std::vector<Storage*>& st,
+                             int64_t steps) {
+  ValueBuilder::Pairs state{{f.b.str("step"), c.step(f, file, steps, src.full_run.step_is_tensor)}};
+  for (size_t m = 1; m < st.size(); ++m) state.emplace_back(f.b.str(src.states[m]), f.tensor(*st[m], {st[m]->numel}));
+  return f.b.dict(std::move(state));
+}
+
 // Stage 1/2: rank r's optimizer states.
 const Value* zero12_optim(Files& f, size_t file, int r, const Job& job, const Common& c,
                           const std::vector<ds::Zero12Group>& layouts) {
@@ -313,8 +331,7 @@ const Value* zero12_optim(Files& f, size_t file, int r, const Job& job, const Co
     const int64_t begin = r * L.partition;
     const int64_t valid = L.valid(r);
     // The states of the partition's parameters, then padding (the moments keep it, fp32 does not).
-    std::array<Storage*, 3> st{};
-    for (int s : {kFp32, kExpAvg, kExpAvgSq}) st[static_cast<size_t>(s)] = &f.storage(file, s, ckpt::DType::kF32);
+    const std::vector<Storage*> st = state_storages(f, file, src);
     ValueBuilder::Pairs mapping;
     for (size_t i = 0; i < groups[g].size(); ++i) {
       const int tensor = groups[g][i];
@@ -328,12 +345,9 @@ const Value* zero12_optim(Files& f, size_t file, int r, const Job& job, const Co
           b.object("deepspeed.utils.tensor_fragment.fragment_address",
                    ValueBuilder::Pairs{{b.str("numel"), b.integer(hi - lo)}, {b.str("start"), b.integer(lo - begin)}}));
     }
-    for (Storage* s : {st[1], st[2]}) s->add({-1, 0, L.partition - valid});
+    for (size_t m = 1; m < st.size(); ++m) st[m]->add({-1, 0, L.partition - valid});
     fp32.push_back(f.tensor(*st[0], {valid}));
-    adam.emplace_back(b.integer(static_cast<int64_t>(g)),
-                      b.dict({{"step", c.step(f, file, adam_steps, src.full_run.step_is_tensor)},
-                              {"exp_avg", f.tensor(*st[1], {L.partition})},
-                              {"exp_avg_sq", f.tensor(*st[2], {L.partition})}}));
+    adam.emplace_back(b.integer(static_cast<int64_t>(g)), optimizer_state(f, file, c, src, st, adam_steps));
     options.push_back(group_options(b, src.full_run.groups[g].options, {static_cast<int64_t>(g)}));
     // DeepSpeed counts a group's padding on the last rank only.
     paddings.push_back(b.integer(r + 1 == t.world_size ? L.partition * t.world_size - L.total : 0));
@@ -394,8 +408,7 @@ const Value* zero3_optim(Files& f, size_t file, int r, const Job& job, const Com
   const int64_t adam_steps = counter(src.trainer_state, "optimizer_steps", counter(src.trainer_state, "step", 0));
   size_t i = 0;  // position of the parameter in `order` (the layout's order)
   for (size_t k = 0; k < sub_groups.size(); ++k) {
-    std::array<Storage*, 3> st{};
-    for (int s : {kFp32, kExpAvg, kExpAvgSq}) st[static_cast<size_t>(s)] = &f.storage(file, s, ckpt::DType::kF32);
+    const std::vector<Storage*> st = state_storages(f, file, src);
     for (size_t m = 0; m < sub_groups[k].size(); ++m, ++i) {
       const int tensor = order[i];
       const int64_t n = (*src.table)[static_cast<size_t>(tensor)].numel();
@@ -406,10 +419,7 @@ const Value* zero3_optim(Files& f, size_t file, int r, const Job& job, const Com
       }
     }
     fp32.push_back(f.tensor(*st[0], {st[0]->numel}));
-    adam.emplace_back(b.integer(static_cast<int64_t>(k)),
-                      b.dict({{"step", c.step(f, file, adam_steps, src.full_run.step_is_tensor)},
-                              {"exp_avg", f.tensor(*st[1], {st[1]->numel})},
-                              {"exp_avg_sq", f.tensor(*st[2], {st[2]->numel})}}));
+    adam.emplace_back(b.integer(static_cast<int64_t>(k)), optimizer_state(f, file, c, src, st, adam_steps));
   }
   std::vector<const Value*> options;
   for (size_t g = 0; g < src.full_run.groups.size(); ++g) {
@@ -528,15 +538,16 @@ void write_universal(const std::filesystem::path& dir, const Job& job, const std
     write_files(f, src, options, progress);
   }
   const int64_t adam_steps = counter(src.trainer_state, "optimizer_steps", counter(src.trainer_state, "step", 0));
-  constexpr const char* kNames[] = {"fp32.pt", "exp_avg.pt", "exp_avg_sq.pt"};
   for (size_t i = 0; i < src.table->size(); ++i) {
     const ckpt::TensorInfo& info = (*src.table)[i];
     const std::filesystem::path folder = dir / "zero" / info.name;
     make_real_directory(folder);
     Files f;
     const Common c = common(f);
-    for (int state : {kFp32, kExpAvg, kExpAvgSq}) {
-      const size_t file = f.add_file(folder / kNames[state]);
+    for (int state = 0; state < static_cast<int>(src.states.size()); ++state) {
+      // fp32.pt, then one file per moment under its name.
+      const std::string name = state == kFp32 ? "fp32" : src.states[static_cast<size_t>(state)];
+      const size_t file = f.add_file(folder / (name + ".pt"));
       Storage& s = f.storage(file, state, ckpt::DType::kF32);
       s.add({static_cast<int>(i), 0, info.numel()});
       f.files[file].root = f.b.dict({{"param", f.tensor(s, info.shape)}, {"cat_dim", f.b.integer(0)}});
@@ -604,8 +615,9 @@ DeepSpeedExportResult export_deepspeed(const DeepSpeedExportRequest& request, co
   StagedDirectory out(request.output, {request.source, src.path}, options.force);
   const std::filesystem::path dir = out.path() / tag;
   make_real_directory(dir);
-  // Bytes read: the three states, and the module's weights at stages 1 and 2.
-  SharedProgress progress(options.progress, src.table->total_elements() * 4 * (t.stage < 3 ? 4 : 3));
+  // Bytes read: the states, and the module's weights at stages 1 and 2.
+  const int64_t reads = static_cast<int64_t>(src.states.size()) + (t.stage < 3 ? 1 : 0);
+  SharedProgress progress(options.progress, src.table->total_elements() * 4 * reads);
 
   // What every file shares: the config (with the stage and type written), the version, scaler, scheduler.
   auto common = [&](Files& f) {

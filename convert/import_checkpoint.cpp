@@ -30,7 +30,8 @@ CheckpointImportResult import_checkpoint(const CheckpointImportRequest& request,
   meta.step = result.step;
   meta.table = &table;
   meta.layout = spec;
-  meta.states = ckpt::adamw_state_names();
+  // The source's states (AdamW's three, or Lion's two); weights alone start with AdamW's zero moments.
+  meta.states = weights_only ? ckpt::adamw_state_names() : source.states;
   meta.shard.threads = 1;
   // The counters DeepSpeed keeps; the loss scaler and the data order come from the resuming run's own
   // config and seed, as for `convert import`.

@@ -58,7 +58,8 @@ CheckpointSource open_shardkit(const std::filesystem::path& path) {
   std::array<int, 3> states{};
   for (size_t i = 0; i < names.size(); ++i) states[i] = probe->find_state(names[i]);
   if (states[0] < 0) fail(ErrorKind::kInvalidInput, where + ": no '" + std::string(names[0]) + "' state");
-  s.has_moments = states[1] >= 0 && states[2] >= 0;
+  // AdamW's moments, or Lion's exp_avg alone: the states read by index are a prefix of `names`.
+  s.has_moments = states[1] >= 0;
   s.states = m.states;
   const std::filesystem::path step_dir = probe->step_dir();
   s.reader = [step_dir, states, names]() -> StateReadFn {
@@ -126,8 +127,10 @@ CheckpointSource foreign_source(std::shared_ptr<Checkpoint> ckpt, SourceFormat f
 }
 
 // The parameter groups of a run shardkit trained: the two groups Hugging Face's Trainer makes (the
-// decaying weights, then the biases and norms), with the optimizer's settings from the config.
-deepspeed::DeepSpeedRun run_of_model(const model::Model& m, const nlohmann::json& config, const nlohmann::json& state) {
+// decaying weights, then the biases and norms), with the optimizer's settings from the config: AdamW's,
+// or with `lion` Lion's.
+deepspeed::DeepSpeedRun run_of_model(const model::Model& m, const nlohmann::json& config, const nlohmann::json& state,
+                                     bool lion) {
   const nlohmann::json params = config.is_object() && config.contains("optimizer") && config["optimizer"].is_object()
                                     ? config["optimizer"].value("params", nlohmann::json::object())
                                     : nlohmann::json::object();
@@ -142,8 +145,13 @@ deepspeed::DeepSpeedRun run_of_model(const model::Model& m, const nlohmann::json
     for (size_t t = 0; t < m.table().size(); ++t) {
       if (m.decays(static_cast<int>(t)) == decays) g.params.push_back(m.table()[t].name);
     }
-    // The keys torch.optim.AdamW and DeepSpeed's FusedAdam read from a group; a loaded group replaces
-    // the optimizer's own whole.
+    // The keys the optimizer reads from a group (torch.optim.AdamW's and DeepSpeed's FusedAdam's, or
+    // DeepSpeed's FusedLion's); a loaded group replaces the optimizer's own whole.
+    if (lion) {
+      g.options = {{"lr", lr}, {"betas", betas}, {"weight_decay", decays ? weight_decay : 0.0}};
+      if (!g.params.empty()) run.groups.push_back(std::move(g));
+      continue;
+    }
     g.options = {{"lr", lr},
                  {"betas", betas},
                  {"eps", eps},
@@ -180,7 +188,9 @@ CheckpointSource open_deepspeed_source(const std::filesystem::path& path, const 
   // A universal checkpoint has no world size of its own.
   s.world_size = universal ? 1 : ckpt->world_size();
   s.stage = universal ? 0 : ckpt->stage();
-  s.states = ckpt::adamw_state_names();  // DeepSpeed's AdamW and Adam keep both moments
+  // Adam's and AdamW's two moments, or Lion's one, under the names shardkit's optimizers give them.
+  s.states = {std::string(ckpt::kMasterWeights)};
+  s.states.insert(s.states.end(), ckpt->moments().begin(), ckpt->moments().end());
   return s;
 }
 
@@ -246,7 +256,8 @@ deepspeed::DeepSpeedRun optimizer_run(const CheckpointSource& s) {
     fail(ErrorKind::kInvalidInput,
          s.run_missing + "; give --model to take the parameter groups from a model shardkit knows");
   }
-  return run_of_model(*model::model_from_manifest(s.model, s.path.string()), s.config, s.trainer_state);
+  const bool lion = s.states == std::vector<std::string>{std::string(ckpt::kMasterWeights), "exp_avg"};
+  return run_of_model(*model::model_from_manifest(s.model, s.path.string()), s.config, s.trainer_state, lion);
 }
 
 }  // namespace shardkit::convert

@@ -37,8 +37,9 @@ struct CheckpointSource {
   int64_t chunk_elems = 0;  // a shardkit source's chunk size: its readers hold chunk buffers
   bool has_moments = true;  // false: the source holds the master weights only (reading a moment fails)
   // The states it holds by their checkpoint names, the master weights first: AdamW's three, or the master
-  // weights alone (has_moments false); a shardkit run of another optimizer holds its own (Lion: fp32,
-  // exp_avg), which only a shardkit-to-shardkit reshard and the weights' exports carry.
+  // weights alone (has_moments false); a run of another optimizer holds its own (Lion, shardkit's or
+  // DeepSpeed's: fp32, exp_avg), which an import, a shardkit-to-shardkit reshard and the weights'
+  // exports carry.
   std::vector<std::string> states;
   // What a DeepSpeed run needs back, where the source records it (nullopt: `run_missing` says why).
   std::optional<deepspeed::DeepSpeedRun> run;

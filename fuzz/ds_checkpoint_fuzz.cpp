@@ -89,7 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   try {
     const DeepSpeedCheckpoint ckpt(dir, nullptr);
-    shardkit::fuzz::read_a_few(ckpt, kStateCount);
+    shardkit::fuzz::read_a_few(ckpt, 1 + static_cast<int>(ckpt.moments().size()));
   } catch (const shardkit::Error&) {
   }
   return 0;

@@ -239,8 +239,30 @@ int DeepSpeedCheckpoint::parameter(const std::string& name, const std::vector<in
   return t;
 }
 
+void DeepSpeedCheckpoint::take_moments(const Value& group_state, const std::string& where, const std::string& what) {
+  const auto holds = [&](const char* key) {
+    const Value* v = group_state.get(key);
+    return v != nullptr && v->kind == Kind::kTensor;
+  };
+  const std::vector<std::string>& found = holds("exp_avg_sq") ? kAdamMoments : kLionMoments;
+  if (!holds("exp_avg")) {
+    bad(where, what +
+                   ": holds no exp_avg tensor (shardkit reads the states of Adam and AdamW: exp_avg and exp_avg_sq, "
+                   "and of Lion: exp_avg)");
+  }
+  if (moments_.empty()) {
+    moments_ = found;
+  } else if (moments_ != found) {
+    bad(where, what + ": holds " + std::to_string(found.size()) + " optimizer moment(s) where the first holds " +
+                   std::to_string(moments_.size()));
+  }
+}
+
 void DeepSpeedCheckpoint::add(int state, int tensor, Piece piece) {
-  if (piece.length > 0) pieces_[static_cast<size_t>(tensor)][static_cast<size_t>(state)].push_back(std::move(piece));
+  if (piece.length == 0) return;
+  std::vector<std::vector<Piece>>& states = pieces_[static_cast<size_t>(tensor)];
+  if (states.size() <= static_cast<size_t>(state)) states.resize(static_cast<size_t>(state) + 1);
+  states[static_cast<size_t>(state)].push_back(std::move(piece));
 }
 
 void DeepSpeedCheckpoint::open_zero() {
@@ -443,7 +465,8 @@ void DeepSpeedCheckpoint::map_zero12(const std::vector<const Value*>& states, co
     const int64_t total = layout.total;
     const int64_t P = layout.partition;
     const std::string group = "param group " + std::to_string(g);
-    std::vector<const TensorRef*> fp32(static_cast<size_t>(W)), m1(fp32.size()), m2(fp32.size());
+    std::vector<const TensorRef*> fp32(static_cast<size_t>(W));
+    std::vector<std::vector<const TensorRef*>> moments;  // [moment][rank]
     for (int64_t r = 0; r < W; ++r) {
       const TorchFile& f = *files_[static_cast<size_t>(r)];
       const std::string where = f.path().string();
@@ -458,10 +481,15 @@ void DeepSpeedCheckpoint::map_zero12(const std::vector<const Value*>& states, co
           field(*states[static_cast<size_t>(r)], "base_optimizer_state", Kind::kDict, where, "optimizer_state_dict");
       const Value& adam = field(base, "state", Kind::kDict, where, "base_optimizer_state");
       const Value* gs = adam.get(static_cast<int64_t>(g));
-      if (!gs || gs->kind != Kind::kDict) bad(where, group + ": no Adam state (base_optimizer_state['state'])");
+      if (!gs || gs->kind != Kind::kDict) {
+        bad(where, group + ": no optimizer state (base_optimizer_state['state'])");
+      }
+      take_moments(*gs, where, group);
+      moments.resize(moments_.size(), std::vector<const TensorRef*>(static_cast<size_t>(W)));
       fp32[static_cast<size_t>(r)] = &parts.items[g]->tensor;
-      m1[static_cast<size_t>(r)] = &tensor_field(*gs, "exp_avg", where, group);
-      m2[static_cast<size_t>(r)] = &tensor_field(*gs, "exp_avg_sq", where, group);
+      for (size_t m = 0; m < moments_.size(); ++m) {
+        moments[m][static_cast<size_t>(r)] = &tensor_field(*gs, moments_[m], where, group);
+      }
       const int64_t valid = layout.valid(r);
       const auto expect = [&](const TensorRef* t, const char* what, int64_t n) {
         if (t->shape.size() != 1 || t->numel() != n) {
@@ -471,8 +499,7 @@ void DeepSpeedCheckpoint::map_zero12(const std::vector<const Value*>& states, co
         }
       };
       expect(fp32[static_cast<size_t>(r)], "the fp32 partition", valid);
-      expect(m1[static_cast<size_t>(r)], "exp_avg", P);
-      expect(m2[static_cast<size_t>(r)], "exp_avg_sq", P);
+      for (size_t m = 0; m < moments_.size(); ++m) expect(moments[m][static_cast<size_t>(r)], moments_[m].c_str(), P);
     }
     int64_t x = 0;  // position in the group's flat buffer
     for (const auto& [name, shape] : params) {
@@ -484,8 +511,9 @@ void DeepSpeedCheckpoint::map_zero12(const std::vector<const Value*>& states, co
         const TorchFile* f = files_[static_cast<size_t>(r)].get();
         const size_t ri = static_cast<size_t>(r);
         add(0, t, {pos - x, len, f, fp32[ri], pos - r * P, group + " fp32 partition"});
-        add(1, t, {pos - x, len, f, m1[ri], pos - r * P, group + " exp_avg"});
-        add(2, t, {pos - x, len, f, m2[ri], pos - r * P, group + " exp_avg_sq"});
+        for (size_t m = 0; m < moments_.size(); ++m) {
+          add(static_cast<int>(m) + 1, t, {pos - x, len, f, moments[m][ri], pos - r * P, group + " " + moments_[m]});
+        }
         pos += len;
       }
       x += n;
@@ -498,7 +526,8 @@ void DeepSpeedCheckpoint::map_zero3(const std::vector<const Value*>& states, con
   const int64_t W = world_size_;
   // Per rank: the sub-groups' fp32 partitions and moments, and where each starts in their concatenation.
   struct Rank {
-    std::vector<const TensorRef*> fp32, m1, m2;
+    std::vector<const TensorRef*> fp32;
+    std::vector<std::vector<const TensorRef*>> moments;  // [moment][sub-group]
     std::vector<int64_t> start;
   };
   std::vector<Rank> ranks(static_cast<size_t>(W));
@@ -515,16 +544,18 @@ void DeepSpeedCheckpoint::map_zero3(const std::vector<const Value*>& states, con
       const std::string sub = "sub-group " + std::to_string(k);
       if (flats.items[k]->kind != Kind::kTensor) bad(where, sub + ": the fp32 partition is not a tensor");
       const Value* ks = adam.get(static_cast<int64_t>(k));
-      if (!ks || ks->kind != Kind::kDict) bad(where, sub + ": no Adam state");
+      if (!ks || ks->kind != Kind::kDict) bad(where, sub + ": no optimizer state");
+      take_moments(*ks, where, sub);
+      rk.moments.resize(moments_.size());
       rk.fp32.push_back(&flats.items[k]->tensor);
-      rk.m1.push_back(&tensor_field(*ks, "exp_avg", where, sub));
-      rk.m2.push_back(&tensor_field(*ks, "exp_avg_sq", where, sub));
       const int64_t n = rk.fp32.back()->numel();
-      for (const TensorRef* m : {rk.m1.back(), rk.m2.back()}) {
-        if (m->numel() != n) {
-          bad(where, sub + ": a moment of " + std::to_string(m->numel()) + " elements beside an fp32 partition of " +
-                         std::to_string(n));
+      for (size_t m = 0; m < moments_.size(); ++m) {
+        const TensorRef* moment = &tensor_field(*ks, moments_[m], where, sub);
+        if (moment->numel() != n) {
+          bad(where, sub + ": " + moments_[m] + " of " + std::to_string(moment->numel()) +
+                         " elements beside an fp32 partition of " + std::to_string(n));
         }
+        rk.moments[m].push_back(moment);
       }
       rk.start.push_back(at);
       at += n;
@@ -564,8 +595,10 @@ void DeepSpeedCheckpoint::map_zero3(const std::vector<const Value*>& states, con
         const TorchFile* f = files_[static_cast<size_t>(r)].get();
         const std::string sub = "sub-group " + std::to_string(k);
         add(0, t, {r * part + done, len, f, rk.fp32[k], pos - rk.start[k], sub + " fp32 partition"});
-        add(1, t, {r * part + done, len, f, rk.m1[k], pos - rk.start[k], sub + " exp_avg"});
-        add(2, t, {r * part + done, len, f, rk.m2[k], pos - rk.start[k], sub + " exp_avg_sq"});
+        for (size_t m = 0; m < moments_.size(); ++m) {
+          add(static_cast<int>(m) + 1, t,
+              {r * part + done, len, f, rk.moments[m][k], pos - rk.start[k], sub + " " + moments_[m]});
+        }
         done += len;
       }
     }
@@ -609,13 +642,24 @@ void DeepSpeedCheckpoint::open_universal() {
     table_from_shapes(*shapes, where);
   }
   run_missing_ = "a universal checkpoint keeps no parameter groups";
-  constexpr const char* kFiles[kStateCount] = {"fp32.pt", "exp_avg.pt", "exp_avg_sq.pt"};
+  // Every parameter's folder holds fp32.pt and a file per moment: Adam's two, or Lion's one (the first
+  // folder says which; the others must agree).
+  std::vector<std::string> files;
   std::optional<int64_t> optimizer_step;  // stage 3's universal checkpoints have no step.pt
   for (const std::filesystem::path& dir : dirs) {
+    const bool adam = std::filesystem::exists(dir / "exp_avg_sq.pt", ec);
+    if (files.empty()) {
+      moments_ = adam ? kAdamMoments : kLionMoments;
+      files.push_back("fp32.pt");
+      for (const std::string& m : moments_) files.push_back(m + ".pt");
+    } else if (adam != (moments_ == kAdamMoments)) {
+      bad(dir.string(), adam ? "holds exp_avg_sq.pt, which the first parameter's folder does not"
+                             : "has no exp_avg_sq.pt beside the first parameter's folder's");
+    }
     int t = -1;
-    for (int s = 0; s < kStateCount; ++s) {
-      require_inside(dir / kFiles[s]);
-      files_.push_back(std::make_unique<TorchFile>(dir / kFiles[s], &parse_budget_));
+    for (int s = 0; s < static_cast<int>(files.size()); ++s) {
+      require_inside(dir / files[static_cast<size_t>(s)]);
+      files_.push_back(std::make_unique<TorchFile>(dir / files[static_cast<size_t>(s)], &parse_budget_));
       const TorchFile& f = *files_.back();
       // Stage 1/2: {'param': tensor in its shape, 'cat_dim': ...}; stage 3: the flat tensor itself.
       const Value* v = &f.root();
@@ -686,6 +730,10 @@ void DeepSpeedCheckpoint::check_complete() const {
                                 (model_ ? " of model " + model_->name() + " (is --model the model that was trained?)"
                                         : " (param_shapes names it)"));
     }
+    if (table[t].numel() > 0 && pieces_[t].size() != 1 + moments_.size()) {
+      fail(ErrorKind::kInternal, table[t].name + " has " + std::to_string(pieces_[t].size()) + " states of " +
+                                     std::to_string(1 + moments_.size()));
+    }
     for (const auto& pieces : pieces_[t]) {
       int64_t at = 0;
       for (const Piece& p : pieces) {
@@ -699,6 +747,10 @@ void DeepSpeedCheckpoint::check_complete() const {
 
 void DeepSpeedCheckpoint::read(int state, int tensor, int64_t offset, std::span<float> out) const {
   if (out.empty()) return;
+  if (state < 0 || state > static_cast<int>(moments_.size())) {
+    fail(ErrorKind::kInternal, "DeepSpeed checkpoint: state " + std::to_string(state) + " of " +
+                                   std::to_string(1 + moments_.size()) + " read");
+  }
   const std::vector<Piece>& pieces = pieces_[static_cast<size_t>(tensor)][static_cast<size_t>(state)];
   auto it =
       std::upper_bound(pieces.begin(), pieces.end(), offset, [](int64_t o, const Piece& p) { return o < p.begin; });

@@ -1,5 +1,6 @@
-// A DeepSpeed ZeRO checkpoint as a source of full tensors: the fp32 master weights and both Adam moments
-// of every parameter, read piece by piece out of the ranks' files, the training counters, and what the
+// A DeepSpeed ZeRO checkpoint as a source of full tensors: the fp32 master weights and the optimizer's
+// moments of every parameter (Adam's and AdamW's exp_avg and exp_avg_sq, or Lion's exp_avg alone),
+// read piece by piece out of the ranks' files, the training counters, and what the
 // run needs back to resume (its parameter groups, tied parameters, scheduler and config). The tensors
 // are those of a model shardkit knows (checked against its table) or, without one, whatever the files'
 // `param_shapes` name: resharding needs only names, shapes and the layout. Three layouts
@@ -9,12 +10,11 @@
 //     slice of each group's flat fp32 buffer and of the moments);
 //   * ZeRO stage 3: zero_pp_rank_R_mp_rank_00_model_states.pt and ..._optim_states.pt per rank (each
 //     parameter split into ceil(n / W) elements per rank, padded, concatenated per sub-group);
-//   * the universal checkpoint of ds_to_universal.py: zero/<parameter>/{fp32,exp_avg,exp_avg_sq,step}.pt.
+//   * the universal checkpoint of ds_to_universal.py: zero/<parameter>/{fp32,exp_avg[,exp_avg_sq],step}.pt.
 // The folder given may hold `latest` (or `latest_universal`), which names the tag folder, or be the tag
 // folder itself.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -35,8 +35,10 @@ namespace shardkit::convert::deepspeed {
 
 enum class SourceLayout { kZero12, kZero3, kUniversal };
 
-// The states read per parameter, in the order of the checkpoint's states.
-inline constexpr int kStateCount = 3;  // fp32 master weights, exp_avg, exp_avg_sq
+// The optimizer moments a checkpoint may hold, by the optimizer's state keys: Adam's and AdamW's, and
+// Lion's (DeepSpeed's FusedLion and DeepSpeedCPULion keep exp_avg alone).
+inline const std::vector<std::string> kAdamMoments = {"exp_avg", "exp_avg_sq"};
+inline const std::vector<std::string> kLionMoments = {"exp_avg"};
 
 class DeepSpeedCheckpoint {
  public:
@@ -64,8 +66,11 @@ class DeepSpeedCheckpoint {
   // lr_scheduler.last_batch_iteration.
   const nlohmann::json& trainer_state() const noexcept { return trainer_state_; }
 
-  // Elements [offset, offset + out.size()) of table tensor `tensor`, state `state` (0: fp32, 1: exp_avg,
-  // 2: exp_avg_sq). Thread-safe.
+  // The optimizer moments the checkpoint holds (kAdamMoments or kLionMoments): states 1.. of read().
+  const std::vector<std::string>& moments() const noexcept { return moments_; }
+
+  // Elements [offset, offset + out.size()) of table tensor `tensor`, state `state` (0: the fp32 master
+  // weights, then moments() in order). Thread-safe.
   void read(int state, int tensor, int64_t offset, std::span<float> out) const;
 
  private:
@@ -94,6 +99,9 @@ class DeepSpeedCheckpoint {
                 const std::string& where);
   // Index of the table tensor a DeepSpeed parameter name stands for; its shape must be `shape`.
   int parameter(const std::string& name, const std::vector<int64_t>& shape, const std::string& where);
+  // The moments one group state dict (`what` of file `where`) holds; the first one sets moments(),
+  // every later one must hold the same.
+  void take_moments(const torch::Value& group_state, const std::string& where, const std::string& what);
   void add(int state, int tensor, Piece piece);
   void check_complete() const;
 
@@ -111,9 +119,10 @@ class DeepSpeedCheckpoint {
   nlohmann::json trainer_state_;
   torch::ParseBudget parse_budget_;  // the memory all files' pickles may take together
   std::vector<std::unique_ptr<torch::TorchFile>> files_;
-  std::vector<std::array<std::vector<Piece>, kStateCount>> pieces_;  // per table tensor, by begin
-  std::vector<std::string> seen_as_;                                 // the name each tensor was found under
-  std::unordered_map<std::string, int> by_source_name_;              // and the reverse
+  std::vector<std::string> moments_;
+  std::vector<std::vector<std::vector<Piece>>> pieces_;  // per table tensor and state, by begin
+  std::vector<std::string> seen_as_;                     // the name each tensor was found under
+  std::unordered_map<std::string, int> by_source_name_;  // and the reverse
 };
 
 }  // namespace shardkit::convert::deepspeed

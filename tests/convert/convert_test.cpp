@@ -318,7 +318,8 @@ TEST(Consolidate, Hdf5HoldsEveryTensorInItsShape) {
 // A run shardkit trained goes out as PyTorch DCP for any world size (the groups derived from its model)
 // and comes back with every value, in its own layout, unchanged.
 // A run of another optimizer (Lion: fp32 and exp_avg) reshards into shardkit checkpoints with its own
-// states, and every export that writes AdamW's is refused naming them, before any output exists.
+// states; DeepSpeed's files take them too (DeepSpeed's Lion keeps the same two), with Lion's group
+// settings; every export that writes AdamW's is refused naming them, before any output exists.
 TEST(Reshard, ARunOfAnotherOptimizerKeepsItsStatesAndAdamWExportsRefuseIt) {
   TempDir tmp;
   const model::gpt2::GptConfig c = small_gpt2();
@@ -351,12 +352,30 @@ TEST(Reshard, ARunOfAnotherOptimizerKeepsItsStatesAndAdamWExportsRefuseIt) {
   dcp.output = tmp / "dcp";
   dcp.world_size = 2;
   expect_refused([&] { convert::export_dcp(dcp, small_pieces()); }, dcp.output);
-  convert::DeepSpeedExportRequest ds;
-  ds.source = source;
-  ds.output = tmp / "ds";
-  ds.world_size = 2;
-  ds.stage = 2;
-  expect_refused([&] { convert::export_deepspeed(ds, small_pieces()); }, ds.output);
+  const std::filesystem::path model_file = tmp / "model.json";
+  std::ofstream(model_file) << model::gpt2::to_json(c).dump();
+  for (const int stage : {2, 3}) {
+    convert::DeepSpeedExportRequest ds;
+    ds.source = source;
+    ds.output = tmp / ("ds-" + std::to_string(stage));
+    ds.world_size = 2;
+    ds.stage = stage;
+    convert::export_deepspeed(ds, small_pieces());
+    convert::CheckpointImportRequest back;
+    back.source = ds.output;
+    back.output = tmp / ("back-" + std::to_string(stage));
+    back.model = model_file.string();
+    const convert::CheckpointImportResult imported = convert::import_checkpoint(back, small_pieces());
+    const ckpt::CheckpointReader reader(imported.step_dir);
+    EXPECT_EQ(reader.manifest().states, lion);
+    expect_identical(source, imported.step_dir);
+    const nlohmann::json groups = reader.manifest().trainer_state.at("deepspeed").at("param_groups");
+    ASSERT_EQ(groups.size(), 2u);
+    for (const nlohmann::json& g : groups) {
+      const nlohmann::json& o = g.at("options");
+      EXPECT_TRUE(o.contains("betas") && o.contains("weight_decay") && !o.contains("eps")) << g.dump();
+    }
+  }
   convert::ConsolidateRequest moments;
   moments.source = source;
   moments.output = tmp / "moments";

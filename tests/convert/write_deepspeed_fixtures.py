@@ -2,13 +2,14 @@
 """Trains tiny models with real DeepSpeed and saves ZeRO checkpoints, each with the exact values the live
 engine held when it saved: the fixtures of tests/convert/deepspeed_real_test.cpp (tests/data/deepspeed/).
 
-Per case (a model, ZeRO stage, dtype, world size, parameter groups, DeepSpeed options) the ranks run
-`deepspeed.initialize` with `torch.optim.AdamW`, train a few optimizer steps on batches that depend on
-the step only, call `engine.save_checkpoint`, and gather their partitions of the fp32 master weights and
-both Adam moments. OUT/<case>/ then holds:
+Per case (a model, ZeRO stage, dtype, world size, parameter groups, DeepSpeed options, optimizer) the
+ranks run `deepspeed.initialize` with `torch.optim.AdamW` (or, for the `-lion` cases, a Lion that keeps
+DeepSpeed FusedLion's states), train a few optimizer steps on batches that depend on the step only, call
+`engine.save_checkpoint`, and gather their partitions of the fp32 master weights and the optimizer's
+moments. OUT/<case>/ then holds:
 
   latest, global_step<N>/        DeepSpeed's checkpoint (its zero_to_fp32.py copy removed)
-  expected.safetensors           fp32/<name>, exp_avg/<name>, exp_avg_sq/<name>: F32, full shapes
+  expected.safetensors           fp32/<name>, exp_avg/<name>[, exp_avg_sq/<name>]: F32, full shapes
   expected.json                  counters, parameters (name, shape, group) in module order, the case, the
                                  DeepSpeed config, versions, losses, the command that made it
   model.json                     shardkit's JSON model file (docs/FORMAT.md §7) for GPT-2 / Llama cases
@@ -334,9 +335,33 @@ def micro_loss(engine, model, inputs, targets):
 # ---------------------------------------------------------------------------------------------------
 # Cases. `batch` is the global batch of one optimizer step: world * grad_accum * micro rows.
 
-def _case(model, stage, dtype, world, groups=2, steps=3, batch=6, zero=None, top=None, device="cpu", note=""):
+def _case(model, stage, dtype, world, groups=2, steps=3, batch=6, zero=None, top=None, device="cpu", note="",
+          optimizer="adamw"):
     return dict(model=model, stage=stage, dtype=dtype, world=world, groups=groups, steps=steps, batch=batch,
-                zero=zero or {}, top=top or {}, device=device, note=note)
+                zero=zero or {}, top=top or {}, device=device, note=note, optimizer=optimizer)
+
+
+# The optimizer's moments, as its state keys name them.
+MOMENTS = {"adamw": ("exp_avg", "exp_avg_sq"), "lion": ("exp_avg",)}
+
+
+def lion_optimizer(param_groups, lr, betas):
+    """Lion as DeepSpeed's FusedLion keeps it (state 'step' and 'exp_avg'; lr, betas, weight_decay): the
+    plain-PyTorch Lion of tests/trainer/torch_lion.py with FusedLion's step count. DeepSpeed's own Lion
+    kernels are not built for its CPU accelerator, and ZeRO partitions and saves a client optimizer's
+    state exactly as it does its own."""
+    sys.path.insert(0, os.path.join(os.path.dirname(SCRIPT), os.pardir, "trainer"))
+    from torch_lion import Lion as PlainLion
+
+    class Lion(PlainLion):
+        def step(self, closure=None):
+            super().step()
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        self.state[p]["step"] = self.state[p].get("step", 0) + 1
+
+    return Lion(param_groups, lr=lr, betas=betas)
 
 
 WARMUP = {"gradient_accumulation_steps": 2,
@@ -359,6 +384,8 @@ CASES = collections.OrderedDict([
     ("llama-tied-s3-bf16-w2", _case("llama-tied", 3, "bf16", 2, note="output projection tied to the embedding")),
     ("net-s2-fp32-w2", _case("net", 2, "fp32", 2, note="a model of no known family")),
     ("net-s3-bf16-w3", _case("net", 3, "bf16", 3, note="a model of no known family")),
+    ("gpt2-s2-bf16-w2-lion", _case("gpt2", 2, "bf16", 2, optimizer="lion", note="Lion (FusedLion's states)")),
+    ("llama-s3-fp32-w2-lion", _case("llama", 3, "fp32", 2, optimizer="lion", note="Lion (FusedLion's states)")),
     # torch 2.x on one GPU: stage 3 parameters pickle through torch._tensor._rebuild_from_type_v2.
     ("gpt2-s3-bf16-w1-cuda", _case("gpt2", 3, "bf16", 1, device="cuda")),
     ("llama-s3-bf16-w1-cuda", _case("llama", 3, "bf16", 1, device="cuda")),
@@ -494,8 +521,11 @@ def make_engine(case, seed=1234):
     else:
         groups, decay = [[n for n, _ in named]], [0.1]
     by_name = dict(named)
-    optimizer = torch.optim.AdamW([{"params": [by_name[n] for n in g], "weight_decay": wd}
-                                   for g, wd in zip(groups, decay)], lr=2e-3, betas=(0.9, 0.95), eps=1e-8)
+    param_groups = [{"params": [by_name[n] for n in g], "weight_decay": wd} for g, wd in zip(groups, decay)]
+    if case["optimizer"] == "lion":
+        optimizer = lion_optimizer(param_groups, lr=2e-4, betas=(0.9, 0.99))
+    else:
+        optimizer = torch.optim.AdamW(param_groups, lr=2e-3, betas=(0.9, 0.95), eps=1e-8)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(case))
     return engine, named, groups
 
@@ -543,10 +573,11 @@ def _all_gather_flat(t):
     return parts
 
 
-def gather_state(engine, named):
-    """Every parameter's fp32 master weight and both Adam moments, full shape, as the live ZeRO optimizer
-    holds them: each rank's partitions gathered (a collective: every rank calls). The values are moved,
-    never summed, so they are the engine's bits. Returns an OrderedDict 'fp32/<name>' ... -> CPU fp32 tensor."""
+def gather_state(engine, named, moments=MOMENTS["adamw"]):
+    """Every parameter's fp32 master weight and the optimizer's `moments`, full shape, as the live ZeRO
+    optimizer holds them: each rank's partitions gathered (a collective: every rank calls). The values are
+    moved, never summed, so they are the engine's bits. Returns an OrderedDict 'fp32/<name>' ... -> CPU fp32
+    tensor."""
     import torch
     zero = engine.optimizer
     names = {id(p): n for n, p in named}
@@ -555,8 +586,7 @@ def gather_state(engine, named):
     if hasattr(zero, "round_robin_bit16_groups"):
         # Stage 1/2: per group one flat buffer (params in group order, zero-padded to W equal parts).
         for params, part in zip(zero.round_robin_bit16_groups, zero.single_partition_of_fp32_groups):
-            for key, t in (("fp32", part), ("exp_avg", state[part]["exp_avg"]),
-                           ("exp_avg_sq", state[part]["exp_avg_sq"])):
+            for key, t in (("fp32", part),) + tuple((m, state[part][m]) for m in moments):
                 flat = torch.cat(_all_gather_flat(t.detach()))
                 offset = 0
                 for p in params:
@@ -565,8 +595,7 @@ def gather_state(engine, named):
     else:
         # Stage 3: per sub-group the rank's pieces of its parameters, ceil(n/W) elements each.
         for params, flat_part in zip(zero.fp16_groups, zero.fp32_partitioned_groups_flat):
-            for key, t in (("fp32", flat_part), ("exp_avg", state[flat_part]["exp_avg"]),
-                           ("exp_avg_sq", state[flat_part]["exp_avg_sq"])):
+            for key, t in (("fp32", flat_part),) + tuple((m, state[flat_part][m]) for m in moments):
                 ranks = _all_gather_flat(t.detach())
                 offset = 0
                 for p in params:
@@ -575,13 +604,13 @@ def gather_state(engine, named):
                     out[key + "/" + names[id(p)]] = full.view(p.ds_shape).float().cpu()
                     offset += piece
     ordered = collections.OrderedDict()
-    for key in ("fp32", "exp_avg", "exp_avg_sq"):
+    for key in ("fp32",) + tuple(moments):
         for n, _ in named:
             ordered[key + "/" + n] = out[key + "/" + n].clone()
     return ordered
 
 
-def check_against_api(engine, named, groups, state):
+def check_against_api(engine, named, groups, state, moments=MOMENTS["adamw"]):
     """DeepSpeed's public read-back for every parameter, against `state`: a check of gather_state's cuts.
     Equal as numbers (the API sums the ranks' parts: -0.0 may come back as 0.0). Stage 1/2 with several
     groups: DeepSpeed links the moments to the parameters after the first group's first step, before the
@@ -599,7 +628,7 @@ def check_against_api(engine, named, groups, state):
         checked += 1
         if not stage3 and n not in groups[0]:
             continue
-        for key in ("exp_avg", "exp_avg_sq"):
+        for key in moments:
             api = safe_get_full_optimizer_state(p, key)
             if not torch.equal(api.float().cpu().view_as(state[key + "/" + n]), state[key + "/" + n]):
                 raise AssertionError("gathered %s of %s differs from safe_get_full_optimizer_state" % (key, n))
@@ -734,8 +763,9 @@ def rank_worker(name, folder):
         raise SystemExit("%s needs %d ranks, got %d" % (name, case["world"], dist.get_world_size()))
     engine, named, groups = make_engine(case)
     losses = train(engine, case, 0, case["steps"])
-    state = gather_state(engine, named)
-    api_checked = check_against_api(engine, named, groups, state)
+    moments = MOMENTS[case["optimizer"]]
+    state = gather_state(engine, named, moments)
+    api_checked = check_against_api(engine, named, groups, state, moments)
     engine.save_checkpoint(folder)
     dist.barrier()
     if dist.get_rank() != 0:
@@ -752,6 +782,7 @@ def rank_worker(name, folder):
         "stage": case["stage"],
         "world_size": case["world"],
         "dtype": case["dtype"],
+        "optimizer": case["optimizer"],
         "tag": tag,
         "counters": counters(engine),
         "params": [{"name": n, "shape": list(p.ds_shape if hasattr(p, "ds_shape") else p.shape),

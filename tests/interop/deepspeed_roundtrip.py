@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Real DeepSpeed resumes from checkpoints that shardkit resharded, at other world sizes and stages, with
 every master weight, both Adam moments and Adam's step bit for bit as the source left them, and trains
-on as the source did.
+on as the source did. `--optimizer lion` does the same with a Lion that keeps DeepSpeed FusedLion's
+states (exp_avg and the step; write_deepspeed_fixtures.py's, as DeepSpeed's own Lion kernels are not
+built for its CPU accelerator).
 
 For each model (a GPT-2-shaped one with Hugging Face's names, and a network of no known family):
   (a) source: DeepSpeed, 2 ranks, ZeRO-2, fp32, two parameter groups, trains 3 steps on global batches
@@ -40,12 +42,14 @@ SOURCE = {"world": 2, "stage": 2}
 TRAIN_STEPS, MORE_STEPS, BATCH = 3, 2, 6
 LOSS_TOLERANCE = 1e-5
 MODELS = ("gpt2", "net")
+OPTIMIZER = "adamw"  # main() sets it from --optimizer, in the driver and in every rank
 
 
 def case_for(model, world, stage):
     accum = 2 if world == 1 else 1  # 1 rank: 3 rows twice; 2 ranks: 3 rows; 3 ranks: 2 rows
     top = {"gradient_accumulation_steps": accum} if accum > 1 else {}
-    return fx._case(model, stage, "fp32", world, groups=2, steps=TRAIN_STEPS, batch=BATCH, top=top)
+    return fx._case(model, stage, "fp32", world, groups=2, steps=TRAIN_STEPS, batch=BATCH, top=top,
+                    optimizer=OPTIMIZER)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -57,7 +61,7 @@ def source_rank(model, work):
     fx.init_distributed("cpu")
     engine, named, _ = fx.make_engine(case)
     losses = fx.train(engine, case, 0, TRAIN_STEPS)
-    state = fx.gather_state(engine, named)
+    state = fx.gather_state(engine, named, fx.MOMENTS[OPTIMIZER])
     engine.save_checkpoint(os.path.join(work, "ds-source"))
     counters = fx.counters(engine)
     more = fx.train(engine, case, TRAIN_STEPS, MORE_STEPS)
@@ -75,7 +79,7 @@ def target_rank(model, work, name, folder, world, stage):
     fx.init_distributed("cpu")
     engine, named, _ = fx.make_engine(case, seed=99)  # other initial weights: only the load can make them equal
     path, _ = engine.load_checkpoint(folder)
-    state = fx.gather_state(engine, named)
+    state = fx.gather_state(engine, named, fx.MOMENTS[OPTIMIZER])
     counters = fx.counters(engine)
     more = fx.train(engine, case, TRAIN_STEPS, MORE_STEPS)
     if dist.get_rank() != 0:
@@ -127,7 +131,7 @@ class Results:
 
 
 def run_ranks(argv, world, log):
-    codes = fx.launch([os.path.abspath(__file__)] + argv, world, "cpu", log, timeout=600)
+    codes = fx.launch([os.path.abspath(__file__), "--optimizer", OPTIMIZER] + argv, world, "cpu", log, timeout=600)
     return all(c == 0 for c in codes), codes
 
 
@@ -214,10 +218,13 @@ def main():
     p.add_argument("--self-check", action="store_true",
                    help="load DeepSpeed's own checkpoint instead of shardkit's outputs")
     p.add_argument("--models", default=",".join(MODELS), help="comma list of: " + ", ".join(MODELS))
+    p.add_argument("--optimizer", default="adamw", choices=sorted(fx.MOMENTS))
     p.add_argument("--source-rank", nargs=2, help=argparse.SUPPRESS)
     p.add_argument("--target-rank", nargs=6, help=argparse.SUPPRESS)
     p.add_argument("--fresh-rank", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args()
+    global OPTIMIZER
+    OPTIMIZER = args.optimizer
     if args.fresh_rank:
         model, work, name, world, stage = args.fresh_rank
         fresh_rank(model, work, name, int(world), int(stage))

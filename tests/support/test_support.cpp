@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <set>
 #include <stdexcept>
 
 #include "base/file_util.hpp"
@@ -126,7 +127,15 @@ std::vector<std::string> fixture_folders(const std::filesystem::path& dir) {
 
 void expect_states_equal_bitwise(ckpt::CheckpointReader& reader, const std::filesystem::path& expected_file) {
   const ckpt::safetensors::Reader expected(expected_file);
-  for (const char* state : {"fp32", "exp_avg", "exp_avg_sq"}) {
+  // Every state the file has (fp32 and the optimizer's moments: AdamW's two or Lion's one), and no other
+  // in the checkpoint.
+  std::set<std::string> states;
+  for (const ckpt::safetensors::TensorInfo& info : expected.header().tensors) {
+    states.insert(info.name.substr(0, info.name.find('/')));
+  }
+  const std::vector<std::string>& held = reader.manifest().states;
+  EXPECT_EQ(std::set<std::string>(held.begin(), held.end()), states) << "the states of " << expected_file;
+  for (const std::string& state : states) {
     const int s = reader.find_state(state);
     ASSERT_GE(s, 0) << state;
     for (size_t t = 0; t < reader.tensors().size(); ++t) {
