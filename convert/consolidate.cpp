@@ -49,29 +49,44 @@ std::shared_ptr<const model::Model> model_of(const ckpt::CheckpointReader& reade
   return m;
 }
 
-std::vector<Item> export_items(const ckpt::TensorTable& table, int master, int exp_avg, int exp_avg_sq,
+// A moment of the optimizer to export: its state index in the source, and its name.
+struct Moment {
+  int state;
+  std::string name;
+};
+
+// The master weights of every tensor in `dtype`, then with_optimizer the moments as
+// optimizer.<moment>.<name> in fp32.
+std::vector<Item> export_items(const ckpt::TensorTable& table, int master, const std::vector<Moment>& moments,
                                ckpt::DType dtype, bool with_optimizer) {
   std::vector<Item> items;
   for (size_t t = 0; t < table.size(); ++t) items.push_back({static_cast<int>(t), master, table[t].name, dtype});
   if (with_optimizer) {
-    for (const auto& [state, name] : {std::pair{exp_avg, ckpt::kExpAvg}, std::pair{exp_avg_sq, ckpt::kExpAvgSq}}) {
+    for (const Moment& m : moments) {
       for (size_t t = 0; t < table.size(); ++t) {
-        items.push_back(
-            {static_cast<int>(t), state, "optimizer." + std::string(name) + "." + table[t].name, ckpt::DType::kF32});
+        items.push_back({static_cast<int>(t), m.state, "optimizer." + m.name + "." + table[t].name, ckpt::DType::kF32});
       }
     }
   }
   return items;
 }
 
+// A shardkit checkpoint's: the states its manifest lists after the master weights (AdamW's two moments,
+// or Lion's one).
 std::vector<Item> export_items(const ckpt::CheckpointReader& reader, ckpt::DType dtype, bool with_optimizer) {
-  auto state = [&](std::string_view name) {
-    const int s = reader.find_state(name);
-    if (s < 0) fail(ErrorKind::kInvalidInput, reader.step_dir().string() + ": no '" + std::string(name) + "' state");
-    return s;
-  };
-  return export_items(reader.tensors(), state(ckpt::kMasterWeights), with_optimizer ? state(ckpt::kExpAvg) : -1,
-                      with_optimizer ? state(ckpt::kExpAvgSq) : -1, dtype, with_optimizer);
+  const int master = reader.find_state(ckpt::kMasterWeights);
+  if (master < 0) {
+    fail(ErrorKind::kInvalidInput,
+         reader.step_dir().string() + ": no '" + std::string(ckpt::kMasterWeights) + "' state");
+  }
+  std::vector<Moment> moments;
+  for (const std::string& name : reader.manifest().states) {
+    if (name != ckpt::kMasterWeights) moments.push_back({reader.find_state(name), name});
+  }
+  if (with_optimizer && moments.empty()) {
+    fail(ErrorKind::kInvalidInput, reader.step_dir().string() + ": no optimizer moments to export (--with-optimizer)");
+  }
+  return export_items(reader.tensors(), master, moments, dtype, with_optimizer);
 }
 
 // Converts fp32 values into the output dtype's little-endian bytes.
@@ -101,12 +116,14 @@ std::vector<std::string> write_safetensors(const ConsolidateRequest& request, co
            src.path.string() + ": its tensors do not fit its model (" + m->family() + ", " + m->name() + ")");
     }
   }
-  if (request.with_optimizer) require_adamw_or_weights(src, "--with-optimizer");
+  if (request.with_optimizer && !holds_lion_states(src)) require_adamw_or_weights(src, "--with-optimizer");
   if (request.with_optimizer && !src.has_moments) {
-    fail(ErrorKind::kInvalidInput, src.path.string() + ": no Adam moments to export (--with-optimizer)");
+    fail(ErrorKind::kInvalidInput, src.path.string() + ": no optimizer moments to export (--with-optimizer)");
   }
-  const std::vector<Item> items =
-      export_items(table, kSourceFp32, kSourceExpAvg, kSourceExpAvgSq, request.dtype, request.with_optimizer);
+  // The source's states after the master weights, read by their position.
+  std::vector<Moment> moments;
+  for (size_t s = 1; s < src.states.size(); ++s) moments.push_back({static_cast<int>(s), src.states[s]});
+  const std::vector<Item> items = export_items(table, kSourceFp32, moments, request.dtype, request.with_optimizer);
   std::vector<st::TensorSpec> specs;
   std::map<std::string, const Item*> by_name;
   for (const Item& item : items) {

@@ -49,8 +49,7 @@ struct Source : CheckpointSource {
 Source open_source(const std::filesystem::path& path, const std::string& model_name) {
   Source s{open_checkpoint_source(path, model_name), {}};
   // DeepSpeed's Lion (FusedLion, DeepSpeedCPULion) keeps exp_avg alone; its Adam and AdamW both moments.
-  const std::vector<std::string> lion{std::string(ckpt::kMasterWeights), "exp_avg"};
-  if (s.states != lion) require_adamw_or_weights(s, "a DeepSpeed checkpoint (or Lion's fp32, exp_avg)");
+  if (!holds_lion_states(s)) require_adamw_or_weights(s, "a DeepSpeed checkpoint (or Lion's fp32, exp_avg)");
   if (!s.has_moments) {
     fail(ErrorKind::kInvalidInput, s.path.string() +
                                        ": holds no optimizer moments; DeepSpeed resumes from the fp32 "

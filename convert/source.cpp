@@ -209,6 +209,10 @@ CheckpointSource open_dcp_source(const std::filesystem::path& path, const std::s
   return s;
 }
 
+bool holds_lion_states(const CheckpointSource& source) {
+  return source.states == std::vector<std::string>{std::string(ckpt::kMasterWeights), std::string(ckpt::kExpAvg)};
+}
+
 void require_adamw_or_weights(const CheckpointSource& source, const std::string& target) {
   const std::vector<std::string> weights{std::string(ckpt::kMasterWeights)};
   if (source.states == ckpt::adamw_state_names() || source.states == weights) return;
@@ -256,8 +260,8 @@ deepspeed::DeepSpeedRun optimizer_run(const CheckpointSource& s) {
     fail(ErrorKind::kInvalidInput,
          s.run_missing + "; give --model to take the parameter groups from a model shardkit knows");
   }
-  const bool lion = s.states == std::vector<std::string>{std::string(ckpt::kMasterWeights), "exp_avg"};
-  return run_of_model(*model::model_from_manifest(s.model, s.path.string()), s.config, s.trainer_state, lion);
+  return run_of_model(*model::model_from_manifest(s.model, s.path.string()), s.config, s.trainer_state,
+                      holds_lion_states(s));
 }
 
 }  // namespace shardkit::convert

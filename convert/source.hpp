@@ -68,6 +68,10 @@ CheckpointSource open_deepspeed_source(const std::filesystem::path& path, const 
 // A DCP checkpoint folder only. `model` as for DeepSpeed; a config.json beside the folder names it too.
 CheckpointSource open_dcp_source(const std::filesystem::path& path, const std::string& model = {});
 
+// Whether the source holds Lion's states (fp32, exp_avg): DeepSpeed's files and the consolidated
+// exports take them as they take AdamW's.
+bool holds_lion_states(const CheckpointSource& source);
+
 // Error(kInvalidInput) naming the source and its states unless it holds AdamW's states or the master
 // weights alone: what `target` (DeepSpeed's or DCP's files, the Adam moments of a consolidation) takes.
 void require_adamw_or_weights(const CheckpointSource& source, const std::string& target);

@@ -318,8 +318,9 @@ TEST(Consolidate, Hdf5HoldsEveryTensorInItsShape) {
 // A run shardkit trained goes out as PyTorch DCP for any world size (the groups derived from its model)
 // and comes back with every value, in its own layout, unchanged.
 // A run of another optimizer (Lion: fp32 and exp_avg) reshards into shardkit checkpoints with its own
-// states; DeepSpeed's files take them too (DeepSpeed's Lion keeps the same two), with Lion's group
-// settings; every export that writes AdamW's is refused naming them, before any output exists.
+// states; DeepSpeed's files (DeepSpeed's Lion keeps the same two, with Lion's group settings) and the
+// consolidated export take them too; the DCP export, which writes AdamW's, is refused naming them,
+// before any output exists.
 TEST(Reshard, ARunOfAnotherOptimizerKeepsItsStatesAndAdamWExportsRefuseIt) {
   TempDir tmp;
   const model::gpt2::GptConfig c = small_gpt2();
@@ -376,11 +377,27 @@ TEST(Reshard, ARunOfAnotherOptimizerKeepsItsStatesAndAdamWExportsRefuseIt) {
       EXPECT_TRUE(o.contains("betas") && o.contains("weight_decay") && !o.contains("eps")) << g.dump();
     }
   }
+  // The consolidated export carries Lion's one moment as optimizer.exp_avg.<name>, every value as held.
   convert::ConsolidateRequest moments;
   moments.source = source;
   moments.output = tmp / "moments";
   moments.with_optimizer = true;
-  expect_refused([&] { convert::consolidate(moments, small_pieces()); }, moments.output);
+  convert::consolidate(moments, small_pieces());
+  {
+    const ckpt::safetensors::Reader file(moments.output / "model.safetensors");
+    ckpt::CheckpointReader reader(source);
+    const int exp_avg = reader.find_state("exp_avg");
+    for (size_t t = 0; t < reader.tensors().size(); ++t) {
+      const std::string& name = reader.tensors()[t].name;
+      EXPECT_EQ(file.header().find("optimizer.exp_avg_sq." + name), nullptr) << name;
+      const ckpt::safetensors::TensorInfo* info = file.header().find("optimizer.exp_avg." + name);
+      ASSERT_NE(info, nullptr) << name;
+      std::vector<float> got(static_cast<size_t>(reader.tensors()[t].numel())), want(got.size());
+      file.read(*info, 0, std::as_writable_bytes(std::span<float>(got)));
+      reader.read(static_cast<int>(t), exp_avg, 0, want);
+      EXPECT_EQ(got, want) << name;
+    }
+  }
   // The weights alone go out of any run.
   convert::ConsolidateRequest weights = moments;
   weights.output = tmp / "weights";
