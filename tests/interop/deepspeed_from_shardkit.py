@@ -7,10 +7,14 @@ every fp32 master weight and both Adam moments bit for bit as shardkit's own exp
 config's hyperparameters (Hugging Face Trainer's split, which write_deepspeed_fixtures.py's engine
 makes too).
 
+`--optimizer lion` trains with Lion instead (DeepSpeed's "Lion" type) and has DeepSpeed load it into a
+Lion with FusedLion's states (write_deepspeed_fixtures.py's): the master weights and exp_avg bit for bit,
+and Lion's group settings (lr, betas, weight_decay; no Adam settings).
+
 Run by hand where DeepSpeed runs (tests/data/deepspeed/README.md); prints `RESULT {json}` lines, exits
 1 on a failure and 77 when DeepSpeed cannot be imported:
   DS_ACCELERATOR=cpu PYTHONPATH=<deepspeed site> /usr/bin/python3 tests/interop/deepspeed_from_shardkit.py \\
-      --shardkit build/shardkit [--work DIR]
+      --shardkit build/shardkit [--work DIR] [--optimizer lion]
 """
 import argparse
 import json
@@ -29,16 +33,17 @@ CONFIG = {"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "gradient_
           "gradient_clipping": 1.0, "zero_optimization": {"stage": 1},
           "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
                                                      "weight_decay": 0.1}}}
+LION = {"type": "Lion", "params": {"lr": 3e-4, "betas": [0.9, 0.99], "weight_decay": 0.1}}
 
 
-def target_rank(work):
+def target_rank(work, optimizer):
     import torch
     import torch.distributed as dist
-    case = fx._case("gpt2", STAGE, "fp32", WORLD, groups=2, steps=STEPS, batch=6)
+    case = fx._case("gpt2", STAGE, "fp32", WORLD, groups=2, steps=STEPS, batch=6, optimizer=optimizer)
     fx.init_distributed("cpu")
     engine, named, _ = fx.make_engine(case, seed=99)  # other weights: only the load can make them equal
     engine.load_checkpoint(os.path.join(work, "deepspeed"))
-    state = fx.gather_state(engine, named)
+    state = fx.gather_state(engine, named, fx.MOMENTS[optimizer])
     counters = fx.counters(engine)
     groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.optimizer.param_groups]
     if dist.get_rank() == 0:
@@ -58,10 +63,12 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shardkit")
     p.add_argument("--work")
+    p.add_argument("--optimizer", default="adamw", choices=sorted(fx.MOMENTS))
     p.add_argument("--target-rank", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.target_rank:
-        return target_rank(args.target_rank)
+        return target_rank(args.target_rank, args.optimizer)
+    config = dict(CONFIG, optimizer=LION) if args.optimizer == "lion" else CONFIG
     try:
         import deepspeed  # noqa: F401
     except ImportError:
@@ -76,7 +83,7 @@ def main():
     with open(os.path.join(work, "model.json"), "w") as f:
         json.dump(fx.MODEL_FILES["gpt2"], f)
     with open(os.path.join(work, "ds.json"), "w") as f:
-        json.dump(CONFIG, f)
+        json.dump(config, f)
     sk = os.path.abspath(args.shardkit)
     ok = True
 
@@ -93,7 +100,7 @@ def main():
     ok &= shardkit("convert", "consolidate", "run", "-o", "export", "--with-optimizer", "-q")
     if not ok:
         return 1
-    codes = fx.launch([os.path.abspath(__file__), "--target-rank", work], WORLD, "cpu",
+    codes = fx.launch([os.path.abspath(__file__), "--optimizer", args.optimizer, "--target-rank", work], WORLD, "cpu",
                       os.path.join(work, "target.log"), 300)
     if any(c != 0 for c in codes):
         print("RESULT " + json.dumps({"check": "load", "ok": False, "log": fx.log_tail(os.path.join(work, "target.log"))}))
@@ -103,11 +110,14 @@ def main():
     checks = [
         ("state bit for bit", not t["differ"], {"compared": t["compared"], "differ": t["differ"][:8]}),
         ("counters", t["counters"]["global_steps"] == STEPS and t["counters"]["adam_step"] == STEPS
-         and t["counters"]["global_samples"] == STEPS * CONFIG["train_batch_size"], {"counters": t["counters"]}),
-        ("parameter groups", [g["weight_decay"] for g in t["groups"]] == [0.1, 0.0]
-         and all(g["lr"] == 3e-3 and list(g["betas"]) == [0.9, 0.95] and g["eps"] == 1e-8 for g in t["groups"]),
-         {"groups": t["groups"]}),
+         and t["counters"]["global_samples"] == STEPS * config["train_batch_size"], {"counters": t["counters"]}),
     ]
+    params = config["optimizer"]["params"]
+    adam = args.optimizer == "adamw"
+    checks.append(("parameter groups", [g["weight_decay"] for g in t["groups"]] == [params["weight_decay"], 0.0]
+                   and all(g["lr"] == params["lr"] and list(g["betas"]) == params["betas"]
+                           and ("eps" in g) == adam and (not adam or g["eps"] == params["eps"]) for g in t["groups"]),
+                   {"groups": t["groups"]}))
     for name, passed, detail in checks:
         print("RESULT " + json.dumps(dict(check=name, ok=passed, **detail)))
         ok &= passed
