@@ -224,5 +224,30 @@ TEST(DeepSpeedRealData, FixturesArePresent) {
   EXPECT_GE(kFixtures.size(), 12u);
 }
 
+// A folder whose ranks saved two optimizers' states (rank 1's file from the Lion run of the same model,
+// stage, dtype and world size) is refused naming that file, and nothing is written.
+TEST(DeepSpeedRealData, RanksHoldingAnotherOptimizersStatesAreRefusedByFile) {
+  const std::filesystem::path adam = kDataDir / "gpt2-s2-bf16-w2", lion = kDataDir / "gpt2-s2-bf16-w2-lion";
+  if (!std::filesystem::exists(adam) || !std::filesystem::exists(lion)) GTEST_SKIP() << "no fixtures in " << kDataDir;
+  TempDir tmp;
+  const std::filesystem::path mixed = tmp / "mixed";
+  std::filesystem::copy(adam, mixed, std::filesystem::copy_options::recursive);
+  const std::string rank1 = "global_step3/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt";
+  std::filesystem::copy_file(lion / rank1, mixed / rank1, std::filesystem::copy_options::overwrite_existing);
+  convert::CheckpointImportRequest r;
+  r.source = mixed;
+  r.output = tmp / "out";
+  r.model = (adam / "model.json").string();
+  try {
+    convert::import_checkpoint(r, convert::ConvertOptions{});
+    ADD_FAILURE() << "imported";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"), std::string::npos) << what;
+    EXPECT_NE(what.find("holds 1 optimizer moment(s) where the first holds 2"), std::string::npos) << what;
+  }
+  EXPECT_FALSE(std::filesystem::exists(r.output));
+}
+
 }  // namespace
 }  // namespace shardkit
