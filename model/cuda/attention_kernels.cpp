@@ -19,7 +19,7 @@ AttentionKernels parse_attention_kernels(std::string_view text) {
 AttentionKernels attention_kernels() {
   static const AttentionKernels setting = [] {
     const char* text = std::getenv(kAttentionVariable);
-    return text == nullptr || *text == '\0' ? AttentionKernels::kMma : parse_attention_kernels(text);
+    return text == nullptr || *text == '\0' ? AttentionKernels::kAuto : parse_attention_kernels(text);
   }();
   return setting;
 }
