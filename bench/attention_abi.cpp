@@ -1,6 +1,7 @@
-// A C entry to the attention kernels (model/cuda/kernels.hpp) for bench/attention_tflops.py, which loads
-// it with ctypes and times them beside PyTorch's SDPA backends on the same tensors, in the same process
-// and on the same stream. Not part of shardkit: a benchmark's handle on the kernels.
+// A C entry to the attention kernels (model/cuda/flash_attention.hpp, hopper_attention.hpp) for
+// bench/attention_tflops.py, which loads it with ctypes and times them beside PyTorch's SDPA backends on
+// the same tensors, in the same process and on the same stream. Not part of shardkit: a benchmark's
+// handle on the kernels.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -8,6 +9,7 @@
 #include <exception>
 #include <string>
 
+#include "model/cuda/flash_attention.hpp"
 #include "model/cuda/hopper_attention.hpp"
 #include "model/cuda/kernels.hpp"
 
@@ -38,8 +40,9 @@ int with_dtype(int dtype, F&& f) {
 
 extern "C" {
 
-// kernel 0: what training runs (attention_forward / attention_backward); 1: the sm_90 kernels
-// (hopper_attention.hpp), which refuse a device or shape they do not take.
+// kernel 0: the mma.sync kernels (flash_attention.hpp); 1: the sm_90 kernels (hopper_attention.hpp),
+// which refuse a device or shape they do not take. Training runs the second where it can, the first
+// elsewhere (SHARDKIT_ATTENTION).
 //
 // q (B, S, NH * HS) with row stride ld_q; k and v (B, S, NKV * HS) with row stride ld_kv; out (B, S,
 // NH * HS); lse (B, NH, S) in fp32. Queued on `stream` (a cudaStream_t). Returns 0, or 1 with
@@ -50,7 +53,7 @@ int shardkit_attention_forward(int kernel, int dtype, void* out, float* lse, con
   const shardkit::model::cuda::AttentionShape shape{B, S, NH, NKV, HS, ld_q, ld_kv};
   return with_dtype(dtype, [&]<typename T>(T*) {
     const auto run = kernel == 1 ? &shardkit::model::cuda::hopper_attention_forward<T>
-                                 : &shardkit::model::cuda::attention_forward<T>;
+                                 : &shardkit::model::cuda::flash_attention_forward<T>;
     run(static_cast<T*>(out), lse, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), shape,
         static_cast<cudaStream_t>(stream));
   });
@@ -63,7 +66,7 @@ int shardkit_attention_backward(int kernel, int dtype, void* dq, void* dk, void*
   const shardkit::model::cuda::AttentionShape shape{B, S, NH, NKV, HS, ld_q, ld_kv};
   return with_dtype(dtype, [&]<typename T>(T*) {
     const auto run = kernel == 1 ? &shardkit::model::cuda::hopper_attention_backward<T>
-                                 : &shardkit::model::cuda::attention_backward<T>;
+                                 : &shardkit::model::cuda::flash_attention_backward<T>;
     run(static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv), delta, static_cast<const T*>(dout),
         static_cast<const T*>(out), static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse,
         shape, static_cast<cudaStream_t>(stream));

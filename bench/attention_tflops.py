@@ -3,7 +3,8 @@
 backends (FlashAttention-2, cuDNN, memory-efficient), in one process, on the same tensors and stream.
 
 shardkit's kernels come from libshardkit_attention_abi.so (bench/attention_abi.cpp, built with the CUDA
-backend), loaded with ctypes: the ones training runs ("shardkit") and the sm_90 kernels ("sm90"). For
+backend), loaded with ctypes: the mma.sync kernels of every GPU ("mma") and the sm_90 kernels ("sm90"; training
+runs these where it can). For
 each sequence length and head size: B = --tokens / S sequences of --hidden / HS heads (llama-2-7b's
 4096 by default), bf16; times are CUDA-event medians of 15 runs after 2 warm-ups; the backward pass is
 timed alone (SDPA's through autograd.grad on a kept graph). FLOPs as FlashAttention counts them: forward
@@ -41,9 +42,9 @@ lib.shardkit_attention_error.restype = ctypes.c_char_p
 dev, dt = "cuda", torch.bfloat16
 BACKENDS = (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
             ("efficient", SDPBackend.EFFICIENT_ATTENTION))
-# shardkit's kernels through the library's `kernel` argument: what training runs, and the sm_90 kernels
+# shardkit's kernels through the library's `kernel` argument: the mma.sync kernels, and the sm_90 kernels
 # (model/cuda/hopper_attention.hpp; refused on other devices and head sizes).
-KERNELS = (("shardkit", 0), ("sm90", 1))
+KERNELS = (("mma", 0), ("sm90", 1))
 
 
 def check(status):
