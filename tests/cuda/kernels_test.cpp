@@ -118,6 +118,67 @@ TEST(CudaKernels, CausalMaskHoldsInTheTensorCorePath) {
   EXPECT_NE(std::vector<float>(before.end() - C, before.end()), std::vector<float>(after.end() - C, after.end()));
 }
 
+// The loss and its gradient in place against double on the host, for vocabularies shorter than a
+// block's first pass, ragged ones (not a multiple of the 16-byte vector), Llama 2's and GPT-2's, and
+// one longer than the part of a row the kernel keeps in registers: the padding past V untouched, the
+// loss-only pass leaving the logits alone, two runs the same bits.
+template <typename T>
+void check_cross_entropy(int V, double grad_tolerance) {
+  const int rows = 5;
+  const int64_t ld = (V + 15) / 16 * 16;
+  std::vector<T> x_t;
+  std::vector<float> x_f;
+  random_values<T>(static_cast<size_t>(rows * ld), 3.0f, 31, x_t, x_f);
+  std::mt19937 rng(32);
+  std::vector<int32_t> targets(rows);
+  for (auto& t : targets) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
+  targets[0] = V - 1;  // the row's last logit, in the part a second pass reads
+  const float dscale = 1.0f / rows;
+  std::vector<float> want_loss(rows), want_grad(x_f.size());
+  for (int r = 0; r < rows; ++r) {
+    const float* x = x_f.data() + r * ld;
+    double m = -1e300, sum = 0;
+    for (int v = 0; v < V; ++v) m = std::max(m, double{x[v]});
+    for (int v = 0; v < V; ++v) sum += std::exp(double{x[v]} - m);
+    const double lse = m + std::log(sum);
+    want_loss[static_cast<size_t>(r)] = static_cast<float>(lse - double{x[targets[static_cast<size_t>(r)]]});
+    for (int64_t v = 0; v < ld; ++v) {
+      const double p = v < V ? std::exp(double{x[v]} - lse) - (v == targets[static_cast<size_t>(r)] ? 1.0 : 0.0) : 0;
+      want_grad[static_cast<size_t>(r * ld + v)] = v < V ? static_cast<float>(p * double{dscale}) : x[v];
+    }
+  }
+  auto run = [&](bool backward) {
+    auto logits = upload(x_t);
+    auto dtargets = upload(targets);
+    DeviceBuffer<float> losses(rows);
+    softmax_cross_entropy<T>(logits.data(), ld, losses.data(), dtargets.data(), rows, V, dscale, backward, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return std::pair{download(losses), download(logits)};
+  };
+  const std::string what = "V=" + std::to_string(V);
+  const auto [loss, grad] = run(true);
+  EXPECT_LT(relative_error(loss, want_loss), 1e-5) << what;
+  EXPECT_LT(relative_error(widen(grad), want_grad), grad_tolerance) << what;
+  for (int r = 0; r < rows; ++r) {
+    for (int64_t v = V; v < ld; ++v) {
+      const size_t i = static_cast<size_t>(r * ld + v);
+      ASSERT_EQ(from(grad[i]), x_f[i]) << what << ": padding at row " << r << " column " << v;
+    }
+  }
+  const auto [loss_only, untouched] = run(false);
+  EXPECT_EQ(loss_only, loss) << what;
+  EXPECT_EQ(widen(untouched), x_f) << what << ": the loss-only pass wrote the logits";
+  EXPECT_EQ(widen(run(true).second), widen(grad)) << what << ": not deterministic";
+}
+
+TEST(CudaKernels, SoftmaxCrossEntropyMatchesDouble) {
+  REQUIRE_GPUS(1);
+  for (const int V : {37, 4099, 32000, 50257, 70001}) {
+    check_cross_entropy<float>(V, 1e-4);
+    check_cross_entropy<__nv_bfloat16>(V, 1e-2);
+  }
+}
+
 // LayerNorm's backward pass in double on the host: dinp, dweight, dbias.
 void layernorm_backward_reference(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& d,
                                   int N, int C, std::vector<float>& dinp, std::vector<float>& dw,
