@@ -16,7 +16,8 @@
 # head sizes 64 and 128 (bench/attention_tflops.py). HOPPER=1 does only what the sm_90 kernels need and
 # stops: builds the kernel tests and the attention library, runs the building-block probes and the
 # attention tests (Sm90Probes, HopperAttention: each ends its process if a kernel hangs), then the
-# attention table and the step's kernels at GPT-2's and tinyllama's shapes with either attention.
+# attention table, the sm_90 kernels' times from Nsight Compute, and the step's kernels at GPT-2's and
+# tinyllama's shapes with either attention.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
@@ -46,6 +47,16 @@ if [ "${HOPPER:-0}" != 0 ]; then
     log "attention TFLOP/s beside SDPA's backends (bench/attention_tflops.py)"
     timeout 600 python3 bench/attention_tflops.py --lib build-gpu/bench/libshardkit_attention_abi.so 2>&1 |
       tee "$out/attention.txt" | grep -v '^{'
+    # How the sm_90 kernels split the time (forward, dq, dk/dv) at 2k tokens, from Nsight Compute.
+    for hs in 64 128; do
+      log "sm_90 kernel times, 2k tokens, head size $hs (Nsight Compute)"
+      for kernels in forward d; do  # the forward kernel; then the backward's dq and dk/dv kernels
+        timeout 120 ncu --clock-control none --kernel-name "regex:hopper_$kernels" --launch-skip 2 --launch-count 2 \
+          --metrics gpu__time_duration.sum python3 bench/attention_tflops.py \
+          --lib build-gpu/bench/libshardkit_attention_abi.so --seqs 2048 --head-sizes "$hs" 2>&1 |
+          grep -E "hopper_[a-z]+_kernel|gpu__time" | sed -E 's/^ *//; s/\(CUtensorMap.*//' | tee -a "$out/ncu-sm90-$hs.txt"
+      done
+    done
     # Every kernel of a training step at the models' shapes, with each attention implementation.
     for kernels in mma sm90; do
       for shape in "gpt2 16 1024" "tinyllama-1.1b 4 2048"; do
