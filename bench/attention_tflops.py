@@ -3,13 +3,13 @@
 backends (FlashAttention-2, cuDNN, memory-efficient), in one process, on the same tensors and stream.
 
 shardkit's kernels come from libshardkit_attention_abi.so (bench/attention_abi.cpp, built with the CUDA
-backend), loaded with ctypes: the mma.sync kernels of every GPU ("mma") and the sm_90 kernels ("sm90"; training
-runs these where it can). For
-each sequence length and head size: B = --tokens / S sequences of --hidden / HS heads (llama-2-7b's
-4096 by default), bf16; times are CUDA-event medians of 15 runs after 2 warm-ups; the backward pass is
-timed alone (SDPA's through autograd.grad on a kept graph). FLOPs as FlashAttention counts them: forward
-4 B NH S^2 HS / 2 (causal), backward 2.5 times that. Every row also says how far shardkit's outputs and
-gradients are from SDPA's (the first backend that runs), so a fast wrong kernel cannot pass unnoticed.
+backend), loaded with ctypes: the mma.sync kernels of every GPU ("mma") and the sm_90 kernels ("sm90",
+which training runs where it can). For each sequence length and head size: B = --tokens / S sequences
+of --hidden / HS heads (llama-2-7b's 4096 by default), bf16; times are CUDA-event medians of 15 runs
+after 2 warm-ups; the backward pass is timed alone (SDPA's through autograd.grad on a kept graph).
+FLOPs as FlashAttention counts them: forward 4 B NH S^2 HS / 2 (causal), backward 2.5 times that. Every
+row also says how far shardkit's outputs and gradients are from SDPA's (the first backend that runs),
+so a fast wrong kernel cannot pass unnoticed.
 
 Usage: bench/attention_tflops.py [--lib build/bench/libshardkit_attention_abi.so] [--tokens 16384]
        [--seqs 2048,4096,8192] [--head-sizes 64,128] [--hidden 4096] [--kv-heads-ratio 1]

@@ -50,8 +50,8 @@ if [ "${HOPPER:-0}" != 0 ]; then
     # How the sm_90 kernels split the time (forward, dq, dk/dv) at 2k tokens, from Nsight Compute.
     for hs in 64 128; do
       log "sm_90 kernel times, 2k tokens, head size $hs (Nsight Compute)"
-      for kernels in forward d; do  # the forward kernel; then the backward's dq and dk/dv kernels
-        timeout 120 ncu --clock-control none --kernel-name "regex:hopper_$kernels" --launch-skip 2 --launch-count 2 \
+      for pass in forward d; do  # the forward kernel; then the backward's dq and dk/dv kernels
+        timeout 120 ncu --clock-control none --kernel-name "regex:hopper_$pass" --launch-skip 2 --launch-count 2 \
           --metrics gpu__time_duration.sum python3 bench/attention_tflops.py \
           --lib build-gpu/bench/libshardkit_attention_abi.so --seqs 2048 --head-sizes "$hs" 2>&1 |
           grep -E "hopper_[a-z]+_kernel|gpu__time" | sed -E 's/^ *//; s/\(CUtensorMap.*//' | tee -a "$out/ncu-sm90-$hs.txt"
