@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -214,6 +215,14 @@ TEST(HopperAttention, SettingIsReadByNameAndOtherWordsAreRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("SHARDKIT_ATTENTION=sm90"), std::string::npos) << e.what();
   }
+}
+
+// Needs no GPU: unset (or empty), the setting is auto, so Hopper GPUs get their own kernels without
+// being asked; set, it is the word given.
+TEST(HopperAttention, TheSettingDefaultsToAuto) {
+  const char* text = std::getenv(kAttentionVariable);
+  const bool unset = text == nullptr || *text == '\0';
+  EXPECT_EQ(attention_kernels(), unset ? AttentionKernels::kAuto : parse_attention_kernels(text));
 }
 
 }  // namespace
