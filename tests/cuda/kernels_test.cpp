@@ -118,10 +118,10 @@ TEST(CudaKernels, CausalMaskHoldsInTheTensorCorePath) {
   EXPECT_NE(std::vector<float>(before.end() - C, before.end()), std::vector<float>(after.end() - C, after.end()));
 }
 
-// The loss and its gradient in place against double on the host, for vocabularies shorter than a
-// block's first pass, ragged ones (not a multiple of the 16-byte vector), Llama 2's and GPT-2's, and
-// one longer than the part of a row the kernel keeps in registers: the padding past V untouched, the
-// loss-only pass leaving the logits alone, two runs the same bits.
+// The loss and its gradient in place against double on the host, for vocabularies shorter than one
+// pass of a block over 16-byte vectors, ragged ones (not a multiple of the vector), Llama 2's, GPT-2's
+// and one past 65,536 (many passes): the padding past V untouched, the loss-only pass leaving the
+// logits alone, two runs the same bits.
 template <typename T>
 void check_cross_entropy(int V, double grad_tolerance) {
   const int rows = 5;
@@ -132,7 +132,7 @@ void check_cross_entropy(int V, double grad_tolerance) {
   std::mt19937 rng(32);
   std::vector<int32_t> targets(rows);
   for (auto& t : targets) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(V));
-  targets[0] = V - 1;  // the row's last logit, in the part a second pass reads
+  targets[0] = V - 1;  // the row's last logit, in the ragged tail where V is not a multiple of the vector
   const float dscale = 1.0f / rows;
   std::vector<float> want_loss(rows), want_grad(x_f.size());
   for (int r = 0; r < rows; ++r) {
@@ -142,9 +142,10 @@ void check_cross_entropy(int V, double grad_tolerance) {
     for (int v = 0; v < V; ++v) sum += std::exp(double{x[v]} - m);
     const double lse = m + std::log(sum);
     want_loss[static_cast<size_t>(r)] = static_cast<float>(lse - double{x[targets[static_cast<size_t>(r)]]});
-    for (int64_t v = 0; v < ld; ++v) {
-      const double p = v < V ? std::exp(double{x[v]} - lse) - (v == targets[static_cast<size_t>(r)] ? 1.0 : 0.0) : 0;
-      want_grad[static_cast<size_t>(r * ld + v)] = v < V ? static_cast<float>(p * double{dscale}) : x[v];
+    for (int64_t v = 0; v < ld; ++v) {  // the padding past V keeps its values
+      const double onehot = v == targets[static_cast<size_t>(r)] ? 1.0 : 0.0;
+      want_grad[static_cast<size_t>(r * ld + v)] =
+          v < V ? static_cast<float>((std::exp(double{x[v]} - lse) - onehot) * double{dscale}) : x[v];
     }
   }
   auto run = [&](bool backward) {
