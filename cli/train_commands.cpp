@@ -140,6 +140,11 @@ void add_train_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
                   "backward pass: activation memory of one block plus the block inputs, for a second forward pass "
                   "of the blocks; the same losses. The config's activation_checkpointing section turns it on too "
                   "(its cpu_checkpointing keeps the inputs in host memory on GPUs)");
+  train
+      ->add_option("--profile-step", o->options.profile_step,
+                   "GPU runs: put optimizer step N alone inside the CUDA profiler API's range, for nsys "
+                   "--capture-range=cudaProfilerApi or ncu --profile-from-start off (bench/gpu_step_profile.sh)")
+      ->check(CLI::PositiveNumber);
   train->add_flag("-q,--quiet", o->options.quiet,
                   "No console output but errors (no step lines or warnings; --metrics is still written)");
   train->footer(

@@ -12,6 +12,8 @@
 # ACTCKPT=1 adds activation checkpointing: llama-2-7b's shape at stage 1 with ACTCKPT_SEQ (default
 # 8192) tokens a sample, without it (refused by the memory plan), with it, and with its inputs in host
 # memory: tokens/s, MFU, the plan against the measured memory (bench/gpu_scale_bench.py).
+# STEP_PROFILE=1 adds every kernel of one training step of GPT-2 and tinyllama timed by Nsight Compute,
+# beside the step's time (bench/gpu_step_profile.sh).
 # ATTENTION=1 adds the attention kernels' TFLOP/s beside PyTorch's SDPA backends at 2k/4k/8k tokens and
 # head sizes 64 and 128 (bench/attention_tflops.py). HOPPER=1 does only what the sm_90 kernels need and
 # stops: builds the kernel tests and the attention library, runs the building-block probes and the
@@ -151,6 +153,15 @@ if [ "${ACTCKPT:-0}" != 0 ]; then
   log "activation checkpointing: llama-2-7b's shape, stage 1, ${ACTCKPT_SEQ:-8192} tokens a sample (bench/gpu_scale_bench.py)"
   timeout 900 python3 bench/gpu_scale_bench.py --shardkit build-gpu/shardkit --family llama --cases s1,s1-ac,s1-ac-cpu \
     --seq "${ACTCKPT_SEQ:-8192}" --micro-batch 1 --steps 4 --dir "$out/actckpt" 2>&1 | tee "$out/actckpt.txt"
+fi
+
+if [ "${STEP_PROFILE:-0}" != 0 ]; then
+  for shape in "gpt2 16 1024" "tinyllama-1.1b 4 2048"; do
+    set -- $shape
+    log "every kernel of one step, $1 $2 x $3 (bench/gpu_step_profile.sh, Nsight Compute)"
+    MODEL=$1 BATCH=$2 SEQ=$3 OUT_DIR="$out" timeout 900 bench/gpu_step_profile.sh build-gpu/shardkit 2>&1 |
+      tee "$out/step-profile-$1.txt" | grep -v '^{'
+  done
 fi
 
 if [ "$gpus" -ge 2 ] && [ "${CKPT:-1}" != 0 ]; then

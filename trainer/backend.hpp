@@ -165,6 +165,10 @@ class Backend {
   }
   // The save is done with the snapshot (committed, failed or abandoned).
   virtual void end_snapshot() {}
+
+  // GPU ranks: opens (or closes) the CUDA profiler API's collection range, once the work queued before
+  // has run, so that the range holds what is queued in between and nothing else.
+  virtual void profiler_range(bool open) { (void)open; }
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options);

@@ -225,6 +225,13 @@ BackendOptions Trainer::State::backend_options() {
   if (options.snapshot_staging == SnapshotStaging::kDevice && options.device != ComputeDevice::kCuda) {
     fail(ErrorKind::kInvalidInput, "--snapshot-staging device needs --device cuda (CPU ranks copy in host memory)");
   }
+  if (options.profile_step != 0 && options.device != ComputeDevice::kCuda) {
+    fail(ErrorKind::kInvalidInput, "--profile-step needs --device cuda (it marks a step for the CUDA profilers)");
+  }
+  if (options.profile_step < 0 || options.profile_step > options.steps) {
+    fail(ErrorKind::kInvalidInput, "--profile-step " + std::to_string(options.profile_step) + " is not a step of " +
+                                       "this run (1 to --steps " + std::to_string(options.steps) + ")");
+  }
   bo.snapshot_staging = options.snapshot_staging;
   bo.log = [this](const std::string& line) { log(line); };
   return bo;
@@ -590,7 +597,10 @@ std::vector<StepRecord> Trainer::run() {
     return records;
   }
   while (s.step < s.options.steps) {
+    const bool profiled = s.step + 1 == s.options.profile_step;
+    if (profiled) s.backend->profiler_range(true);
     const StepRecord r = s.train_step();
+    if (profiled) s.backend->profiler_range(false);
     records.push_back(r);
     if (records.size() == 1) s.report_device_use();
     nlohmann::json m = {{"step", r.step},

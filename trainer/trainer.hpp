@@ -38,6 +38,9 @@ struct TrainOptions {
   // section does (this turns it on without one).
   bool activation_checkpointing = false;
   bool quiet = false;  // no console lines (metrics and errors still written)
+  // GPU runs: optimizer step N alone inside the CUDA profiler API's range (cudaProfilerStart/Stop), for
+  // Nsight Systems' --capture-range=cudaProfilerApi and Nsight Compute's --profile-from-start off.
+  int64_t profile_step = 0;  // 0: none
 };
 
 // One optimizer step as the metrics contract reports it.

@@ -301,6 +301,15 @@ TEST(Cli, ARunKilledDuringAsynchronousSavesResumesFromItsLatestCheckpoint) {
           " --steps 1 --snapshot-staging device");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--snapshot-staging device needs --device cuda"), std::string::npos) << r.err;
+  // Nor does a step for the CUDA profilers; and the step must be one the run takes.
+  r = run("train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --data " + data +
+          " --steps 1 --profile-step 1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--profile-step needs --device cuda"), std::string::npos) << r.err;
+  r = run("train --config " + samples() + "tiny_zero2.json --model gpt2-tiny --data " + data +
+          " --steps 2 --profile-step 3 --device cuda");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--profile-step 3 is not a step of this run (1 to --steps 2)"), std::string::npos) << r.err;
 }
 
 TEST(Cli, AReshardedCheckpointResumesAtItsWorldSizeAndContinuesTheRun) {

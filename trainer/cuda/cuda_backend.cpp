@@ -1,6 +1,8 @@
 // The CUDA backend: one GPU per MPI rank (the node-local rank picks the device), NCCL communicators
 // bootstrapped over MPI, the family's GPU model (gpu_model.hpp) over the ZeRO engine of gpu_engine.hpp. The
 // compute type follows the config: bf16, fp16, or fp32 when neither is enabled.
+#include <cuda_profiler_api.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -156,6 +158,10 @@ class CudaBackend final : public Backend {
   }
   void end_snapshot() override {
     if (!copies_) snapshot_gate_.open();
+  }
+  void profiler_range(bool open) override {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(open ? cudaProfilerStart() : cudaProfilerStop());
   }
 
  private:
