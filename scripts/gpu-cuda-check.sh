@@ -12,6 +12,12 @@
 # ACTCKPT=1 adds activation checkpointing: llama-2-7b's shape at stage 1 with ACTCKPT_SEQ (default
 # 8192) tokens a sample, without it (refused by the memory plan), with it, and with its inputs in host
 # memory: tokens/s, MFU, the plan against the measured memory (bench/gpu_scale_bench.py).
+# FIGURES=scale,eval,ckpt,nvme,bigckpt (any of them, in that order) re-measures README's one-GPU
+# figures of the multi-billion models (bench/gpu_scale_bench.py: GPT-2's architecture at 6.65 B and
+# llama-2-7b's shape at stages 1, 2 and 3 with offload), 7B evaluation beside transformers
+# (bench/gpu_eval_bench.py), checkpointing gpt2-xl at stage 1 (bench/gpu_ckpt_bench.sh), the optimizer
+# states on NVMe (bench/gpu_nvme_bench.sh) and a 2.88 B model's checkpoint (bench/gpu_big_ckpt_bench.sh),
+# with the commands README quotes; each step's output in $OUT/figures-*.txt.
 # STEP_PROFILE=1 adds every kernel of one training step of GPT-2 and tinyllama timed by Nsight Compute,
 # beside the step's time (bench/gpu_step_profile.sh).
 # ATTENTION=1 adds the attention kernels' TFLOP/s beside PyTorch's SDPA backends at 2k/4k/8k tokens and
@@ -153,6 +159,40 @@ if [ "${ACTCKPT:-0}" != 0 ]; then
   log "activation checkpointing: llama-2-7b's shape, stage 1, ${ACTCKPT_SEQ:-8192} tokens a sample (bench/gpu_scale_bench.py)"
   timeout 900 python3 bench/gpu_scale_bench.py --shardkit build-gpu/shardkit --family llama --cases s1,s1-ac,s1-ac-cpu \
     --seq "${ACTCKPT_SEQ:-8192}" --micro-batch 1 --steps 4 --dir "$out/actckpt" 2>&1 | tee "$out/actckpt.txt"
+fi
+
+figures=",${FIGURES:-},"
+if [[ $figures == *,scale,* ]]; then
+  scale() {  # scale <name> <gpu_scale_bench.py arguments>
+    local name=$1
+    shift
+    log "multi-billion on one GPU: $name (bench/gpu_scale_bench.py $*)"
+    timeout 900 python3 bench/gpu_scale_bench.py --shardkit build-gpu/shardkit --dir "/tmp/gpu-scale-$name" "$@" 2>&1 |
+      tee "$out/figures-scale-$name.txt"
+  }
+  scale gpt2-accumulation --cases s1 --accumulation 8 --steps 4
+  scale gpt2 --cases s1,s2-cpu,s3-cpu --steps 4
+  scale llama-accumulation --family llama --cases s1 --seq 2048 --micro-batch 1 --accumulation 8 --steps 4
+  scale llama --family llama --cases s1,s2-cpu,s3-cpu --seq 2048 --micro-batch 1 --steps 4
+fi
+if [[ $figures == *,eval,* ]]; then
+  log "7B evaluation beside transformers (bench/gpu_eval_bench.py)"
+  timeout 900 python3 bench/gpu_eval_bench.py --shardkit build-gpu/shardkit --dir /tmp/gpu-eval 2>&1 |
+    tee "$out/figures-eval.txt"
+fi
+if [[ $figures == *,ckpt,* ]]; then
+  log "checkpointing gpt2-xl on one GPU at stage 1 against the disk (bench/gpu_ckpt_bench.sh)"
+  RANKS=1 STAGE=1 MB=4 INTERVAL=400 STAGING=auto SK=build-gpu/shardkit timeout 900 bench/gpu_ckpt_bench.sh \
+    /tmp/gpu-ckpt 2>&1 | tee "$out/figures-ckpt.txt" | tail -16
+fi
+if [[ $figures == *,nvme,* ]]; then
+  log "ZeRO-Infinity on one GPU (bench/gpu_nvme_bench.sh)"
+  SK=build-gpu/shardkit timeout 900 bench/gpu_nvme_bench.sh /tmp/gpu-nvme 2>&1 | tee "$out/figures-nvme.txt" | tail -20
+fi
+if [[ $figures == *,bigckpt,* ]]; then
+  log "a 2.88 B model's checkpoint on one GPU (bench/gpu_big_ckpt_bench.sh)"
+  SK=build-gpu/shardkit timeout 900 bench/gpu_big_ckpt_bench.sh /tmp/gpu-big-ckpt 2>&1 |
+    tee "$out/figures-bigckpt.txt" | tail -20
 fi
 
 if [ "${STEP_PROFILE:-0}" != 0 ]; then
