@@ -596,6 +596,10 @@ std::vector<StepRecord> Trainer::run() {
     s.log("nothing to do: the run is at step " + std::to_string(s.step) + " of " + std::to_string(s.options.steps));
     return records;
   }
+  if (s.options.profile_step > 0 && s.options.profile_step <= s.step) {
+    s.log("warning: --profile-step " + std::to_string(s.options.profile_step) + " was taken before this run " +
+          "resumed at step " + std::to_string(s.step) + ": no step is profiled");
+  }
   while (s.step < s.options.steps) {
     const bool profiled = s.step + 1 == s.options.profile_step;
     if (profiled) s.backend->profiler_range(true);
