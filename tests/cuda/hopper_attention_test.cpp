@@ -128,6 +128,7 @@ const Case kCases[] = {
     {1, 2048, 4, 4, 128, false},  // llama-2-7b's sequence: many tiles, both pipeline stages reused
     {3, 17, 2, 1, 128, false},    // shorter than one tile, one kv head
     {1, 640, 3, 1, 64, true},     // packed with one kv head (rows 3 heads + 2 wide)
+    {2, 333, 8, 2, 64, false},    // tinyllama's grouping at head size 64, S not a multiple of the tiles
 };
 
 // The tolerances of kernels_test.cpp's mma.sync kernels against fp32: 16-bit outputs, probabilities
