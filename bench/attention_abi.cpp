@@ -59,15 +59,23 @@ int shardkit_attention_forward(int kernel, int dtype, void* out, float* lse, con
   });
 }
 
-// dq (as q), dk and dv (as k and v) overwritten; delta (B, NH, S) fp32 scratch; dout as out.
-int shardkit_attention_backward(int kernel, int dtype, void* dq, void* dk, void* dv, float* delta, const void* dout,
+// The fp32 scratch the backward pass takes, in floats: delta = rowsum(dO o O), one a query row. Asked
+// for rather than assumed, so that a build whose backward needs more can be timed beside this one by
+// the same script (attention_tflops.py --before).
+int64_t shardkit_attention_scratch_floats(int /*kernel*/, int B, int S, int NH, int /*NKV*/, int /*HS*/) {
+  return static_cast<int64_t>(B) * NH * S;
+}
+
+// dq (as q), dk and dv (as k and v) overwritten; scratch as shardkit_attention_scratch_floats says;
+// dout as out.
+int shardkit_attention_backward(int kernel, int dtype, void* dq, void* dk, void* dv, float* scratch, const void* dout,
                                 const void* out, const void* q, const void* k, const void* v, const float* lse, int B,
                                 int S, int NH, int NKV, int HS, int64_t ld_q, int64_t ld_kv, void* stream) {
   const shardkit::model::cuda::AttentionShape shape{B, S, NH, NKV, HS, ld_q, ld_kv};
   return with_dtype(dtype, [&]<typename T>(T*) {
     const auto run = kernel == 1 ? &shardkit::model::cuda::hopper_attention_backward<T>
                                  : &shardkit::model::cuda::flash_attention_backward<T>;
-    run(static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv), delta, static_cast<const T*>(dout),
+    run(static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv), scratch, static_cast<const T*>(dout),
         static_cast<const T*>(out), static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), lse,
         shape, static_cast<cudaStream_t>(stream));
   });

@@ -4,7 +4,9 @@
 # speed alone is measured against the code before it, not against a figure from another day. Builds
 # both (Release, the shardkit target), then runs bench/gpu_vs_pytorch.py --skip-pytorch for each model,
 # alternating the two binaries ROUNDS times (default 3) so that clock and thermal drift fall on both,
-# and prints each run's tokens/s and the medians' ratio (after / before).
+# and prints each run's tokens/s and the medians' ratio (after / before). ATTENTION=1 first times both
+# builds' attention kernels in one process, alternating (bench/attention_tflops.py --before), and prints
+# the table with this build's speed over the other's.
 # Usage: bench/gpu_before_after.sh BEFORE_SRC [MODEL...]   (models default: gpt2 tinyllama-1.1b)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,9 +18,13 @@ rounds=${ROUNDS:-3}
 for tree in . "$before"; do
   cmake -S "$tree" -B "$tree/build-gpu" -DCMAKE_BUILD_TYPE=Release -DSHARDKIT_BUILD_TESTS=OFF > /dev/null ||
     { echo "configure failed: $tree"; exit 1; }
-  cmake --build "$tree/build-gpu" -j"$(nproc)" --target shardkit shardkit_cuda_module > /dev/null ||
-    { echo "build failed: $tree"; exit 1; }
+  cmake --build "$tree/build-gpu" -j"$(nproc)" --target shardkit shardkit_cuda_module \
+    $([ "${ATTENTION:-0}" != 0 ] && echo shardkit_attention_abi) > /dev/null || { echo "build failed: $tree"; exit 1; }
 done
+if [ "${ATTENTION:-0}" != 0 ]; then
+  python3 bench/attention_tflops.py --lib build-gpu/bench/libshardkit_attention_abi.so \
+    --before "$before/build-gpu/bench/libshardkit_attention_abi.so" 2>&1 | grep -v '^{'
+fi
 for model in "${models[@]}"; do
   for round in $(seq "$rounds"); do
     for side in after before; do
