@@ -6,7 +6,9 @@
 # alternating the two binaries ROUNDS times (default 3) so that clock and thermal drift fall on both,
 # and prints each run's tokens/s and the medians' ratio (after / before). ATTENTION=1 first times both
 # builds' attention kernels in one process, alternating (bench/attention_tflops.py --before), and prints
-# the table with this build's speed over the other's.
+# the table with this build's speed over the other's; ATTENTION_ARGS adds arguments to that script
+# (e.g. tinyllama's attention: "--tokens 8192 --seqs 2048 --head-sizes 64 --hidden 2048
+# --kv-heads-ratio 8").
 # Usage: bench/gpu_before_after.sh BEFORE_SRC [MODEL...]   (models default: gpt2 tinyllama-1.1b)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +25,7 @@ for tree in . "$before"; do
 done
 if [ "${ATTENTION:-0}" != 0 ]; then
   python3 bench/attention_tflops.py --lib build-gpu/bench/libshardkit_attention_abi.so \
-    --before "$before/build-gpu/bench/libshardkit_attention_abi.so" 2>&1 | grep -v '^{'
+    --before "$before/build-gpu/bench/libshardkit_attention_abi.so" ${ATTENTION_ARGS:-} 2>&1 | grep -v '^{'
 fi
 for model in "${models[@]}"; do
   for round in $(seq "$rounds"); do
