@@ -8,7 +8,9 @@
 # builds' attention kernels in one process, alternating (bench/attention_tflops.py --before), and prints
 # the table with this build's speed over the other's; ATTENTION_ARGS adds arguments to that script
 # (e.g. tinyllama's attention: "--tokens 8192 --seqs 2048 --head-sizes 64 --hidden 2048
-# --kv-heads-ratio 8").
+# --kv-heads-ratio 8"). KERNELS=1 then times each model's step kernels with both builds'
+# shardkit_gpu_kernels_bench (GPT-2 at 16 x 1024, Llama presets at 4 x 2048, the training runs' shapes),
+# twice each, alternating, and prints every kernel's ms a step side by side with after / before.
 # Usage: bench/gpu_before_after.sh BEFORE_SRC [MODEL...]   (models default: gpt2 tinyllama-1.1b)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,11 +23,41 @@ for tree in . "$before"; do
   cmake -S "$tree" -B "$tree/build-gpu" -DCMAKE_BUILD_TYPE=Release -DSHARDKIT_BUILD_TESTS=OFF > /dev/null ||
     { echo "configure failed: $tree"; exit 1; }
   cmake --build "$tree/build-gpu" -j"$(nproc)" --target shardkit shardkit_cuda_module \
-    $([ "${ATTENTION:-0}" != 0 ] && echo shardkit_attention_abi) > /dev/null || { echo "build failed: $tree"; exit 1; }
+    $([ "${ATTENTION:-0}" != 0 ] && echo shardkit_attention_abi) \
+    $([ "${KERNELS:-0}" != 0 ] && echo shardkit_gpu_kernels_bench) > /dev/null || { echo "build failed: $tree"; exit 1; }
 done
 if [ "${ATTENTION:-0}" != 0 ]; then
   python3 bench/attention_tflops.py --lib build-gpu/bench/libshardkit_attention_abi.so \
     --before "$before/build-gpu/bench/libshardkit_attention_abi.so" ${ATTENTION_ARGS:-} 2>&1 | grep -v '^{'
+fi
+if [ "${KERNELS:-0}" != 0 ]; then
+  for model in "${models[@]}"; do
+    shape="--batch 16 --seq 1024"
+    [[ $model != gpt2* ]] && shape="--batch 4 --seq 2048"
+    for round in 1 2; do
+      for side in after before; do
+        tree=.
+        [ "$side" = before ] && tree=$before
+        "$tree/build-gpu/bench/shardkit_gpu_kernels_bench" --model "$model" $shape --json 2>&1 | grep '^{' |
+          sed "s/^/$side /"
+      done
+    done | python3 -c '
+import json, statistics, sys
+runs = {"after": [], "before": []}
+for line in sys.stdin:
+    side, text = line.split(" ", 1)
+    runs[side].append({k["name"]: k["ms_per_call"] * k["calls"] for k in json.loads(text)["kernels"]})
+if not runs["after"] or not runs["before"]:
+    sys.exit("kernel benchmark failed")
+names = list(runs["after"][0])
+med = {side: {n: statistics.median(r.get(n, float("nan")) for r in rs) for n in names} for side, rs in runs.items()}
+print(f"{sys.argv[1]}: ms a step, after / before (medians of 2)")
+rows = [(n, med["after"][n], med["before"][n]) for n in names]
+rows.append(("sum", sum(med["after"].values()), sum(med["before"].values())))
+for n, a, b in rows:
+    if b > 0:
+        print("  %-38s %9.3f %9.3f %7.3f" % (n, a, b, a / b))' "$model"
+  done
 fi
 for model in "${models[@]}"; do
   for round in $(seq "$rounds"); do
