@@ -211,6 +211,11 @@ std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t 
   const NoDecayTable no_decay(spec);
   add("adamw (all parameters)", 1,
       [&] { adamw(master.data(), m.data(), v.data(), g.data(), params.data(), P, args, no_decay.view(), st); });
+  // Outside the passes and the update, every step reads the gradients once for their norm and zeroes
+  // them for the next step's sums (one rank, stages 0-1: all of them).
+  DeviceBuffer<double> norm(kSumScratch);
+  add("gradient norm (sum of squares)", 1, [&] { sum_squares(norm.data(), g.data(), P, st); });
+  add("zero the gradients", 1, [&] { CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.bytes(), st)); });
 
   return rows;
 }
@@ -359,6 +364,11 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
   const NoDecayTable no_decay(spec);
   add("adamw (all parameters)", 1,
       [&] { adamw(master.data(), m.data(), vv.data(), g.data(), params.data(), P, args, no_decay.view(), st); });
+  // Outside the passes and the update, every step reads the gradients once for their norm and zeroes
+  // them for the next step's sums (one rank, stages 0-1: all of them).
+  DeviceBuffer<double> norm(kSumScratch);
+  add("gradient norm (sum of squares)", 1, [&] { sum_squares(norm.data(), g.data(), P, st); });
+  add("zero the gradients", 1, [&] { CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.bytes(), st)); });
   return rows;
 }
 
