@@ -19,13 +19,21 @@ shift
 models=("$@")
 [ ${#models[@]} -eq 0 ] && models=(gpt2 tinyllama-1.1b)
 rounds=${ROUNDS:-3}
-for tree in . "$before"; do
-  cmake -S "$tree" -B "$tree/build-gpu" -DCMAKE_BUILD_TYPE=Release -DSHARDKIT_BUILD_TESTS=OFF > /dev/null ||
-    { echo "configure failed: $tree"; exit 1; }
-  cmake --build "$tree/build-gpu" -j"$(nproc)" --target shardkit shardkit_cuda_module \
-    $([ "${ATTENTION:-0}" != 0 ] && echo shardkit_attention_abi) \
-    $([ "${KERNELS:-0}" != 0 ] && echo shardkit_gpu_kernels_bench) > /dev/null || { echo "build failed: $tree"; exit 1; }
-done
+build() {  # build <tree>: the two trees build at once (their compilers share the cores)
+  local log=$1/build-gpu/before-after-build.log
+  mkdir -p "$1/build-gpu"
+  { cmake -S "$1" -B "$1/build-gpu" -DCMAKE_BUILD_TYPE=Release -DSHARDKIT_BUILD_TESTS=OFF &&
+    cmake --build "$1/build-gpu" -j"$(nproc)" --target shardkit shardkit_cuda_module \
+      $([ "${ATTENTION:-0}" != 0 ] && echo shardkit_attention_abi) \
+      $([ "${KERNELS:-0}" != 0 ] && echo shardkit_gpu_kernels_bench); } > "$log" 2>&1 ||
+    { echo "build failed: $1 (see $log)"; return 1; }
+}
+build . &
+after_build=$!
+build "$before" &
+before_build=$!
+wait "$after_build" || { kill "$before_build" 2>/dev/null; exit 1; }
+wait "$before_build" || exit 1
 if [ "${ATTENTION:-0}" != 0 ]; then
   python3 bench/attention_tflops.py --lib build-gpu/bench/libshardkit_attention_abi.so \
     --before "$before/build-gpu/bench/libshardkit_attention_abi.so" ${ATTENTION_ARGS:-} 2>&1 | grep -v '^{'
