@@ -670,14 +670,16 @@ ActivationCheckpointingConfig parse_activation_checkpointing(Section& top) {
   return out;
 }
 
+// Whether the top-level section `key` is given with "enabled": true.
+bool section_enabled(Section& top, const std::string& key) {
+  if (!top.has(key)) return false;
+  Section section = top.child(key);
+  return is_true(section, "enabled");
+}
+
 // Sections of the top level that change what DeepSpeed trains and that shardkit does not implement:
 // a warning each when enabled, an error where ignoring it would change what the batch keys mean.
 void warn_unimplemented(Section& top) {
-  const auto section_enabled = [&](const std::string& key) {
-    if (!top.has(key)) return false;
-    Section section = top.child(key);
-    return is_true(section, "enabled");
-  };
   const std::pair<const char*, const char*> switched[] = {
       {"amp", "Apex mixed precision is not implemented (fp16 and bf16 are)"},
       {"torch_autocast", "torch.autocast mixed precision is not implemented (fp16 and bf16 are)"},
@@ -688,7 +690,15 @@ void warn_unimplemented(Section& top) {
       {"elasticity", "the batch sizes come from the batch keys"},
   };
   for (const auto& [key, consequence] : switched) {
-    if (section_enabled(key)) warn_ignored(top, std::string(key) + ".enabled", consequence);
+    if (section_enabled(top, key)) warn_ignored(top, std::string(key) + ".enabled", consequence);
+  }
+  if (top.has("data_types")) {
+    Section types = top.child("data_types");
+    const std::optional<std::string> accumulate = types.text("grad_accum_dtype");
+    if (accumulate && *accumulate != "fp32" && *accumulate != "float32" && *accumulate != "float" &&
+        *accumulate != "torch.float32") {
+      warn_ignored(types, "grad_accum_dtype", "gradients accumulate in fp32, not " + *accumulate);
+    }
   }
   if (top.has("sparse_attention")) warn_ignored(top, "sparse_attention", "attention stays dense");
   // Dividing before the reduction instead of after: the same mean, rounded in another order.
@@ -725,6 +735,30 @@ void warn_unimplemented(Section& top) {
   if (top.has("tensor_parallel")) {
     Section tensor_parallel = top.child("tensor_parallel");
     refuse_above_1(tensor_parallel, "autotp_size", 0);
+  }
+}
+
+// Diagnostics DeepSpeed prints or logs and shardkit does not: a warning each when enabled, naming what
+// shardkit reports instead, so that a config brought from DeepSpeed does not wait for output that
+// never comes.
+void warn_unreported(Section& top) {
+  if (section_enabled(top, "flops_profiler")) {
+    warn_ignored(top, "flops_profiler.enabled",
+                 "no FLOPs profile is printed; each step's line gives tokens/s, and on GPUs `train --profile-step N` "
+                 "puts one step in the CUDA profiler's range");
+  }
+  if (section_enabled(top, "comms_logger")) {
+    warn_ignored(top, "comms_logger.enabled",
+                 "collectives are not logged one by one; wall_clock_breakdown adds each step's reduction time to "
+                 "its line");
+  }
+  // DeepSpeed reads it as a plain value (truthy or not); only true says that a breakdown is wanted.
+  if (const json* breakdown = top.find("memory_breakdown"); breakdown != nullptr && *breakdown == true) {
+    warn_ignored(top, "memory_breakdown",
+                 "the start-up lines give each rank's parameters, gradients, optimizer states and activations");
+  }
+  if (section_enabled(top, "autotuning")) {
+    warn_ignored(top, "autotuning.enabled", "the batch and ZeRO settings run as the config gives them");
   }
 }
 
@@ -873,6 +907,7 @@ DsConfig parse_ds_config(const nlohmann::json& config, int world_size, const Aut
     top.warn("communication_data_type fp16 with bf16 training: gradient sums above 65504 overflow");
   }
   warn_unimplemented(top);
+  warn_unreported(top);
   top.accept(kUnusedTopLevelKeys);
   top.warn_unknown();
   return c;

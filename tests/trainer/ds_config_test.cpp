@@ -913,6 +913,39 @@ TEST(DsConfigKeys, EnabledSettingsShardkitDoesNotImplementWarn) {
                                                     "gradients stay fp32"});
 }
 
+// What DeepSpeed prints or logs and shardkit does not, when enabled: a warning that says where
+// shardkit's own figures are; the gradient accumulation type other than fp32: a warning that it stays
+// fp32. The same sections disabled, or fp32, are silent.
+TEST(DsConfigKeys, DiagnosticsShardkitDoesNotPrintWarnWhereItsOwnAre) {
+  const json config = with({{"flops_profiler", {{"enabled", true}, {"profile_step", 1}, {"module_depth", -1}}},
+                            {"comms_logger", {{"enabled", true}, {"verbose", false}}},
+                            {"memory_breakdown", true},
+                            {"autotuning", {{"enabled", true}}},
+                            {"data_types", {{"grad_accum_dtype", "bf16"}}}});
+  std::vector<std::string> warnings = parse(config).warnings;
+  std::vector<std::string> expected = {
+      "flops_profiler.enabled ignored: no FLOPs profile is printed; each step's line gives tokens/s, and on GPUs "
+      "`train --profile-step N` puts one step in the CUDA profiler's range",
+      "comms_logger.enabled ignored: collectives are not logged one by one; wall_clock_breakdown adds each step's "
+      "reduction time to its line",
+      "memory_breakdown ignored: the start-up lines give each rank's parameters, gradients, optimizer states and "
+      "activations",
+      "autotuning.enabled ignored: the batch and ZeRO settings run as the config gives them",
+      "data_types.grad_accum_dtype ignored: gradients accumulate in fp32, not bf16",
+  };
+  std::sort(warnings.begin(), warnings.end());
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(warnings, expected);
+
+  const json quiet = with({{"flops_profiler", {{"enabled", false}}},
+                           {"comms_logger", {{"enabled", false}}},
+                           {"memory_breakdown", false},
+                           {"autotuning", {{"enabled", false}}},
+                           {"data_types", {{"grad_accum_dtype", "fp32"}}}});
+  EXPECT_EQ(parse(quiet).warnings, std::vector<std::string>{});
+  EXPECT_THROW(parse(with({{"data_types", {{"grad_accum_dtype", 16}}}})), Error);
+}
+
 TEST(DsConfigKeys, ModelParallelismIsRefused) {
   // Ignored, each rank would take a batch of its own: the batch keys would mean something else.
   EXPECT_EQ(error_of(with({{"sequence_parallel_size", 2}})),
