@@ -105,6 +105,18 @@ class NoDecayTable {
   DeviceBuffer<ElementRange> device_;
 };
 
+// Outside the passes and the update, every step reads the fp32 gradients once for their norm and
+// zeroes them for the next step's sums (one rank, stages 0-1: all of them).
+void gradient_rows(std::vector<Row>& rows, DeviceBuffer<float>& g, cudaStream_t st) {
+  DeviceBuffer<double> norm(kSumScratch);
+  const auto add = [&](const std::string& name, const std::function<void()>& fn) {
+    rows.push_back({name, 1, time_ms(st, name, fn)});
+  };
+  add("gradient norm (sum of squares)",
+      [&] { sum_squares(norm.data(), g.data(), static_cast<int64_t>(g.size()), st); });
+  add("zero the gradients", [&] { CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.bytes(), st)); });
+}
+
 std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t st, cublasHandle_t cublas) {
   const model::gpt2::GptConfig& cfg = *model::gpt2::config_of(spec);
   const int C = cfg.n_embd, NH = cfg.n_head, V = cfg.vocab_size, L = cfg.n_layer, N = B * S;
@@ -211,11 +223,7 @@ std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t 
   const NoDecayTable no_decay(spec);
   add("adamw (all parameters)", 1,
       [&] { adamw(master.data(), m.data(), v.data(), g.data(), params.data(), P, args, no_decay.view(), st); });
-  // Outside the passes and the update, every step reads the gradients once for their norm and zeroes
-  // them for the next step's sums (one rank, stages 0-1: all of them).
-  DeviceBuffer<double> norm(kSumScratch);
-  add("gradient norm (sum of squares)", 1, [&] { sum_squares(norm.data(), g.data(), P, st); });
-  add("zero the gradients", 1, [&] { CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.bytes(), st)); });
+  gradient_rows(rows, g, st);
 
   return rows;
 }
@@ -364,11 +372,7 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
   const NoDecayTable no_decay(spec);
   add("adamw (all parameters)", 1,
       [&] { adamw(master.data(), m.data(), vv.data(), g.data(), params.data(), P, args, no_decay.view(), st); });
-  // Outside the passes and the update, every step reads the gradients once for their norm and zeroes
-  // them for the next step's sums (one rank, stages 0-1: all of them).
-  DeviceBuffer<double> norm(kSumScratch);
-  add("gradient norm (sum of squares)", 1, [&] { sum_squares(norm.data(), g.data(), P, st); });
-  add("zero the gradients", 1, [&] { CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.bytes(), st)); });
+  gradient_rows(rows, g, st);
   return rows;
 }
 

@@ -251,7 +251,7 @@ bool is_true(Section& section, const std::string& key) {
   return section.flag(key).value_or(false);
 }
 
-// A warning for a setting that changes what DeepSpeed trains and that shardkit does not implement.
+// A warning for a setting that shardkit reads and does not honour, and what happens instead.
 void warn_ignored(Section& section, const std::string& key, const std::string& consequence) {
   section.warn(section.name(key) + " ignored: " + consequence);
 }
@@ -670,17 +670,25 @@ ActivationCheckpointingConfig parse_activation_checkpointing(Section& top) {
   return out;
 }
 
-// Whether the top-level section `key` is given with "enabled": true.
-bool section_enabled(Section& top, const std::string& key) {
-  if (!top.has(key)) return false;
-  Section section = top.child(key);
-  return is_true(section, "enabled");
+// A top-level section and what happens instead when it is given with "enabled": true.
+struct IgnoredSection {
+  const char* key;
+  const char* instead;
+};
+
+// A warning for each of `sections` that is enabled.
+void warn_enabled(Section& top, std::span<const IgnoredSection> sections) {
+  for (const auto& [key, instead] : sections) {
+    if (!top.has(key)) continue;
+    Section section = top.child(key);
+    if (is_true(section, "enabled")) warn_ignored(top, std::string(key) + ".enabled", instead);
+  }
 }
 
 // Sections of the top level that change what DeepSpeed trains and that shardkit does not implement:
 // a warning each when enabled, an error where ignoring it would change what the batch keys mean.
 void warn_unimplemented(Section& top) {
-  const std::pair<const char*, const char*> switched[] = {
+  const IgnoredSection switched[] = {
       {"amp", "Apex mixed precision is not implemented (fp16 and bf16 are)"},
       {"torch_autocast", "torch.autocast mixed precision is not implemented (fp16 and bf16 are)"},
       {"progressive_layer_drop", "every layer runs at every step"},
@@ -689,9 +697,7 @@ void warn_unimplemented(Section& top) {
       {"quantize_training", "weights are not quantized"},
       {"elasticity", "the batch sizes come from the batch keys"},
   };
-  for (const auto& [key, consequence] : switched) {
-    if (section_enabled(top, key)) warn_ignored(top, std::string(key) + ".enabled", consequence);
-  }
+  warn_enabled(top, switched);
   if (top.has("data_types")) {
     Section types = top.child("data_types");
     const std::optional<std::string> accumulate = types.text("grad_accum_dtype");
@@ -742,23 +748,19 @@ void warn_unimplemented(Section& top) {
 // shardkit reports instead, so that a config brought from DeepSpeed does not wait for output that
 // never comes.
 void warn_unreported(Section& top) {
-  if (section_enabled(top, "flops_profiler")) {
-    warn_ignored(top, "flops_profiler.enabled",
-                 "no FLOPs profile is printed; each step's line gives tokens/s, and on GPUs `train --profile-step N` "
-                 "puts one step in the CUDA profiler's range");
-  }
-  if (section_enabled(top, "comms_logger")) {
-    warn_ignored(top, "comms_logger.enabled",
-                 "collectives are not logged one by one; wall_clock_breakdown adds each step's reduction time to "
-                 "its line");
-  }
+  const IgnoredSection diagnostics[] = {
+      {"flops_profiler",
+       "no FLOPs profile is printed; each step's line gives tokens/s, and on GPUs `train --profile-step N` puts one "
+       "step in the CUDA profiler's range"},
+      {"comms_logger",
+       "collectives are not logged one by one; wall_clock_breakdown adds each step's reduction time to its line"},
+      {"autotuning", "the batch and ZeRO settings run as the config gives them"},
+  };
+  warn_enabled(top, diagnostics);
   // DeepSpeed reads it as a plain value (truthy or not); only true says that a breakdown is wanted.
   if (const json* breakdown = top.find("memory_breakdown"); breakdown != nullptr && *breakdown == true) {
     warn_ignored(top, "memory_breakdown",
                  "the start-up lines give each rank's parameters, gradients, optimizer states and activations");
-  }
-  if (section_enabled(top, "autotuning")) {
-    warn_ignored(top, "autotuning.enabled", "the batch and ZeRO settings run as the config gives them");
   }
 }
 
