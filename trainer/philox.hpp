@@ -14,11 +14,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define SHARDKIT_HOST_DEVICE __host__ __device__
-#else
-#define SHARDKIT_HOST_DEVICE
-#endif
+#include "base/host_device.hpp"
 
 namespace shardkit::trainer {
 

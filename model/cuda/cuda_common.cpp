@@ -12,6 +12,13 @@ void throw_cuda(const char* what, const char* detail, const char* file, int line
   fail(ErrorKind::kInternal, std::string(what) + " failed at " + file + ":" + std::to_string(line) + ": " + detail);
 }
 
+int multiprocessors() {
+  int device = 0, count = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
 void throw_allocation_failure(cudaError_t status, size_t bytes, Memory where) {
   const bool device = where == Memory::kDevice;
   if (status != cudaErrorMemoryAllocation) {

@@ -34,6 +34,10 @@ enum class Memory { kDevice, kPinnedHost };
       ::shardkit::model::cuda::throw_cuda(#call, cublasGetStatusString(e_), __FILE__, __LINE__); \
     }                                                                                            \
   } while (0)
+// The multiprocessors of the current device: how many blocks of one block per multiprocessor make a
+// wave.
+int multiprocessors();
+
 // Device memory of `count` elements of T (cudaMalloc), freed on destruction.
 template <typename T>
 class DeviceBuffer {

@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 
+#include "model/cuda/causal_order.hpp"
 #include "model/cuda/cuda_common.hpp"
 #include "model/cuda/fragments.cuh"
 #include "model/cuda/sm90.cuh"
@@ -80,15 +81,17 @@ __device__ __forceinline__ void stream_kv(uint8_t* smem, KvBarriers& bars, const
   }
 }
 
-// The forward and dq kernels' block: a (batch, head) and kOwned query rows from q0, the longest rows
-// (most keys) first; the key tiles of `rows` rows its queries see.
+// The forward and dq kernels' block: a (batch, head) and kOwned query rows from q0 (rank 0, the
+// longest, owns the last rows: they see the most keys); the key tiles of `rows` rows its queries see.
 struct QueryBlock {
   int b, h, kvh, q0;
-  __device__ explicit QueryBlock(const AttentionShape& a)
-      : b(blockIdx.y / a.NH),
-        h(blockIdx.y % a.NH),
-        kvh(h / (a.NH / a.NKV)),
-        q0((gridDim.x - 1 - blockIdx.x) * kOwned) {}
+  __device__ QueryBlock(const AttentionShape& a, const CausalOrder& order) {
+    const CausalOrder::Block blk = order.block(blockIdx.x);
+    b = blk.row / a.NH;
+    h = blk.row % a.NH;
+    kvh = h / (a.NH / a.NKV);
+    q0 = (order.blocks_per_row - 1 - blk.rank) * kOwned;
+  }
   __device__ int key_tiles(int S, int rows) const { return (min(S, q0 + kOwned) + rows - 1) / rows; }
 };
 
@@ -103,7 +106,7 @@ template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_forward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                           const __grid_constant__ CUtensorMap v_map, T* out, float* lse, AttentionShape a,
-                          float scale_log2) {
+                          CausalOrder order, float scale_log2) {
 #if defined(SHARDKIT_SM90A)
   using L = ForwardLayout<HS>;
   constexpr int kKeys = kForwardKeys, kChunks = HS / kChunkElements;
@@ -111,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ KvBarriers bars;
   uint8_t* smem = sm90::aligned_smem(smem_raw);
   const int S = a.S, NH = a.NH;
-  const QueryBlock blk(a);
+  const QueryBlock blk(a, order);
   const int b = blk.b, h = blk.h, kvh = blk.kvh, q0 = blk.q0, tiles = blk.key_tiles(S, kKeys);
   if (threadIdx.x == 0) bars.init();
   __syncthreads();
@@ -202,8 +205,8 @@ template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_dq_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map,
                      const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map, T* dq_out,
-                     float* delta, const T* dout, const T* out, const float* lse, AttentionShape a, float scale,
-                     float scale_log2) {
+                     float* delta, const T* dout, const T* out, const float* lse, AttentionShape a, CausalOrder order,
+                     float scale, float scale_log2) {
 #if defined(SHARDKIT_SM90A)
   using L = DqLayout<HS>;
   constexpr int kKeys = kDqKeys, kChunks = HS / kChunkElements;
@@ -211,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ KvBarriers bars;
   uint8_t* smem = sm90::aligned_smem(smem_raw);
   const int S = a.S, NH = a.NH;
-  const QueryBlock blk(a);
+  const QueryBlock blk(a, order);
   const int b = blk.b, h = blk.h, kvh = blk.kvh, q0 = blk.q0, tiles = blk.key_tiles(S, kKeys);
   if (threadIdx.x == 0) bars.init();
   __syncthreads();
@@ -304,7 +307,7 @@ template <typename T, int HS>
 __global__ void __launch_bounds__(kThreads, 1)
     hopper_dkv_kernel(const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
                       const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap do_map, T* dk_out,
-                      T* dv_out, const float* lse, const float* delta, AttentionShape a, float scale,
+                      T* dv_out, const float* lse, const float* delta, AttentionShape a, CausalOrder order, float scale,
                       float scale_log2) {
 #if defined(SHARDKIT_SM90A)
   using L = DkvLayout<HS>;
@@ -313,8 +316,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ DkvShared bars;
   uint8_t* smem = sm90::aligned_smem(smem_raw);
   const int S = a.S, NH = a.NH, group = NH / a.NKV;
-  const int b = blockIdx.y / a.NKV, kvh = blockIdx.y % a.NKV;
-  const int k0 = blockIdx.x * kOwned;  // the first key tiles see the most queries and start first
+  const CausalOrder::Block blk = order.block(blockIdx.x);
+  const int b = blk.row / a.NKV, kvh = blk.row % a.NKV;
+  const int k0 = blk.rank * kOwned;  // the first key tiles see the most queries: rank 0, the longest
   const int first_tile = k0 / kQueries, tiles = (S + kQueries - 1) / kQueries;
   constexpr int kProducerLanes = 32;
   if (threadIdx.x == 0) {
@@ -427,8 +431,9 @@ void allow_smem(Kernel kernel, int bytes) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
-int row_blocks(int S) {
-  return (S + kOwned - 1) / kOwned;
+// One block of kOwned rows per multiprocessor at a time (the launch bounds, and the shared memory).
+CausalOrder causal_order(const AttentionShape& a, int heads) {
+  return CausalOrder::for_grid((a.S + kOwned - 1) / kOwned, a.B * heads, multiprocessors());
 }
 
 template <typename T, int HS>
@@ -439,8 +444,9 @@ void forward_hs(T* out, float* lse, const T* q, const T* k, const T* v, const At
   constexpr int kBytes = ForwardLayout<HS>::kLaunchBytes;
   allow_smem(hopper_forward_kernel<T, HS>, kBytes);
   const float scale_log2 = kLog2e / std::sqrt(static_cast<float>(HS));
+  const CausalOrder order = causal_order(a, a.NH);
   hopper_forward_kernel<T, HS>
-      <<<dim3(row_blocks(a.S), a.B * a.NH), kThreads, kBytes, st>>>(q_map, k_map, v_map, out, lse, a, scale_log2);
+      <<<order.blocks(), kThreads, kBytes, st>>>(q_map, k_map, v_map, out, lse, a, order, scale_log2);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -456,8 +462,9 @@ void backward_hs(T* dq, T* dk, T* dv, float* delta, const T* dout, const T* out,
     const auto v_map = operand_map<T, HS>(v, a.NKV, a.ld_kv, a, kDqKeys);
     constexpr int kBytes = DqLayout<HS>::kLaunchBytes;
     allow_smem(hopper_dq_kernel<T, HS>, kBytes);
-    hopper_dq_kernel<T, HS><<<dim3(row_blocks(a.S), a.B * a.NH), kThreads, kBytes, st>>>(
-        q_map, do_map, k_map, v_map, dq, delta, dout, out, lse, a, scale, scale_log2);
+    const CausalOrder order = causal_order(a, a.NH);
+    hopper_dq_kernel<T, HS><<<order.blocks(), kThreads, kBytes, st>>>(q_map, do_map, k_map, v_map, dq, delta, dout, out,
+                                                                      lse, a, order, scale, scale_log2);
     CUDA_CHECK(cudaGetLastError());
   }
   const auto k_map = operand_map<T, HS>(k, a.NKV, a.ld_kv, a, kOwned);
@@ -466,8 +473,9 @@ void backward_hs(T* dq, T* dk, T* dv, float* delta, const T* dout, const T* out,
   const auto do_map = operand_map<T, HS>(dout, a.NH, C, a, kDkvQueries);
   constexpr int kBytes = DkvLayout<HS>::kLaunchBytes;
   allow_smem(hopper_dkv_kernel<T, HS>, kBytes);
-  hopper_dkv_kernel<T, HS><<<dim3(row_blocks(a.S), a.B * a.NKV), kThreads, kBytes, st>>>(
-      k_map, v_map, q_map, do_map, dk, dv, lse, delta, a, scale, scale_log2);
+  const CausalOrder order = causal_order(a, a.NKV);
+  hopper_dkv_kernel<T, HS><<<order.blocks(), kThreads, kBytes, st>>>(k_map, v_map, q_map, do_map, dk, dv, lse, delta, a,
+                                                                     order, scale, scale_log2);
   CUDA_CHECK(cudaGetLastError());
 }
 
