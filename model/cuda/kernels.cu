@@ -316,6 +316,16 @@ __device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, floa
   m = mx;
 }
 
+// Merges a pack of logits into (m, s): its own maximum and sum first, then the merge.
+template <typename T>
+__device__ __forceinline__ void merge_pack(float& m, float& s, const Vec<T>& xv) {
+  float vm = -FLT_MAX;
+  for (int i = 0; i < Vec<T>::kSize; ++i) vm = fmaxf(vm, to_float(xv.v[i]));
+  float vs = 0.0f;
+  for (int i = 0; i < Vec<T>::kSize; ++i) vs += __expf(to_float(xv.v[i]) - vm);
+  merge_max_sum(m, s, vm, vs);
+}
+
 template <typename T>
 __global__ void softmax_xent_kernel(T* logits, int64_t ld, float* losses, const int32_t* targets, int V, float dscale,
                                     bool backward) {
@@ -324,14 +334,19 @@ __global__ void softmax_xent_kernel(T* logits, int64_t ld, float* losses, const 
   T* x = logits + blockIdx.x * ld;
   const int full = V / kVec * kVec;  // rows start 16-byte aligned (ld is a multiple of the vector size)
   float m = -FLT_MAX, s = 0.0f;
-  for (int v = threadIdx.x * kVec; v < full; v += blockDim.x * kVec) {
-    const Vec<T> xv = load_vec(x + v);
-    float vm = -FLT_MAX;
-    for (int i = 0; i < kVec; ++i) vm = fmaxf(vm, to_float(xv.v[i]));
-    float vs = 0.0f;
-    for (int i = 0; i < kVec; ++i) vs += __expf(to_float(xv.v[i]) - vm);
-    merge_max_sum(m, s, vm, vs);
+  // The first pass is bound by the loads' latency: each thread issues kAhead of its packs before it
+  // merges them, in the order the one-at-a-time loop merges them (the same bits).
+  constexpr int kAhead = 4;
+  const int step = blockDim.x * kVec;
+  int v = threadIdx.x * kVec;
+  for (; v + (kAhead - 1) * step < full; v += kAhead * step) {
+    Vec<T> xv[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) xv[u] = load_vec(x + v + u * step);
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) merge_pack(m, s, xv[u]);
   }
+  for (; v < full; v += step) merge_pack(m, s, load_vec(x + v));
   for (int v = full + threadIdx.x; v < V; v += blockDim.x) merge_max_sum(m, s, to_float(x[v]), 1.0f);
   for (int o = 16; o > 0; o >>= 1) {
     merge_max_sum(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
@@ -400,13 +415,34 @@ __device__ double block_sum_256(double v) {
   return total;
 }
 
-// Sums in double, deterministic: block b of the first kernel adds elements b*256 + i (grid-stride)
-// into partials[b]; one block then adds the partials in a fixed tree. No atomics: every run gives the
-// same bits (the gradient norm decides the clipping factor, so it must not wobble).
+// Sums in double, deterministic: the threads of the first kernel's grid stride over x and block b adds
+// its threads' sums into partials[b]; one block then adds the partials in a fixed tree. No atomics:
+// every run gives the same bits (the gradient norm decides the clipping factor, so it must not wobble).
+// The first kernel is bound by its loads (a gradient norm reads every gradient once): where x is
+// 16-byte aligned a thread adds packs of 4 floats, two packs in flight, then the elements past the
+// last pack one at a time.
 template <bool kSquares>
-__global__ void sum_partials_kernel(double* partials, const float* x, int64_t n) {
+__device__ __forceinline__ void add_pack(double& sum, const Vec<float, 4>& x) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const double v = x.v[i];
+    sum += kSquares ? v * v : v;
+  }
+}
+
+template <bool kSquares>
+__global__ void sum_partials_kernel(double* partials, const float* x, int64_t n, bool packed) {
+  const int64_t thread = blockIdx.x * int64_t{blockDim.x} + threadIdx.x, threads = int64_t{gridDim.x} * blockDim.x;
+  const int64_t packs = packed ? n / 4 : 0;
   double sum = 0.0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t p = thread; p < packs; p += 2 * threads) {
+    const Vec<float, 4> a = load_vec<4>(x + 4 * p);
+    const bool second = p + threads < packs;
+    const Vec<float, 4> b = second ? load_vec<4>(x + 4 * (p + threads)) : Vec<float, 4>{};
+    add_pack<kSquares>(sum, a);
+    if (second) add_pack<kSquares>(sum, b);
+  }
+  for (int64_t i = 4 * packs + thread; i < n; i += threads) {
     const double v = x[i];
     sum += kSquares ? v * v : v;
   }
@@ -424,7 +460,8 @@ __global__ void sum_final_kernel(double* out, const double* partials, int count)
 template <bool kSquares>
 void deterministic_sum(double* out, const float* x, int64_t n, cudaStream_t st) {
   const int blocks = std::max(1, std::min(blocks_for(n, 256), kSumBlocks));
-  sum_partials_kernel<kSquares><<<blocks, 256, 0, st>>>(out + 1, x, n);
+  const bool packed = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  sum_partials_kernel<kSquares><<<blocks, 256, 0, st>>>(out + 1, x, n, packed);
   check_launch();
   sum_final_kernel<<<1, 256, 0, st>>>(out, out + 1, blocks);
   check_launch();

@@ -285,6 +285,39 @@ TEST(CudaKernels, BiasBackwardMatchesDoubleAndIsDeterministic) {
   }
 }
 
+// The deterministic sums (the gradient norm, the loss) against double on the host: lengths below one
+// pack, between the packs and the whole grid, and past it; a view starting one float in (not 16-byte
+// aligned, the element path); each twice, to the bit.
+TEST(CudaKernels, SumsMatchDoubleAndGiveTheSameBitsTwice) {
+  REQUIRE_GPUS(1);
+  std::vector<float> x, unused;
+  random_values<float>(size_t{3} << 20, 1.0f, 31, x, unused);
+  const auto device = upload(x);
+  DeviceBuffer<double> out(kSumScratch);
+  auto run = [&](void (*sum)(double*, const float*, int64_t, cudaStream_t), int64_t offset, int64_t n) {
+    sum(out.data(), device.data() + offset, n, nullptr);
+    double got = 0;
+    CUDA_CHECK(cudaMemcpy(&got, out.data(), sizeof got, cudaMemcpyDeviceToHost));
+    return got;
+  };
+  for (const int64_t offset : {0, 1}) {
+    for (const int64_t n : {int64_t{1}, int64_t{3}, int64_t{7}, int64_t{1000}, int64_t{262147}, int64_t{3 << 20} - 1}) {
+      double squares = 0, plain = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = x[static_cast<size_t>(offset + i)];
+        squares += v * v;
+        plain += v;
+      }
+      const std::string what = "offset " + std::to_string(offset) + ", " + std::to_string(n) + " floats";
+      const double got_squares = run(sum_squares, offset, n), got_plain = run(sum_floats, offset, n);
+      EXPECT_NEAR(got_squares, squares, 1e-12 * squares) << what;
+      EXPECT_NEAR(got_plain, plain, 1e-9 * (1 + std::abs(squares))) << what;
+      EXPECT_EQ(run(sum_squares, offset, n), got_squares) << what << ": not deterministic";
+      EXPECT_EQ(run(sum_floats, offset, n), got_plain) << what << ": not deterministic";
+    }
+  }
+}
+
 // AdamW's weight decay by parameter group in one launch: a view cut by a no-decay table in ~200
 // places (ranges of one element, ranges at the ends). Every element as the CPU update computes it (the
 // same formula; the GPU may fuse a multiply-add the CPU rounds twice, hence the tolerance -- far below
