@@ -82,9 +82,8 @@ __device__ __forceinline__ void lion_element(float& w, float& m, float grad, T* 
 
 // The update kernels are memory-bound: each thread of one wave (gridDim x blockDim threads, all
 // resident) walks packs of W adjacent elements, so that each of its loads moves 16 bytes and the no-decay
-// table is bisected once per thread, not once per element; `update(at, e)` updates element at of the
-// pack at index `at` given in registers as its e-th. The `n % W` elements past the last pack, if any,
-// are the first thread's.
+// table is bisected once per thread, not once per element. The `n % W` elements past the last pack, if
+// any, are the first thread's.
 template <int W>
 struct PackWalk {
   int64_t first, stride, packed;
