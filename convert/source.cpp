@@ -78,8 +78,9 @@ CheckpointSource open_shardkit(const std::filesystem::path& path) {
 }
 
 // The model a foreign checkpoint's tensors are checked against: the one named, or the one the Hugging
-// Face config.json beside it describes when a family knows its model_type (null otherwise), and that
-// config.json (null when there is none).
+// Face config.json beside it describes when a family knows its model_type and computes what the file
+// asks (null otherwise: the tensors convert as the files give them, and `import ... --model` names the
+// field a family refused), and that config.json (null when there is none).
 struct ForeignModel {
   std::shared_ptr<const model::Model> model;
   nlohmann::json hf_config;
@@ -95,14 +96,20 @@ struct ForeignModel {
 
 ForeignModel foreign_model(const std::filesystem::path& path, const std::string& model_name) {
   ForeignModel m;
-  std::string name = model_name;
-  if (name.empty()) {
-    if (const std::filesystem::path config = find_hf_config(path); !config.empty()) {
-      m.hf_config = read_json_file(config, json_limits::kConfig, ErrorKind::kInvalidInput);
-      if (known_model_type(m.hf_config)) name = config.string();
+  if (!model_name.empty()) {
+    m.model = model::resolve_model(model_name);
+    return m;
+  }
+  if (const std::filesystem::path config = find_hf_config(path); !config.empty()) {
+    m.hf_config = read_json_file(config, json_limits::kConfig, ErrorKind::kInvalidInput);
+    if (known_model_type(m.hf_config)) {
+      try {
+        m.model = model::model_from_hf_config(m.hf_config, config.string());
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kInvalidInput) throw;
+      }
     }
   }
-  if (!name.empty()) m.model = model::resolve_model(name);
   return m;
 }
 

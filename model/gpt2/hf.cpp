@@ -1,10 +1,49 @@
 #include "model/gpt2/hf.hpp"
 
+#include <cmath>
+
 #include "base/error.hpp"
 #include "base/json_input.hpp"
 
 namespace shardkit::model::gpt2 {
-namespace {}  // namespace
+namespace {
+
+// What a GPT2Config may say that the family does not compute, refused by name: the family is
+// GPT2LMHeadModel with the tanh approximation of GELU, LayerNorm's epsilon 1e-5, attention scaled by
+// 1/sqrt(head size) alone and the output projection tied to wte. Dropout is not among them: shardkit
+// trains without it (README), and inference does not use it.
+void refuse_what_the_family_does_not_compute(const nlohmann::json& j, const std::string& where) {
+  const auto boolean = [&](const char* key, bool computed) {
+    const auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return;
+    if (!it->is_boolean()) {
+      fail(ErrorKind::kInvalidInput,
+           where + ": model field '" + key + "' is " + value_excerpt(*it) + ", expected true or false");
+    }
+    if (it->get<bool>() != computed) {
+      fail(ErrorKind::kInvalidInput, where + ": " + key + " is " + (computed ? "false" : "true") +
+                                         "; the gpt2 family computes GPT2LMHeadModel with " + key + " " +
+                                         (computed ? "true" : "false"));
+    }
+  };
+  // transformers' names for 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+  const auto act = j.find("activation_function");
+  if (act != j.end() && *act != "gelu_new" && *act != "gelu_pytorch_tanh" && *act != "gelu_fast") {
+    fail(ErrorKind::kInvalidInput, where + ": activation_function is " + value_excerpt(*act) +
+                                       ", expected \"gelu_new\" (GPT-2's tanh approximation of GELU)");
+  }
+  const auto eps = j.find("layer_norm_epsilon");
+  if (eps != j.end() && !(eps->is_number() && std::abs(eps->get<double>() - 1e-5) <= 1e-12)) {
+    fail(ErrorKind::kInvalidInput,
+         where + ": layer_norm_epsilon is " + value_excerpt(*eps) + ", expected 1e-05 (the gpt2 family's LayerNorm)");
+  }
+  boolean("scale_attn_weights", true);
+  boolean("scale_attn_by_inverse_layer_idx", false);
+  boolean("tie_word_embeddings", true);
+  boolean("add_cross_attention", false);
+}
+
+}  // namespace
 
 nlohmann::json hf_config_json(const GptConfig& c, const std::string& torch_dtype) {
   // Dropouts are 0: shardkit trains without dropout, and inference does not use it.
@@ -38,6 +77,7 @@ GptConfig config_from_hf(const nlohmann::json& j, const std::string& where) {
   if (j.contains("model_type") && j["model_type"] != "gpt2") {
     fail(ErrorKind::kInvalidInput, where + ": model_type is " + value_excerpt(j["model_type"]) + ", expected \"gpt2\"");
   }
+  refuse_what_the_family_does_not_compute(j, where);
   nlohmann::json fields = j;
   if (!fields.contains("n_positions") && fields.contains("n_ctx")) fields["n_positions"] = fields["n_ctx"];
   GptConfig c = config_from_json(fields, where);

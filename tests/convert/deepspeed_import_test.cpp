@@ -205,6 +205,18 @@ TEST_F(DeepSpeedImport, WithoutModelTheConfigJsonOrTheCheckpointNamesTheTensors)
     EXPECT_EQ(reader.tensors().size(), model::resolve_model("llama-tiny")->table().size());
     std::filesystem::remove_all(r.output);
   }
+  // A config.json of a known model_type that asks for what its family does not compute: the tensors
+  // as the files give them, as without one (`--model` would name the field).
+  nlohmann::json gelu = model::resolve_model("llama-tiny")->hf_config("float32");
+  gelu["hidden_act"] = "gelu";
+  std::ofstream(run / "config.json") << gelu.dump();
+  r.source = run;
+  {
+    const convert::CheckpointImportResult result = convert::import_checkpoint(r, options());
+    ckpt::CheckpointReader reader(result.step_dir);
+    EXPECT_EQ(reader.manifest().model["family"], "external");
+    std::filesystem::remove_all(r.output);
+  }
   std::ofstream(run / "config.json") << model::resolve_model("llama-tiny")->hf_config("float32").dump();
   for (const std::filesystem::path& source : {run, run / "global_step9"}) {
     r.source = source;

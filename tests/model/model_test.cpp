@@ -188,6 +188,61 @@ TEST(Model, WhatTheLlamaFamilyDoesNotComputeIsRefusedByName) {
   }
 }
 
+// The config.json of OpenAI's gpt2 on the Hugging Face hub, as transformers writes it (dropouts 0.1:
+// shardkit trains without dropout, which does not change the model's shapes or its inference).
+nlohmann::json gpt2_hub() {
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"activation_function", "gelu_new"},
+          {"attn_pdrop", 0.1},
+          {"embd_pdrop", 0.1},
+          {"resid_pdrop", 0.1},
+          {"initializer_range", 0.02},
+          {"layer_norm_epsilon", 1e-05},
+          {"n_ctx", 1024},
+          {"n_embd", 768},
+          {"n_head", 12},
+          {"n_layer", 12},
+          {"n_positions", 1024},
+          {"summary_activation", nullptr},
+          {"summary_first_dropout", 0.1},
+          {"summary_proj_to_labels", true},
+          {"summary_type", "cls_index"},
+          {"summary_use_proj", true},
+          {"vocab_size", 50257}};
+}
+
+TEST(Model, WhatTheGpt2FamilyDoesNotComputeIsRefusedByName) {
+  EXPECT_EQ(model::model_from_hf_config(gpt2_hub(), "config.json")->architecture(),
+            model::resolve_model("gpt2")->architecture());
+  auto with = [](const char* key, nlohmann::json value) {
+    nlohmann::json j = gpt2_hub();
+    j[key] = std::move(value);
+    return j;
+  };
+  for (const char* same : {"gelu_pytorch_tanh", "gelu_fast"}) {
+    EXPECT_EQ(model::model_from_hf_config(with("activation_function", same), "config.json")->architecture(),
+              model::resolve_model("gpt2")->architecture())
+        << same;
+  }
+  const std::pair<nlohmann::json, std::string> cases[] = {
+      {with("activation_function", "gelu"), "activation_function is \"gelu\""},
+      {with("activation_function", "relu"), "activation_function is \"relu\""},
+      {with("layer_norm_epsilon", 1e-6), "layer_norm_epsilon is 1e-06"},
+      {with("layer_norm_epsilon", "small"), "layer_norm_epsilon is \"small\""},
+      {with("scale_attn_weights", false), "scale_attn_weights is false"},
+      {with("scale_attn_by_inverse_layer_idx", true), "scale_attn_by_inverse_layer_idx is true"},
+      {with("tie_word_embeddings", false), "tie_word_embeddings is false"},
+      {with("add_cross_attention", true), "add_cross_attention is true"},
+      {with("add_cross_attention", 1), "'add_cross_attention' is 1, expected true or false"},
+      {with("n_inner", 1000), "n_inner other than 4 * n_embd"},
+  };
+  for (const auto& [config, fragment] : cases) {
+    expect_error(
+        ErrorKind::kInvalidInput, [&] { model::model_from_hf_config(config, "config.json"); }, fragment);
+  }
+}
+
 TEST(Model, Llama3ScalingKeepsHighFrequenciesStretchesLowOnesAndBlendsBetween) {
   const model::llama::LlamaConfig c = *model::llama::config_of(*model::resolve_model("llama-3.2-1b"));
   const std::vector<float> scaled = model::llama::rope_inv_freq(c);
