@@ -187,4 +187,18 @@ int64_t integer_field(const json& object, std::string_view key, const std::strin
   return checked_integer(*it, where, key, lo, hi, kind);
 }
 
+bool checked_boolean(const json& value, const std::string& what, std::string_view key, ErrorKind kind) {
+  if (!value.is_boolean()) {
+    fail(kind, what + " '" + std::string(key) + "' is " + value_excerpt(value) + ", expected true or false");
+  }
+  return value.get<bool>();
+}
+
+std::optional<bool> optional_boolean_field(const json& object, std::string_view key, const std::string& what,
+                                           ErrorKind kind) {
+  const auto it = object.is_object() ? object.find(key) : object.end();
+  if (it == object.end() || it->is_null()) return std::nullopt;
+  return checked_boolean(*it, what, key, kind);
+}
+
 }  // namespace shardkit

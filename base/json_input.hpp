@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -71,5 +72,12 @@ int64_t checked_integer(const nlohmann::json& value, const std::string& where, s
 // The same for the field `key` of `object`, which must be an object holding it.
 int64_t integer_field(const nlohmann::json& object, std::string_view key, const std::string& where, int64_t lo,
                       int64_t hi, ErrorKind kind);
+
+// The boolean `value` of field `key`: Error(kind) "<what> '<key>' is <value>, expected true or false"
+// for anything else.
+bool checked_boolean(const nlohmann::json& value, const std::string& what, std::string_view key, ErrorKind kind);
+// The boolean field `key` of `object`, nullopt where it is absent or null.
+std::optional<bool> optional_boolean_field(const nlohmann::json& object, std::string_view key, const std::string& what,
+                                           ErrorKind kind);
 
 }  // namespace shardkit

@@ -1,6 +1,7 @@
 #include "model/gpt2/hf.hpp"
 
 #include <cmath>
+#include <optional>
 
 #include "base/error.hpp"
 #include "base/json_input.hpp"
@@ -14,13 +15,8 @@ namespace {
 // trains without it (README), and inference does not use it.
 void refuse_what_the_family_does_not_compute(const nlohmann::json& j, const std::string& where) {
   const auto boolean = [&](const char* key, bool computed) {
-    const auto it = j.find(key);
-    if (it == j.end() || it->is_null()) return;
-    if (!it->is_boolean()) {
-      fail(ErrorKind::kInvalidInput,
-           where + ": model field '" + key + "' is " + value_excerpt(*it) + ", expected true or false");
-    }
-    if (it->get<bool>() != computed) {
+    const std::optional<bool> value = optional_boolean_field(j, key, where + ": model field", ErrorKind::kInvalidInput);
+    if (value && *value != computed) {
       fail(ErrorKind::kInvalidInput, where + ": " + key + " is " + (computed ? "false" : "true") +
                                          "; the gpt2 family computes GPT2LMHeadModel with " + key + " " +
                                          (computed ? "true" : "false"));

@@ -60,11 +60,7 @@ class Fields {
       if (!defaults_) missing(key);
       return fallback;
     }
-    if (!j_[key].is_boolean()) {
-      fail(ErrorKind::kInvalidInput,
-           where_ + ": model field '" + key + "' is " + value_excerpt(j_[key]) + ", expected true or false");
-    }
-    return j_[key].get<bool>();
+    return checked_boolean(j_[key], where_ + ": model field", key, ErrorKind::kInvalidInput);
   }
   [[noreturn]] void missing(const char* key) const {
     fail(ErrorKind::kInvalidInput, where_ + ": model field '" + key + "' is missing");

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 #include <type_traits>
 
 #include "base/error.hpp"
@@ -51,107 +50,107 @@ class DecayCursor {
   ElementRange skip_;
 };
 
-// One element of AdamW, the same expressions as trainer/adamw.cpp's CPU update: without decay or l2
-// where `decays` is false.
-template <typename T>
-__device__ __forceinline__ void adamw_element(float& w, float& m, float& v, float grad, T* param, bool decays,
-                                              const AdamWCoefficients& c) {
-  const float decay = decays ? c.decay : 0.0f, l2 = decays ? c.l2 : 0.0f;
-  const float g = grad * c.grad_multiplier + l2 * w;
-  m = c.beta1 * m + (1.0f - c.beta1) * g;
-  v = c.beta2 * v + (1.0f - c.beta2) * g * g;
-  const float denom = sqrtf(v) * c.inv_sqrt_bc2 + c.eps;
-  float wi = w - decay * w;
-  wi -= c.step_size * m / denom;
-  w = wi;
-  if (param) *param = from_float<T>(wi);
-}
+// One element of AdamW, the same expressions as trainer/adamw.cpp's CPU update, on its states
+// (master weight, exp_avg, exp_avg_sq): without decay or l2 where `decays` is false.
+struct AdamWElement {
+  static constexpr int kStates = 3;
+  AdamWCoefficients c;
+  template <typename T>
+  __device__ __forceinline__ void operator()(float (&s)[kStates], float grad, T* param, bool decays) const {
+    float &w = s[0], &m = s[1], &v = s[2];
+    const float decay = decays ? c.decay : 0.0f, l2 = decays ? c.l2 : 0.0f;
+    const float g = grad * c.grad_multiplier + l2 * w;
+    m = c.beta1 * m + (1.0f - c.beta1) * g;
+    v = c.beta2 * v + (1.0f - c.beta2) * g * g;
+    const float denom = sqrtf(v) * c.inv_sqrt_bc2 + c.eps;
+    float wi = w - decay * w;
+    wi -= c.step_size * m / denom;
+    w = wi;
+    if (param) *param = from_float<T>(wi);
+  }
+};
 
-// One element of Lion, as trainer/lion.cpp's CPU update: no decay where `decays` is false.
-template <typename T>
-__device__ __forceinline__ void lion_element(float& w, float& m, float grad, T* param, bool decays,
-                                             const LionCoefficients& c) {
-  const float keep = decays ? c.keep : 1.0f;
-  const float g = grad * c.grad_multiplier;
-  const float u = c.beta1 * m + (1.0f - c.beta1) * g;
-  const float sign = static_cast<float>((u > 0.0f) - (u < 0.0f));
-  w = w * keep - c.lr * sign;
-  m = c.beta2 * m + (1.0f - c.beta2) * g;
-  if (param) *param = from_float<T>(w);
-}
+// One element of Lion, as trainer/lion.cpp's CPU update, on (master weight, exp_avg): no decay where
+// `decays` is false.
+struct LionElement {
+  static constexpr int kStates = 2;
+  LionCoefficients c;
+  template <typename T>
+  __device__ __forceinline__ void operator()(float (&s)[kStates], float grad, T* param, bool decays) const {
+    float &w = s[0], &m = s[1];
+    const float keep = decays ? c.keep : 1.0f;
+    const float g = grad * c.grad_multiplier;
+    const float u = c.beta1 * m + (1.0f - c.beta1) * g;
+    const float sign = static_cast<float>((u > 0.0f) - (u < 0.0f));
+    w = w * keep - c.lr * sign;
+    m = c.beta2 * m + (1.0f - c.beta2) * g;
+    if (param) *param = from_float<T>(w);
+  }
+};
+
+template <int N>
+struct States {
+  float* at[N];
+};
 
 // The update kernels are memory-bound: each thread of one wave (gridDim x blockDim threads, all
 // resident) walks packs of W adjacent elements, so that each of its loads moves 16 bytes and the no-decay
-// table is bisected once per thread, not once per element. The `n % W` elements past the last pack, if
-// any, are the first thread's.
-template <int W>
-struct PackWalk {
-  int64_t first, stride, packed;
-  __device__ explicit PackWalk(int64_t n)
-      : first((blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * W),
-        stride(int64_t{gridDim.x} * blockDim.x * W),
-        packed(n / W * W) {}
-  __device__ bool first_thread() const { return first == 0; }
-};
-
-template <int W, typename T>
-__global__ void adamw_kernel(float* w, float* m, float* v, const float* grad, T* params, int64_t n, AdamWCoefficients c,
-                             NoDecayRanges nd) {
-  const PackWalk<W> walk(n);
-  DecayCursor cursor(nd, nd.origin + walk.first);
-  for (int64_t i = walk.first; i < walk.packed; i += walk.stride) {
-    Vec<float, W> wv = load_vec<W>(w + i), mv = load_vec<W>(m + i), vv = load_vec<W>(v + i);
+// table is bisected once per thread, not once per element; `update` (an element of an optimizer) runs
+// on each element's states in registers. The `n % W` elements past the last pack, if any, are the
+// first thread's.
+template <int W, typename T, typename Element>
+__global__ void update_kernel(States<Element::kStates> states, const float* grad, T* params, int64_t n, Element update,
+                              NoDecayRanges nd) {
+  constexpr int kStates = Element::kStates;
+  const int64_t first = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) * W;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x * W, packed = n / W * W;
+  DecayCursor cursor(nd, nd.origin + first);
+  for (int64_t i = first; i < packed; i += stride) {
+    Vec<float, W> sv[kStates];
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) sv[k] = load_vec<W>(states.at[k] + i);
     const Vec<float, W> gv = load_vec<W>(grad + i);
     Vec<T, W> pv;
 #pragma unroll
     for (int e = 0; e < W; ++e) {
-      adamw_element(wv.v[e], mv.v[e], vv.v[e], gv.v[e], &pv.v[e], cursor.decays(nd.origin + i + e), c);
-    }
-    store_vec(w + i, wv);
-    store_vec(m + i, mv);
-    store_vec(v + i, vv);
-    if (params) store_vec(params + i, pv);
-  }
-  if (!walk.first_thread()) return;
-  for (int64_t i = walk.packed; i < n; ++i) {  // the thread's positions still ascend
-    adamw_element(w[i], m[i], v[i], grad[i], params ? params + i : nullptr, cursor.decays(nd.origin + i), c);
-  }
-}
-
-template <int W, typename T>
-__global__ void lion_kernel(float* w, float* m, const float* grad, T* params, int64_t n, LionCoefficients c,
-                            NoDecayRanges nd) {
-  const PackWalk<W> walk(n);
-  DecayCursor cursor(nd, nd.origin + walk.first);
-  for (int64_t i = walk.first; i < walk.packed; i += walk.stride) {
-    Vec<float, W> wv = load_vec<W>(w + i), mv = load_vec<W>(m + i);
-    const Vec<float, W> gv = load_vec<W>(grad + i);
-    Vec<T, W> pv;
+      float s[kStates];
 #pragma unroll
-    for (int e = 0; e < W; ++e) {
-      lion_element(wv.v[e], mv.v[e], gv.v[e], &pv.v[e], cursor.decays(nd.origin + i + e), c);
+      for (int k = 0; k < kStates; ++k) s[k] = sv[k].v[e];
+      update(s, gv.v[e], &pv.v[e], cursor.decays(nd.origin + i + e));
+#pragma unroll
+      for (int k = 0; k < kStates; ++k) sv[k].v[e] = s[k];
     }
-    store_vec(w + i, wv);
-    store_vec(m + i, mv);
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) store_vec(states.at[k] + i, sv[k]);
     if (params) store_vec(params + i, pv);
   }
-  if (!walk.first_thread()) return;
-  for (int64_t i = walk.packed; i < n; ++i) {
-    lion_element(w[i], m[i], grad[i], params ? params + i : nullptr, cursor.decays(nd.origin + i), c);
+  if (first != 0) return;
+  for (int64_t i = packed; i < n; ++i) {  // the first thread's positions still ascend
+    float s[kStates];
+    for (int k = 0; k < kStates; ++k) s[k] = states.at[k][i];
+    update(s, grad[i], params ? params + i : nullptr, cursor.decays(nd.origin + i));
+    for (int k = 0; k < kStates; ++k) states.at[k][i] = s[k];
   }
 }
 
-constexpr int kUpdateThreads = 256;
-
-// Calls launch(std::integral_constant<int, W>{}) with W = 4 (16 bytes of fp32) where every fp32
-// pointer is 16-byte aligned and `params` (null or) aligned to 4 of T, else with W = 1.
-template <typename T, typename Launch>
-void launch_packed(const T* params, std::initializer_list<const float*> states, Launch&& launch) {
-  constexpr int kPack = 4;
-  const bool aligned =
-      std::ranges::all_of(states, [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }) &&
-      reinterpret_cast<uintptr_t>(params) % (kPack * sizeof(T)) == 0;
-  if (aligned) {
+// Launches update_kernel over [0, n) with W = 4 (16 bytes of fp32) where every fp32 pointer is 16-byte
+// aligned and `params` (null or) aligned to 4 of T, else with W = 1, in one wave of 256-thread blocks.
+template <typename T, typename Element>
+void launch_update(const Element& update, States<Element::kStates> states, const float* grad, T* params, int64_t n,
+                   NoDecayRanges no_decay, cudaStream_t st) {
+  if (n == 0) return;
+  // Without weight decay every element takes the same update: the table is not read.
+  if (!update.c.decays()) no_decay.count = 0;
+  constexpr int kPack = 4, kThreads = 256;
+  const auto aligned16 = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool packed = std::ranges::all_of(states.at, aligned16) && aligned16(grad) &&
+                      reinterpret_cast<uintptr_t>(params) % (kPack * sizeof(T)) == 0;
+  const auto launch = [&](auto pack) {
+    const auto kernel = update_kernel<pack(), T, Element>;
+    const int blocks = resident_blocks_for(kernel, kThreads, (n + pack() - 1) / pack());
+    kernel<<<blocks, kThreads, 0, st>>>(states, grad, params, n, update, no_decay);
+  };
+  if (packed) {
     launch(std::integral_constant<int, kPack>{});
   } else {
     launch(std::integral_constant<int, 1>{});
@@ -164,26 +163,13 @@ void launch_packed(const T* params, std::initializer_list<const float*> states, 
 template <typename T>
 void adamw(float* master, float* exp_avg, float* exp_avg_sq, const float* grad, T* params, int64_t n,
            const AdamWCoefficients& c, NoDecayRanges no_decay, cudaStream_t st) {
-  if (n == 0) return;
-  // Without weight decay every element takes the same update: the table is not read.
-  if (!c.decays()) no_decay.count = 0;
-  launch_packed(params, {master, exp_avg, exp_avg_sq, grad}, [&](auto pack) {
-    const auto kernel = adamw_kernel<pack(), T>;
-    const int blocks = resident_blocks_for(kernel, kUpdateThreads, (n + pack() - 1) / pack());
-    kernel<<<blocks, kUpdateThreads, 0, st>>>(master, exp_avg, exp_avg_sq, grad, params, n, c, no_decay);
-  });
+  launch_update(AdamWElement{c}, States<3>{{master, exp_avg, exp_avg_sq}}, grad, params, n, no_decay, st);
 }
 
 template <typename T>
 void lion(float* master, float* exp_avg, const float* grad, T* params, int64_t n, const LionCoefficients& c,
           NoDecayRanges no_decay, cudaStream_t st) {
-  if (n == 0) return;
-  if (!c.decays()) no_decay.count = 0;
-  launch_packed(params, {master, exp_avg, grad}, [&](auto pack) {
-    const auto kernel = lion_kernel<pack(), T>;
-    const int blocks = resident_blocks_for(kernel, kUpdateThreads, (n + pack() - 1) / pack());
-    kernel<<<blocks, kUpdateThreads, 0, st>>>(master, exp_avg, grad, params, n, c, no_decay);
-  });
+  launch_update(LionElement{c}, States<2>{{master, exp_avg}}, grad, params, n, no_decay, st);
 }
 
 template <typename T>
