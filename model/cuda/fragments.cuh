@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "model/cuda/exp2_poly.hpp"
+
 namespace shardkit::model::cuda {
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -106,8 +108,10 @@ struct OnlineSoftmax {
   // Scores s (16 x 8 N8, raw, keys k0.. in columns) become probabilities under the new running
   // maximum, and the running sum is moved to it and grows by them; with kMasked, keys after the row
   // (key > row) get probability 0. The output accumulated so far is the caller's to rescale (the
-  // Hopper kernel does it once the product still adding to it has finished).
-  template <bool kMasked, int N8>
+  // Hopper kernel does it once the product still adding to it has finished). With kPolyEvery = k > 0,
+  // every k-th column group of an unmasked tile takes exp2_poly (the FMA pipe) instead of the
+  // special-function unit.
+  template <bool kMasked, int kPolyEvery = 0, int N8>
   __device__ __forceinline__ Rescale probabilities(float (&s)[N8][4], int k0, int row0, float scale_log2) {
     const int t = threadIdx.x % 4;
     float mx[2] = {-INFINITY, -INFINITY};
@@ -134,12 +138,15 @@ struct OnlineSoftmax {
       ms[r] = mn * scale_log2;
       l[r] *= rescale.c[r];
     }
+    constexpr int kEvery = kMasked || kPolyEvery <= 0 ? N8 + 1 : kPolyEvery;  // N8 + 1: none
 #pragma unroll
     for (int n = 0; n < N8; ++n) {
+      const bool poly = n % kEvery == kEvery - 1;  // a constant once unrolled: one of the two is compiled
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        s[n][i] = exp2_ftz(fmaf(s[n][i], scale_log2, -ms[0]));
-        s[n][2 + i] = exp2_ftz(fmaf(s[n][2 + i], scale_log2, -ms[1]));
+        const float x0 = fmaf(s[n][i], scale_log2, -ms[0]), x1 = fmaf(s[n][2 + i], scale_log2, -ms[1]);
+        s[n][i] = poly ? exp2_poly(x0) : exp2_ftz(x0);
+        s[n][2 + i] = poly ? exp2_poly(x1) : exp2_ftz(x1);
         l[0] += s[n][i];
         l[1] += s[n][2 + i];
       }

@@ -98,6 +98,11 @@ struct QueryBlock {
 // ---------------------------------------------------------------------------------------------------
 // Forward: a block owns kOwned query rows of one (batch, head) and streams key/value tiles of kKeys.
 constexpr int kForwardKeys = 128;
+// At head size 64 a tile's two products take about as many cycles as its exponentials take on the
+// special-function unit: every kPolyExp2Every-th column group of an unmasked tile computes them on the
+// FMA pipe instead (exp2_poly). At 128 the products take twice as long and the unit keeps up.
+template <int HS>
+constexpr int kPolyExp2Every = HS == 64 ? 4 : 0;
 
 template <int HS>
 using ForwardLayout = Layout<HS, 1, kForwardKeys>;  // q; rings of k and v
@@ -135,7 +140,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         auto probabilities = [&](float(&s)[kKeys / 8][4], int j) {
           OnlineSoftmax::Rescale rescale{};
           with_causal_mask(j == tiles - 1, [&](auto masked) {
-            rescale = softmax.probabilities<masked()>(s, j * kKeys, r.row0, scale_log2);
+            rescale = softmax.probabilities<masked(), kPolyExp2Every<HS>>(s, j * kKeys, r.row0, scale_log2);
           });
           return rescale;
         };
