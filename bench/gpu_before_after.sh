@@ -11,6 +11,8 @@
 # --kv-heads-ratio 8"). KERNELS=1 then times each model's step kernels with both builds'
 # shardkit_gpu_kernels_bench (GPT-2 at 16 x 1024, Llama presets at 4 x 2048, the training runs' shapes),
 # twice each, alternating, and prints every kernel's ms a step side by side with after / before.
+# BUILD_ONLY=before builds the other tree alone and stops (scripts/gpu-cuda-check.sh does it while its
+# tests run, so that its later call here finds both builds made).
 # Usage: bench/gpu_before_after.sh BEFORE_SRC [MODEL...]   (models default: gpt2 tinyllama-1.1b)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +30,10 @@ build() {  # build <tree>: the two trees build at once (their compilers share th
       $([ "${KERNELS:-0}" != 0 ] && echo shardkit_gpu_kernels_bench); } > "$log" 2>&1 ||
     { echo "build failed: $1 (see $log)"; return 1; }
 }
+if [ "${BUILD_ONLY:-}" = before ]; then
+  build "$before"
+  exit
+fi
 build . &
 after_build=$!
 build "$before" &

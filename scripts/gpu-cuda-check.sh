@@ -26,6 +26,10 @@
 # attention tests (Sm90Probes, HopperAttention: each ends its process if a kernel hangs), then the
 # attention table, the sm_90 kernels' times from Nsight Compute, and the step's kernels at GPT-2's and
 # tinyllama's shapes with either attention.
+# BEFORE=<tree> (another commit's files: `git archive <commit> | tar -x -C .before`) builds that tree
+# while the tests run and, after them, times its kernels and this tree's in the same processes
+# (bench/gpu_before_after.sh: the attention at BEFORE_ATTENTION_ARGS, default 2k tokens, then every
+# kernel of GPT-2's and tinyllama's steps; BEFORE_ROUNDS=n adds n alternating training runs a model).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
@@ -38,10 +42,14 @@ if ! pkg-config --exists liburing && [ -d build-deps/liburing ]; then
   export PKG_CONFIG_PATH=$PWD/build-deps/liburing/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 fi
 gpus=$(nvidia-smi --list-gpus | wc -l)
+if [ -n "${BEFORE:-}" ] && [ "${HOPPER:-0}" = 0 ]; then
+  BUILD_ONLY=before ATTENTION=1 KERNELS=1 nice bench/gpu_before_after.sh "$BEFORE" > "$out/before-build.log" 2>&1 &
+  before_build=$!
+fi
 
 if [ "${HOPPER:-0}" != 0 ]; then
   log "sm_90 kernels: build"
-  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSHARDKIT_BUILD_TESTS=ON > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
   cmake --build build-gpu -j"$(nproc)" --target shardkit_cuda_kernel_tests shardkit_attention_abi \
     shardkit_gpu_kernels_bench > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
   for suite in Sm90Probes HopperAttention; do
@@ -79,7 +87,7 @@ if [ "${HOPPER:-0}" != 0 ]; then
 fi
 
 log "build ($gpus GPU(s))"
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSHARDKIT_BUILD_TESTS=ON > "$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
 # Only what this script runs: the CPU test binaries would double the build.
 cmake --build build-gpu -j"$(nproc)" --target shardkit shardkit_cuda_tests shardkit_cuda_kernel_tests \
   shardkit_cuda_cli_tests shardkit_gpu_kernels_bench shardkit_gpu_comm_bench shardkit_attention_abi > "$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -30; exit 1; }
@@ -88,6 +96,16 @@ echo "build ok"
 if [ "${TESTS:-1}" != 0 ]; then
   log "CUDA tests"
   (cd build-gpu && ctest -L cuda --output-on-failure --timeout 900 > "$out/ctest-cuda.log" 2>&1; grep -E "Passed|Failed|Skipped|Failure|Expected|Which|error|rror" "$out/ctest-cuda.log" | head -60)
+fi
+
+if [ -n "${BEFORE:-}" ]; then
+  log "this tree against $BEFORE: attention and step kernels (bench/gpu_before_after.sh)"
+  if wait "$before_build"; then
+    ATTENTION=1 ATTENTION_ARGS="${BEFORE_ATTENTION_ARGS:---seqs 2048}" KERNELS=1 ROUNDS="${BEFORE_ROUNDS:-0}" \
+      timeout 900 bench/gpu_before_after.sh "$BEFORE" 2>&1 | tee "$out/before-after.txt"
+  else
+    tail -5 "$out/before-build.log"
+  fi
 fi
 
 if [ "${SPEED:-1}" != 0 ]; then
