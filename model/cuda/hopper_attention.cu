@@ -100,9 +100,11 @@ struct QueryBlock {
 constexpr int kForwardKeys = 128;
 // At head size 64 a tile's two products take about as many cycles as its exponentials take on the
 // special-function unit: every kPolyExp2Every-th column group of an unmasked tile computes them on the
-// FMA pipe instead (exp2_poly). At 128 the products take twice as long and the unit keeps up.
+// FMA pipe instead (exp2_poly). The FMA pipe carries the rest of the softmax too: past about one
+// group in eight it becomes the bound (the share is chosen by measurement, bench/RESULTS.md). At 128
+// the products take twice as long and the unit keeps up.
 template <int HS>
-constexpr int kPolyExp2Every = HS == 64 ? 4 : 0;
+constexpr int kPolyExp2Every = HS == 64 ? 8 : 0;
 
 template <int HS>
 using ForwardLayout = Layout<HS, 1, kForwardKeys>;  // q; rings of k and v
