@@ -167,10 +167,14 @@ TEST(TrainMpi, LionTrainsAtEveryStageAndResumesOnlyAsLion) {
 }
 
 // Activation checkpointing changes where activations live, not what is computed: at every stage the
-// losses, learning rates and loss scales are the same bits with it (from the config's section or the
-// command line's flag) as without.
+// losses, learning rates and loss scales are the same bits with it (from the config's section, and at
+// stage 3 from the command line's flag) as without.
 TEST(TrainMpi, ActivationCheckpointingTrainsBitForBitLikeKeepingEveryActivation) {
   comm::MpiCollective world(MPI_COMM_WORLD);
+  // What a rank recomputes does not depend on the world size; what several ranks add is stage 3
+  // gathering a block's parameters again for its recomputation. One rank gathers nothing, and
+  // EveryStageMatchesOneRankAtStage0 covers its stages.
+  if (world.size() == 1) GTEST_SKIP() << "activation checkpointing is checked on 2 or more ranks";
   Workspace ws(world);
   for (const std::string& model : ws.models(true)) {
     for (int stage = 0; stage <= 3; ++stage) {
@@ -181,7 +185,10 @@ TEST(TrainMpi, ActivationCheckpointingTrainsBitForBitLikeKeepingEveryActivation)
       TrainOptions from_config = options(ws.write_json(name + "-ac.json", with_section), ws / "tokens.bin", 4, model);
       TrainOptions from_flag = options(ws.config(stage, name), ws / "tokens.bin", 4, model);
       from_flag.activation_checkpointing = true;
-      for (const TrainOptions& o : {from_config, from_flag}) {
+      // The flag only sets what the section sets: one stage (the one that gathers) checks it trains alike.
+      std::vector<TrainOptions> runs = {from_config};
+      if (stage == 3) runs.push_back(from_flag);
+      for (const TrainOptions& o : runs) {
         const std::vector<StepRecord> recomputed = train(world, o);
         const std::string what = model + ", stage " + std::to_string(stage) + ", " + o.config.filename().string() +
                                  (o.activation_checkpointing ? " and the flag" : "");
@@ -230,6 +237,9 @@ TEST(TrainMpi, ResumeAtTheSameWorldSizeAndStageIsBitExact) {
 
 TEST(TrainMpi, ResumeAtAnotherWorldSizeAndStageContinuesTheRun) {
   comm::MpiCollective world(MPI_COMM_WORLD);
+  // On one rank every resume below is at the same world size, where one rank holds every partition
+  // whole at any stage: ResumeAtTheSameWorldSizeAndStageIsBitExact's case.
+  if (world.size() == 1) GTEST_SKIP() << "resuming at another world size needs 2 or more ranks";
   Workspace ws(world);
   for (const std::string& model : ws.models()) {
     // This world at stage 2 -> one rank at stage 3.
