@@ -42,8 +42,9 @@ class Workspace : public testing::SharedDir {
     // A dynamic loss scale that grows every 4 steps without an overflow: it changes during a short run.
     if (precision == "fp16") j["fp16"] = {{"enabled", true}, {"initial_scale_power", 10}, {"loss_scale_window", 4}};
     if (offload) j["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
-    j["zero_optimization"].update(zero);
-    j.update(top);
+    // A braced {} argument arrives as a JSON null, which update() refuses: it means no settings.
+    if (!zero.is_null()) j["zero_optimization"].update(zero);
+    if (!top.is_null()) j.update(top);
     return write_json(name + ".json", j);
   }
 };
@@ -218,20 +219,16 @@ TEST(CudaTrain, LionFollowsTheCpuReferenceOnTheDeviceAndOffloaded) {
   Workspace ws(world);
   const nlohmann::json lion = {
       {"optimizer", {{"type", "Lion"}, {"params", {{"lr", 1e-4}, {"betas", {0.9, 0.99}}, {"weight_decay", 0.1}}}}}};
-  // No ZeRO settings beside the stage: an empty object (a braced {} would be a JSON null, which the
-  // config's update() refuses).
-  const auto cpu = train(world, options(ws.config(0, "fp32", "lion-cpu", false, nlohmann::json::object(), lion),
-                                        ws / "tokens.bin", 8, "cpu"));
+  const auto cpu =
+      train(world, options(ws.config(0, "fp32", "lion-cpu", false, {}, lion), ws / "tokens.bin", 8, "cpu"));
   for (int stage = 0; stage <= 3; ++stage) {
     const std::string s = std::to_string(stage);
     const auto on_gpu =
-        train(world, options(ws.config(stage, "fp32", "lion-gpu" + s, false, nlohmann::json::object(), lion),
-                             ws / "tokens.bin", 8, "cuda"));
+        train(world, options(ws.config(stage, "fp32", "lion-gpu" + s, false, {}, lion), ws / "tokens.bin", 8, "cuda"));
     expect_close(on_gpu, cpu, 0, 1e-4, "Lion on the GPU, stage " + s);
     if (stage == 0) continue;  // offload_optimizer is a ZeRO setting: stages 1-3
     const auto offloaded =
-        train(world, options(ws.config(stage, "fp32", "lion-off" + s, true, nlohmann::json::object(), lion),
-                             ws / "tokens.bin", 8, "cuda"));
+        train(world, options(ws.config(stage, "fp32", "lion-off" + s, true, {}, lion), ws / "tokens.bin", 8, "cuda"));
     expect_close(offloaded, on_gpu, 0, 1e-5, "Lion offloaded, stage " + s);
   }
 }
