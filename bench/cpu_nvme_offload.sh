@@ -5,15 +5,16 @@
 # memory (/usr/bin/time), the median step after the first, and whether its losses equal the first
 # setting's bit for bit (they must: the swap moves bytes, not arithmetic). Prints one JSON line per
 # setting, then a table.
-# Usage: bench/cpu_nvme_offload.sh [DIR] (default: a temporary folder under /tmp; SK=path/to/shardkit)
+# Usage: bench/cpu_nvme_offload.sh [DIR] (the disk to swap to: a folder of its own is made in DIR,
+# default /tmp, and removed at the end; SK=path/to/shardkit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sk=${SK:-build/shardkit}
 [ -x "$sk" ] || BUILD_TARGET=shardkit ./scripts/build.sh > /dev/null
-dir=${1:-$(mktemp -d /tmp/shardkit-nvme-XXXXXX)}
+mkdir -p "${1:-/tmp}"
+dir=$(mktemp -d "${1:-/tmp}/shardkit-nvme-XXXXXX")
 mb=${MB:-8}
 steps=${STEPS:-5}
-mkdir -p "$dir"
 "$sk" data encode samples/data/checkpoints.txt -o "$dir/text.bin" > /dev/null
 results=$(mktemp)
 
