@@ -5,14 +5,14 @@
 # same folder, measured alternately (each conversion right after its own dd, three rounds; the disk of a
 # VM varies by 2-3x from minute to minute, so the ratio of medians is the figure); peak memory (max
 # RSS) from GNU time. Prints JSON lines and a table.
-# Usage: bench/convert_bench.sh [DIR] [MAX_MEMORY]   (defaults: a folder under /tmp, 2GiB)
+# Usage: bench/convert_bench.sh [DIR] [MAX_MEMORY]   (defaults: /tmp, where a folder of its own is made; 2GiB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sk=${SK:-build/shardkit}
 [ -x "$sk" ] || ./scripts/build.sh >/dev/null
-dir=${1:-$(mktemp -d /tmp/shardkit-convert-bench-XXXXXX)}
+mkdir -p "${1:-/tmp}"  # DIR: where to work; the run makes a folder of its own in it and removes only that
+dir=$(mktemp -d "${1:-/tmp}/shardkit-convert-bench-XXXXXX") || exit 1
 max_memory=${2:-2GiB}
-mkdir -p "$dir"
 trap 'rm -rf "$dir"' EXIT
 
 "${PYTHON:-/usr/bin/python3}" bench/make_gpt2_weights.py "$dir/hf" 16 1024 16 50257 1024

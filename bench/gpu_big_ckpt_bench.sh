@@ -20,13 +20,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 sk=${SK:-build-gpu/shardkit}
-dir=${1:-/tmp/gpu-big-ckpt}
+mkdir -p "${1:-/tmp}"  # DIR: where to work; the run makes a folder of its own in it and removes only that
+dir=$(mktemp -d "${1:-/tmp}/shardkit-big-ckpt-XXXXXX") || exit 1
 layers=${LAYERS:-24}
 width=${WIDTH:-3072}
 mb=${MB:-4}
 shm=/dev/shm/shardkit-big-ckpt
-rm -rf "$dir" "$shm"
-mkdir -p "$dir" "$shm"
+rm -rf "$shm"
+mkdir -p "$shm"
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2> /dev/null || echo "(page cache could not be dropped)"; }
 seconds() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$1" "$(date +%s.%N)"; }
 

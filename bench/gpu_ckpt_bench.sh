@@ -16,13 +16,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 sk=${SK:-build-gpu/shardkit}
-dir=${1:-/tmp/gpu-ckpt}
+mkdir -p "${1:-/tmp}"  # DIR: where to work; the run makes a folder of its own in it and removes only that
+dir=$(mktemp -d "${1:-/tmp}/shardkit-gpu-ckpt-XXXXXX") || exit 1
 interval=${INTERVAL:-160}
 ranks=${RANKS:-2}
 stage=${STAGE:-3}
 mb=${MB:-8}
-rm -rf "$dir"
-mkdir -p "$dir"
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2> /dev/null || echo "(page cache could not be dropped)"; }
 now() { date +%s.%N; }
 

@@ -25,10 +25,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 sk=${SK:-build-gpu/shardkit}
-dir=${1:-/tmp/gpu-nvme}
+mkdir -p "${1:-/tmp}"  # DIR: where to work; the run makes a folder of its own in it and removes only that
+dir=$(mktemp -d "${1:-/tmp}/shardkit-gpu-nvme-XXXXXX") || exit 1
 mb=${MB:-8}
 block=${BLOCK:-8388608}
-rm -rf "$dir"
 mkdir -p "$dir/swap"
 python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 50257, 4_000_000).astype('<u2').tofile('$dir/tokens.bin')"
 states() {  # states <n_layer> <n_embd>: bytes of fp32 master weights and moments of a GPT-2 shape

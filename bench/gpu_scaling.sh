@@ -16,14 +16,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 sk=${SK:-build-gpu/shardkit}
-dir=${1:-/tmp/gpu-scaling}
+mkdir -p "${1:-/tmp}"  # DIR: where to work; the run makes a folder of its own in it and removes only that
+dir=$(mktemp -d "${1:-/tmp}/shardkit-gpu-scaling-XXXXXX") || exit 1
 model=${MODEL:-gpt2-xl}
 device=${DEVICE:-cuda}
 n=${GPUS:-$(nvidia-smi --list-gpus | wc -l)}
 micro=${MICRO:-8}
 k=${K:-6}
-rm -rf "$dir"
-mkdir -p "$dir"
 log() { printf '\n== %s\n' "$*"; }
 launch() {  # launch <ranks> <args...>
   local ranks=$1

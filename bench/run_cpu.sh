@@ -2,14 +2,14 @@
 # CPU checkpoint benchmarks of issue 2, in one run: XXH64 speed, a 1 GiB shard written into the page
 # cache and durably (1 rank), durably from 2 ranks, compressed, and dd's durable write of the same
 # size in the same folder for scale. Prints one JSON line per measurement, then a table.
-# Usage: bench/run_cpu.sh [DIR] (default: a temporary folder under /tmp).
+# Usage: bench/run_cpu.sh [DIR] (a folder of its own is made in DIR, default /tmp, and removed after).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 sk=build/shardkit
 [ -x "$sk" ] || ./scripts/build.sh >/dev/null
-dir=${1:-$(mktemp -d /tmp/shardkit-bench-XXXXXX)}
-mkdir -p "$dir"
+mkdir -p "${1:-/tmp}"  # DIR: where to work; the run makes a folder of its own in it and removes only that
+dir=$(mktemp -d "${1:-/tmp}/shardkit-bench-XXXXXX") || exit 1
 results=$(mktemp)
 
 record() { echo "{\"case\": \"$1\", \"result\": $2}" | tee -a "$results"; }
