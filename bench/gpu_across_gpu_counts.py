@@ -26,6 +26,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -87,9 +88,10 @@ def main():
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=32000, help="token ids are drawn below it (the model's vocabulary)")
     args = ap.parse_args()
-    sk, d, save_at = os.path.abspath(args.shardkit), args.dir, args.steps - 1
-    shutil.rmtree(d, ignore_errors=True)
-    os.makedirs(d)
+    # A folder of its own inside --dir, removed at the end: --dir's other contents are left alone.
+    os.makedirs(args.dir, exist_ok=True)
+    sk, save_at = os.path.abspath(args.shardkit), args.steps - 1
+    d = tempfile.mkdtemp(prefix="shardkit-across-", dir=args.dir)
     ids = np.random.default_rng(0).integers(0, args.vocab, 4_000_000, dtype=np.uint16)
     tokens = os.path.join(d, "tokens.bin")
     ids.tofile(tokens)
