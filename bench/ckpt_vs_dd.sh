@@ -12,9 +12,10 @@ cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 sk=$PWD/build/shardkit
 [ -x "$sk" ] || ./scripts/build.sh > /dev/null
-dir=${1:-$(mktemp -d /tmp/shardkit-ckpt-XXXXXX)}
+mkdir -p "${1:-/tmp}"  # DIR: where to work; the run makes a folder of its own in it and removes only that
+dir=$(mktemp -d "${1:-/tmp}/shardkit-ckpt-vs-dd-XXXXXX")
+trap 'rm -rf "$dir"' EXIT
 rounds=${2:-3}
-mkdir -p "$dir"
 results=$(mktemp)
 mpi() { mpirun -n 2 --oversubscribe --bind-to none "$@"; }
 
