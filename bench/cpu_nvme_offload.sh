@@ -13,14 +13,15 @@ sk=${SK:-build/shardkit}
 [ -x "$sk" ] || BUILD_TARGET=shardkit ./scripts/build.sh > /dev/null
 mkdir -p "${1:-/tmp}"
 dir=$(mktemp -d "${1:-/tmp}/shardkit-nvme-XXXXXX")
+results=$(mktemp)
+trap 'rm -rf "$dir" "$results"' EXIT
 mb=${MB:-8}
 steps=${STEPS:-5}
 "$sk" data encode samples/data/checkpoints.txt -o "$dir/text.bin" > /dev/null
-results=$(mktemp)
 
 run() {  # run <name> <offload_param device> <offload_optimizer device>
   local name=$1 swap=$dir/swap-$1
-  rm -rf "$swap" && mkdir -p "$swap"
+  mkdir "$swap"
   python3 - "$dir/$name.json" "$mb" "$2" "$3" "$swap" <<'PY'
 import json, sys
 path, mb, param, optimizer, swap = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
@@ -43,14 +44,13 @@ print(json.dumps({"case": name, "peak_rss_gb": int(open(rss).read().split()[-1])
                   "median_step_s": statistics.median(s["step_ms"] for s in steps[1:]) / 1e3,
                   "losses": [s["loss"] for s in steps], "losses_equal_none": same}))
 PY
-  rm -rf "$swap"
+  rm -rf "$swap"  # each run's swap files go before the next run's are made
 }
 
 run none none none
 run param nvme none
 run optimizer none nvme
 run both nvme nvme
-rm -rf "$dir"
 
 echo
 python3 - "$results" <<'PY'
@@ -60,4 +60,3 @@ print(f"{'offloaded to nvme':20} {'peak RSS (GB)':>14} {'median step (s)':>16} {
 for r in rows:
     print(f"{r['case']:20} {r['peak_rss_gb']:14.2f} {r['median_step_s']:16.2f} {str(r['losses_equal_none']):>15}")
 PY
-rm -f "$results"
