@@ -18,6 +18,8 @@
 # (bench/gpu_eval_bench.py), checkpointing gpt2-xl at stage 1 (bench/gpu_ckpt_bench.sh), the optimizer
 # states on NVMe (bench/gpu_nvme_bench.sh) and a 2.88 B model's checkpoint (bench/gpu_big_ckpt_bench.sh),
 # with the commands README quotes; each step's output in $OUT/figures-*.txt.
+# POWER=1 adds what the GPU sustains under its power limit (bench/gpu_power_ceiling.py: cuBLAS's bf16
+# products in a burst and held, and the clock and power while tinyllama-1.1b trains).
 # STEP_PROFILE=1 adds every kernel of one training step of GPT-2 and tinyllama timed by Nsight Compute,
 # beside the step's time (bench/gpu_step_profile.sh).
 # ATTENTION=1 adds the attention kernels' TFLOP/s beside PyTorch's SDPA backends at 2k/4k/8k tokens and
@@ -211,6 +213,13 @@ if [[ $figures == *,bigckpt,* ]]; then
   log "a 2.88 B model's checkpoint on one GPU (bench/gpu_big_ckpt_bench.sh)"
   SK=build-gpu/shardkit timeout 900 bench/gpu_big_ckpt_bench.sh /tmp/gpu-big-ckpt 2>&1 |
     tee "$out/figures-bigckpt.txt" | tail -20
+fi
+
+if [ "${POWER:-0}" != 0 ]; then
+  log "what the GPU sustains under its power limit (bench/gpu_power_ceiling.py)"
+  timeout 180 python3 bench/gpu_power_ceiling.py 2>&1 | tee "$out/power.txt"
+  timeout 300 python3 bench/gpu_power_ceiling.py --during "python3 bench/gpu_vs_pytorch.py --shardkit build-gpu/shardkit \
+    --skip-pytorch --steps 30 --model tinyllama-1.1b" 2>&1 | tail -3 | tee -a "$out/power.txt"
 fi
 
 if [ "${STEP_PROFILE:-0}" != 0 ]; then
