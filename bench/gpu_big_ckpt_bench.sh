@@ -26,6 +26,7 @@ layers=${LAYERS:-24}
 width=${WIDTH:-3072}
 mb=${MB:-4}
 shm=/dev/shm/shardkit-big-ckpt
+trap 'rm -rf "$dir" "$shm"' EXIT  # also when a timeout ends the run: 35 GB on disk, more in memory
 rm -rf "$shm"
 mkdir -p "$shm"
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2> /dev/null || echo "(page cache could not be dropped)"; }
@@ -84,7 +85,6 @@ if [ "${OFFLOAD:-0}" != 0 ]; then
     grep -E "error" "$dir/train-$staging.txt" | head -3
     report "$dir/m-$staging.jsonl"
   done
-  rm -rf "$dir" "$shm"
   exit 0
 fi
 
@@ -113,4 +113,3 @@ start=$(date +%s.%N)
 "$sk" convert consolidate "$dir/run/$last" -o "$shm/export" --dtype bf16 -q | tail -1
 echo "consolidate to safetensors bf16 (into memory): $(seconds "$start") s"
 du -sh "$shm/export" | cut -f1
-rm -rf "$dir" "$shm"

@@ -18,6 +18,7 @@ export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 sk=${SK:-build-gpu/shardkit}
 mkdir -p "${1:-/tmp}"  # DIR: where to work; the run makes a folder of its own in it and removes only that
 dir=$(mktemp -d "${1:-/tmp}/shardkit-gpu-ckpt-XXXXXX") || exit 1
+trap 'rm -rf "$dir"' EXIT  # also when a timeout ends the run: its checkpoints are tens of GB
 interval=${INTERVAL:-160}
 ranks=${RANKS:-2}
 stage=${STAGE:-3}
@@ -109,4 +110,3 @@ print(f"    {'cross-check: held + next step slower':32} {blocked + slower:8.3f} 
 print(f"  {'cold read of the shards (floor)':34} {read_floor:8.2f} {size / read_floor / 1e9:6.2f}")
 print(f"  {f'load onto 1 GPU, stage {load_stage}':34} {load:8.2f} {size / load / 1e9:6.2f} {load / read_floor:8.2f} {'1.20':>6}")
 PY
-rm -rf "$dir"

@@ -27,6 +27,7 @@ export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 sk=${SK:-build-gpu/shardkit}
 mkdir -p "${1:-/tmp}"  # DIR: where to work; the run makes a folder of its own in it and removes only that
 dir=$(mktemp -d "${1:-/tmp}/shardkit-gpu-nvme-XXXXXX") || exit 1
+trap 'rm -rf "$dir"' EXIT  # also when a timeout ends the run: its swap files are tens of GB
 mb=${MB:-8}
 block=${BLOCK:-8388608}
 mkdir -p "$dir/swap"
@@ -148,4 +149,3 @@ if [ "${BIG:-0}" != 0 ]; then
   run big-nvme "$dir/big-model.json" 3 1 ", $swap"
   [ -f "$dir/big-nvme.row" ] && swap_traffic big-nvme "$big_bytes" "$big_bytes"
 fi
-rm -rf "$dir"

@@ -18,6 +18,7 @@ export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 sk=${SK:-build-gpu/shardkit}
 mkdir -p "${1:-/tmp}"  # DIR: where to work; the run makes a folder of its own in it and removes only that
 dir=$(mktemp -d "${1:-/tmp}/shardkit-gpu-scaling-XXXXXX") || exit 1
+trap 'rm -rf "$dir"' EXIT
 model=${MODEL:-gpt2-xl}
 device=${DEVICE:-cuda}
 n=${GPUS:-$(nvidia-smi --list-gpus | wc -l)}
@@ -120,4 +121,3 @@ if [ "${CKPT:-0}" != 0 ]; then
   log "3. checkpointing gpt2-xl on $n GPUs against the disk"
   RANKS=$n SK=$sk bench/gpu_ckpt_bench.sh "$dir/ckpt" 2>&1 | tail -14
 fi
-rm -rf "$dir"

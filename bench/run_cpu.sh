@@ -11,6 +11,7 @@ sk=build/shardkit
 mkdir -p "${1:-/tmp}"  # DIR: where to work; the run makes a folder of its own in it and removes only that
 dir=$(mktemp -d "${1:-/tmp}/shardkit-bench-XXXXXX") || exit 1
 results=$(mktemp)
+trap 'rm -rf "$dir" "$results"' EXIT
 
 record() { echo "{\"case\": \"$1\", \"result\": $2}" | tee -a "$results"; }
 
@@ -26,7 +27,6 @@ start=$(date +%s.%N)
 dd if=/dev/zero of="$dir/dd.bin" bs=4M count=256 conv=fdatasync status=none
 end=$(date +%s.%N)
 record "dd 1 GiB conv=fdatasync" "$(python3 -c "s=$end-$start; print('{\"bytes\": 1073741824, \"seconds\": %.3f, \"gb_per_s\": %.3f}' % (s, 1073741824/s/1e9))")"
-rm -rf "$dir"
 
 echo
 python3 - "$results" <<'PY'
@@ -38,4 +38,3 @@ for r in rows:
     gbps = res.get("gb_per_s", res.get("xxh64_gb_per_s"))
     print(f"{r['case']:45} {gbps:8.2f} {res.get('seconds', float('nan')):9.3f}")
 PY
-rm -f "$results"
