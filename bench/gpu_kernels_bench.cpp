@@ -233,8 +233,10 @@ std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t 
   return rows;
 }
 
-// Llama's step: every kernel and product of GpuLlama's passes at their shapes. Rows with no calls
-// (marked "alt") time a variant the model does not run, for comparison.
+// Llama's step: every kernel and product of GpuLlama's passes at their shapes, as they run at stages
+// 0-2 (q|k|v and gate|up each one product, their weights back to back in the flat buffer). Rows with
+// no calls (marked "alt") time a variant the model does not run here, for comparison: the separate
+// products stage 3 runs (it gathers each weight on its own).
 std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t st, cublasHandle_t cublas) {
   namespace llama = model::llama;
   const llama::LlamaConfig& c = *llama::config_of(spec);
@@ -245,16 +247,11 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
   auto x = filled<T>(NH_, st), y = filled<T>(NH_, st);
   auto a = filled<T>(size_t{1} * N * widest, st), b = filled<T>(size_t{1} * N * widest, st);
   auto out = filled<T>(size_t{1} * N * widest, st);
-  auto up = filled<T>(size_t{1} * N * I, st);  // SwiGLU's second input
   auto w = filled<T>(widest * H, st);
   auto gw = filled<float>(widest * H, st), gnorm = filled<float>(H, st);
   auto rstd = filled<float>(N, st),
        scratch = filled<float>(static_cast<size_t>(norm_scratch_floats(Norm::kRms, H)), st);
   auto lse = filled<float>(size_t{1} * N * NH, st), delta = filled<float>(size_t{1} * N * NH, st);
-  auto q = filled<T>(size_t{1} * N * QW, st), k = filled<T>(size_t{1} * N * KW, st),
-       v = filled<T>(size_t{1} * N * KW, st);
-  auto dq = filled<T>(size_t{1} * N * QW, st), dk = filled<T>(size_t{1} * N * KW, st);
-  auto dv = filled<T>(size_t{1} * N * KW, st);
   auto att = filled<T>(size_t{1} * N * QW, st), datt = filled<T>(size_t{1} * N * QW, st);
   const llama::RopeTables tables = llama::rope_tables(c, S);
   DeviceBuffer<float> cos(tables.cos.size()), sin(tables.sin.size());
@@ -295,7 +292,9 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
   auto add = [&](const std::string& name, int calls, const std::function<void()>& fn) {
     rows.push_back({name, calls, time_ms(st, name, fn)});
   };
-  const AttentionShape shape{B, S, NH, NKV, D, QW, KW};
+  // q|k|v packed in each row of `a` (its gradients in `b`), as one product writes them.
+  const int QKV = QW + 2 * KW;
+  const AttentionShape shape{B, S, NH, NKV, D, QKV, QKV};
   EncoderBackward embedding(N, V);
   add("embedding_forward", 1, [&] { llama::embedding_forward(x.data(), tokens.data(), head.data(), N, H, st); });
   add("embedding_backward (sort, sums)", 1,
@@ -305,17 +304,23 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
   add("rmsnorm_backward", 2 * L + 1, [&] {
     rmsnorm_backward(y.data(), gnorm.data(), x.data(), x.data(), head.data(), rstd.data(), N, H, scratch.data(), st);
   });
-  add("linear q", L, linear(QW, H, false));
-  add("linear k, v", 2 * L, linear(KW, H, false));
-  add("(alt) linear q|k|v as one product", 0, linear(QW + 2 * KW, H, false));
-  add("rope_forward q", L, [&] { llama::rope_forward(q.data(), cos.data(), sin.data(), B, S, NH, D, st); });
-  add("rope_forward k", L, [&] { llama::rope_forward(k.data(), cos.data(), sin.data(), B, S, NKV, D, st); });
+  add("linear q|k|v", L, linear(QKV, H, false));
+  add("(alt) linear q, k, v apart", 0, [&] {
+    linear(QW, H, false)();
+    linear(KW, H, false)();
+    linear(KW, H, false)();
+  });
+  add("rope_forward q|k", L,
+      [&] { llama::rope_forward(a.data(), QKV, cos.data(), sin.data(), B, S, NH + NKV, D, st); });
   add("attention_forward", L,
-      [&] { attention_forward(att.data(), lse.data(), q.data(), k.data(), v.data(), shape, st); });
+      [&] { attention_forward(att.data(), lse.data(), a.data(), a.data() + QW, a.data() + QW + KW, shape, st); });
   add("linear o (+residual)", L, linear(H, QW, true));
-  add("linear gate, up", 2 * L, linear(I, H, false));
-  add("(alt) linear gate|up as one product", 0, linear(2 * I, H, false));
-  add("swiglu_forward", L, [&] { llama::swiglu_forward(out.data(), a.data(), b.data(), int64_t{N} * I, st); });
+  add("linear gate|up", L, linear(2 * I, H, false));
+  add("(alt) linear gate, up apart", 0, [&] {
+    linear(I, H, false)();
+    linear(I, H, false)();
+  });
+  add("swiglu_forward", L, [&] { llama::swiglu_forward(out.data(), a.data(), N, I, st); });
   add("linear down (+residual)", L, linear(H, I, true));
   const int head_blocks = (N + head_rows - 1) / head_rows;
   add("head weight copy (padded)", 1, [&] {
@@ -335,37 +340,36 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
     dinp(H, I)();
     dweight(H, I)();
   });
-  add("swiglu_backward", L,
-      [&] { llama::swiglu_backward(a.data(), b.data(), a.data(), out.data(), up.data(), int64_t{N} * I, st); });
-  add("gemm gate, up dinp, dweight", 2 * L, [&] {
-    dinp(I, H)();
-    dweight(I, H)();
-  });
-  add("(alt) gemm gate|up dinp, dweight", 0, [&] {
+  add("swiglu_backward", L, [&] { llama::swiglu_backward(b.data(), b.data() + I, 2 * I, a.data(), N, I, st); });
+  add("gemm gate|up dinp, dweight", L, [&] {
     dinp(2 * I, H)();
     dweight(2 * I, H)();
+  });
+  add("(alt) gemm gate, up apart dinp, dweight", 0, [&] {
+    for (int part = 0; part < 2; ++part) {
+      dinp(I, H)();
+      dweight(I, H)();
+    }
   });
   add("gemm o dinp, dweight", L, [&] {
     dinp(H, QW)();
     dweight(H, QW)();
   });
   add("attention_backward", L, [&] {
-    attention_backward(dq.data(), dk.data(), dv.data(), delta.data(), datt.data(), att.data(), q.data(), k.data(),
-                       v.data(), lse.data(), shape, st);
+    attention_backward(b.data(), b.data() + QW, b.data() + QW + KW, delta.data(), datt.data(), att.data(), a.data(),
+                       a.data() + QW, a.data() + QW + KW, lse.data(), shape, st);
   });
-  add("rope_backward q", L, [&] { llama::rope_backward(dq.data(), cos.data(), sin.data(), B, S, NH, D, st); });
-  add("rope_backward k", L, [&] { llama::rope_backward(dk.data(), cos.data(), sin.data(), B, S, NKV, D, st); });
-  add("gemm q dinp, dweight", L, [&] {
-    dinp(QW, H)();
-    dweight(QW, H)();
+  add("rope_backward q|k", L,
+      [&] { llama::rope_backward(b.data(), QKV, cos.data(), sin.data(), B, S, NH + NKV, D, st); });
+  add("gemm q|k|v dinp, dweight", L, [&] {
+    dinp(QKV, H)();
+    dweight(QKV, H)();
   });
-  add("gemm k, v dinp, dweight", 2 * L, [&] {
-    dinp(KW, H)();
-    dweight(KW, H)();
-  });
-  add("(alt) gemm q|k|v dinp, dweight", 0, [&] {
-    dinp(QW + 2 * KW, H)();
-    dweight(QW + 2 * KW, H)();
+  add("(alt) gemm q, k, v apart dinp, dweight", 0, [&] {
+    for (const int rows_out : {QW, KW, KW}) {
+      dinp(rows_out, H)();
+      dweight(rows_out, H)();
+    }
   });
   update_rows(rows, spec, 3e-4, st);
   return rows;

@@ -25,6 +25,12 @@ class GpuParamStore : public model::BasicParameterStore<T> {
  public:
   // Blocks until `stream` is done, failing rather than hanging when communication has failed.
   virtual void synchronize(cudaStream_t stream) = 0;
+  // Whether tensors [first, last) sit back to back in table order in one buffer: their parameters
+  // (their gradients) for as long as they are acquired (open). A model may then treat them as one
+  // matrix. A property of the store's layout, never of where separate allocations happened to fall,
+  // so that which products a run makes, and with them its bits, never depend on the allocator.
+  virtual bool params_back_to_back(int first, int last) const = 0;
+  virtual bool grads_back_to_back(int first, int last) const = 0;
 };
 
 // Row-major C (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * C, A and B in T, C in TC (T or

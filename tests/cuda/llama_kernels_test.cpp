@@ -11,6 +11,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -108,66 +109,103 @@ TEST(LlamaCudaKernels, RmsNormMatchesTheCpu) {
   }
 }
 
+// The rows hold `extra` more heads than are turned (as a row of packed q|k|v holds v): those stay
+// as they were, bit for bit.
 template <typename T>
-void check_rope(int B, int S, int heads, int D) {
-  const std::string what = "heads=" + std::to_string(heads) + " D=" + std::to_string(D);
+void check_rope(int B, int S, int heads, int extra, int D) {
+  const std::string what = "heads=" + std::to_string(heads) + "+" + std::to_string(extra) + " D=" + std::to_string(D);
   LlamaConfig c;
   c.head_dim = D;
   c.rope_theta = 500000;
   c.rope_scaling = {32, 1, 4, 8192};  // llama3 scaling: every band of the table
   const RopeTables tables = rope_tables(c, S);
-  const auto x = random_values<T>(size_t{1} * B * S * heads * D, 0.0f, 1.0f, 6);
-  std::vector<float> fwd = x.f, bwd = x.f;
+  const size_t rows = size_t{1} * B * S, ld = size_t{1} * (heads + extra) * D, turned = size_t{1} * heads * D;
+  const auto x = random_values<T>(rows * ld, 0.0f, 1.0f, 6);
+  std::vector<float> fwd(rows * turned), bwd;
+  for (size_t r = 0; r < rows; ++r) std::copy_n(x.f.begin() + r * ld, turned, fwd.begin() + r * turned);
+  bwd = fwd;
   ops::rope_forward(fwd.data(), tables.cos.data(), tables.sin.data(), B, S, heads, D);
   ops::rope_backward(bwd.data(), tables.cos.data(), tables.sin.data(), B, S, heads, D);
   auto cos_d = upload(tables.cos), sin_d = upload(tables.sin);
   auto fwd_d = upload(x.t), bwd_d = upload(x.t);
-  rope_forward(fwd_d.data(), cos_d.data(), sin_d.data(), B, S, heads, D, nullptr);
-  rope_backward(bwd_d.data(), cos_d.data(), sin_d.data(), B, S, heads, D, nullptr);
-  EXPECT_LT(relative_error(download_floats(fwd_d), fwd), kTolerance<T>) << "forward " << what;
-  EXPECT_LT(relative_error(download_floats(bwd_d), bwd), kTolerance<T>) << "backward " << what;
+  rope_forward(fwd_d.data(), ld, cos_d.data(), sin_d.data(), B, S, heads, D, nullptr);
+  rope_backward(bwd_d.data(), ld, cos_d.data(), sin_d.data(), B, S, heads, D, nullptr);
+  for (const auto& [got_d, want, name] :
+       {std::tuple{&fwd_d, &fwd, "forward "}, std::tuple{&bwd_d, &bwd, "backward "}}) {
+    const std::vector<T> got = download(*got_d);
+    std::vector<float> turned_got(rows * turned);
+    for (size_t r = 0; r < rows; ++r) {
+      for (size_t i = 0; i < turned; ++i) turned_got[r * turned + i] = from(got[r * ld + i]);
+      for (size_t i = turned; i < ld; ++i) {
+        ASSERT_EQ(from(got[r * ld + i]), x.f[r * ld + i]) << name << what << ": row " << r << " channel " << i;
+      }
+    }
+    EXPECT_LT(relative_error(turned_got, *want), kTolerance<T>) << name << what;
+  }
 }
 
 TEST(LlamaCudaKernels, RopeMatchesTheCpu) {
   REQUIRE_GPUS(1);
-  for (const auto& [heads, D] : std::vector<std::pair<int, int>>{{4, 32}, {2, 64}, {3, 128}}) {
-    check_rope<float>(2, 37, heads, D);
-    check_rope<__nv_bfloat16>(2, 37, heads, D);
+  // Rows of the turned heads alone, and rows of packed q|k|v (q's and k's heads turned, v's not).
+  for (const auto& [heads, extra, D] :
+       std::vector<std::tuple<int, int, int>>{{4, 0, 32}, {2, 0, 64}, {3, 0, 128}, {6, 2, 64}, {3, 1, 128}}) {
+    check_rope<float>(2, 37, heads, extra, D);
+    check_rope<__nv_bfloat16>(2, 37, heads, extra, D);
   }
 }
 
+// gate and up as the halves of each row of one (N, 2I) buffer, the backward pass in place over
+// d(act) in the up half, as the model runs them.
 template <typename T>
-void check_swiglu(int64_t n) {
+void check_swiglu(int N, int I) {
+  const std::string what = "N=" + std::to_string(N) + " I=" + std::to_string(I);
+  const size_t n = size_t{1} * N * I;
   const auto gate = random_values<T>(n, 0.0f, 3.0f, 7), up = random_values<T>(n, 0.0f, 1.0f, 8);
   const auto dout = random_values<T>(n, 0.0f, 1.0f, 9);
   std::vector<float> out(n), dgate(n), dup(n);
-  ops::swiglu_forward(out.data(), gate.f.data(), up.f.data(), n);
-  ops::swiglu_backward(dgate.data(), dup.data(), dout.f.data(), gate.f.data(), up.f.data(), n);
-  auto gate_d = upload(gate.t), up_d = upload(up.t), dout_d = upload(dout.t);
-  DeviceBuffer<T> out_d(n), dup_d(n);
-  swiglu_forward(out_d.data(), gate_d.data(), up_d.data(), n, nullptr);
-  // d(gate) over d(out) in place, as the model runs it.
-  swiglu_backward(dout_d.data(), dup_d.data(), dout_d.data(), gate_d.data(), up_d.data(), n, nullptr);
-  EXPECT_LT(relative_error(download_floats(out_d), out), kTolerance<T>) << "out";
-  EXPECT_LT(relative_error(download_floats(dout_d), dgate), kTolerance<T>) << "dgate";
-  EXPECT_LT(relative_error(download_floats(dup_d), dup), kTolerance<T>) << "dup";
+  ops::swiglu_forward(out.data(), gate.f.data(), up.f.data(), static_cast<int64_t>(n));
+  ops::swiglu_backward(dgate.data(), dup.data(), dout.f.data(), gate.f.data(), up.f.data(), static_cast<int64_t>(n));
+  std::vector<T> gate_up(2 * n), dgate_up(2 * n);
+  for (size_t r = 0; r < static_cast<size_t>(N); ++r) {
+    std::copy_n(gate.t.begin() + r * I, I, gate_up.begin() + r * 2 * I);
+    std::copy_n(up.t.begin() + r * I, I, gate_up.begin() + r * 2 * I + I);
+    std::copy_n(dout.t.begin() + r * I, I, dgate_up.begin() + r * 2 * I + I);
+  }
+  auto gate_up_d = upload(gate_up), dgate_up_d = upload(dgate_up);
+  DeviceBuffer<T> out_d(n);
+  swiglu_forward(out_d.data(), gate_up_d.data(), N, I, nullptr);
+  swiglu_backward(dgate_up_d.data(), dgate_up_d.data() + I, 2 * I, gate_up_d.data(), N, I, nullptr);
+  const std::vector<float> both = download_floats(dgate_up_d);
+  std::vector<float> dgate_got(n), dup_got(n);
+  for (size_t r = 0; r < static_cast<size_t>(N); ++r) {
+    std::copy_n(both.begin() + r * 2 * I, I, dgate_got.begin() + r * I);
+    std::copy_n(both.begin() + r * 2 * I + I, I, dup_got.begin() + r * I);
+  }
+  EXPECT_LT(relative_error(download_floats(out_d), out), kTolerance<T>) << "out " << what;
+  EXPECT_LT(relative_error(dgate_got, dgate), kTolerance<T>) << "dgate " << what;
+  EXPECT_LT(relative_error(dup_got, dup), kTolerance<T>) << "dup " << what;
 }
 
 TEST(LlamaCudaKernels, SwigluMatchesTheCpu) {
   REQUIRE_GPUS(1);
-  check_swiglu<float>(100003);
-  check_swiglu<__nv_bfloat16>(100003);
+  // A width of whole 16-byte packs, and an odd one (one element a thread).
+  for (const auto& [N, I] : std::vector<std::pair<int, int>>{{37, 1024}, {29, 3451}}) {
+    check_swiglu<float>(N, I);
+    check_swiglu<__nv_bfloat16>(N, I);
+  }
 }
 
 struct AttentionCase {
   int B, S, NH, NKV, HS;
 };
 
-// Separate q, k, v buffers (Llama's layout), against model/cpu's grouped-query attention.
+// q, k, v in buffers of their own, or packed side by side in each row of one buffer (Llama's layout:
+// q|k|v, one product's output), against model/cpu's grouped-query attention.
 template <typename T>
-void check_attention(const AttentionCase& c) {
+void check_attention(const AttentionCase& c, bool packed) {
   const std::string what = "B=" + std::to_string(c.B) + " S=" + std::to_string(c.S) + " NH=" + std::to_string(c.NH) +
-                           " NKV=" + std::to_string(c.NKV) + " HS=" + std::to_string(c.HS);
+                           " NKV=" + std::to_string(c.NKV) + " HS=" + std::to_string(c.HS) +
+                           (packed ? " packed" : " separate");
   const int N = c.B * c.S, QW = c.NH * c.HS, KW = c.NKV * c.HS;
   const auto q = random_values<T>(size_t{1} * N * QW, 0.0f, 1.0f, 11);
   const auto k = random_values<T>(size_t{1} * N * KW, 0.0f, 1.0f, 12);
@@ -181,26 +219,53 @@ void check_attention(const AttentionCase& c) {
   cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.f.data(), q.f.data(), k.f.data(), v.f.data(),
                           att.data(), cpu_shape);
 
-  const AttentionShape shape{c.B, c.S, c.NH, c.NKV, c.HS, QW, KW};
-  auto q_d = upload(q.t), k_d = upload(k.t), v_d = upload(v.t), dout_d = upload(dout.t);
-  DeviceBuffer<T> out_d(q.t.size()), dq_d(q.t.size()), dk_d(k.t.size()), dv_d(v.t.size());
+  // Packed: rows of QW + 2 KW elements, q at 0, k at QW, v at QW + KW (and dq, dk, dv likewise).
+  const int64_t ld_q = packed ? QW + 2 * KW : QW, ld_kv = packed ? QW + 2 * KW : KW;
+  const AttentionShape shape{c.B, c.S, c.NH, c.NKV, c.HS, ld_q, ld_kv};
+  const size_t qkv_size = size_t{1} * N * (QW + 2 * KW);
+  std::vector<T> qkv(packed ? qkv_size : 0);
+  for (size_t r = 0; packed && r < static_cast<size_t>(N); ++r) {
+    std::copy_n(q.t.begin() + r * QW, QW, qkv.begin() + r * ld_q);
+    std::copy_n(k.t.begin() + r * KW, KW, qkv.begin() + r * ld_q + QW);
+    std::copy_n(v.t.begin() + r * KW, KW, qkv.begin() + r * ld_q + QW + KW);
+  }
+  auto qkv_d = upload(packed ? qkv : q.t), k_d = upload(k.t), v_d = upload(v.t), dout_d = upload(dout.t);
+  DeviceBuffer<T> out_d(q.t.size()), dqkv_d(packed ? qkv_size : q.t.size()), dk_d(k.t.size()), dv_d(v.t.size());
+  const T* q_p = qkv_d.data();
+  const T* k_p = packed ? qkv_d.data() + QW : k_d.data();
+  const T* v_p = packed ? qkv_d.data() + QW + KW : v_d.data();
+  T* dq_p = dqkv_d.data();
+  T* dk_p = packed ? dqkv_d.data() + QW : dk_d.data();
+  T* dv_p = packed ? dqkv_d.data() + QW + KW : dv_d.data();
   DeviceBuffer<float> lse(size_t{1} * N * c.NH), delta(size_t{1} * N * c.NH);
-  cuda::attention_forward(out_d.data(), lse.data(), q_d.data(), k_d.data(), v_d.data(), shape, nullptr);
+  cuda::attention_forward(out_d.data(), lse.data(), q_p, k_p, v_p, shape, nullptr);
   // The backward pass from the GPU's own output (the CPU's, rounded, would do as well).
-  cuda::attention_backward(dq_d.data(), dk_d.data(), dv_d.data(), delta.data(), dout_d.data(), out_d.data(), q_d.data(),
-                           k_d.data(), v_d.data(), lse.data(), shape, nullptr);
+  cuda::attention_backward(dq_p, dk_p, dv_p, delta.data(), dout_d.data(), out_d.data(), q_p, k_p, v_p, lse.data(),
+                           shape, nullptr);
+  // Each gradient's rows, wherever they sit.
+  auto rows_of = [&](int64_t offset, int64_t ld, int width) {
+    const std::vector<float> all = download_floats(dqkv_d);
+    std::vector<float> got(size_t{1} * N * width);
+    for (size_t r = 0; r < static_cast<size_t>(N); ++r)
+      std::copy_n(all.begin() + offset + r * ld, width, got.begin() + r * width);
+    return got;
+  };
+  const std::vector<float> dq_got = rows_of(0, ld_q, QW);
+  const std::vector<float> dk_got = packed ? rows_of(QW, ld_kv, KW) : download_floats(dk_d);
+  const std::vector<float> dv_got = packed ? rows_of(QW + KW, ld_kv, KW) : download_floats(dv_d);
   // In bf16 the probabilities are rounded before each product, and the backward pass starts from the
   // rounded output: the gradients get a little more room.
   const double tol = kTolerance<T>, grad_tol = std::is_same_v<T, float> ? 1e-4 : 3e-2;
   EXPECT_LT(relative_error(download_floats(out_d), out), tol) << "out " << what;
-  EXPECT_LT(relative_error(download_floats(dq_d), dq), grad_tol) << "dq " << what;
-  EXPECT_LT(relative_error(download_floats(dk_d), dk), grad_tol) << "dk " << what;
-  EXPECT_LT(relative_error(download_floats(dv_d), dv), grad_tol) << "dv " << what;
+  EXPECT_LT(relative_error(dq_got, dq), grad_tol) << "dq " << what;
+  EXPECT_LT(relative_error(dk_got, dk), grad_tol) << "dk " << what;
+  EXPECT_LT(relative_error(dv_got, dv), grad_tol) << "dv " << what;
 
   // dk and dv sum a group's heads in the kernel, in head order: the same bits every time.
-  const auto dk_bits = download(dk_d), dv_bits = download(dv_d);
-  cuda::attention_backward(dq_d.data(), dk_d.data(), dv_d.data(), delta.data(), dout_d.data(), out_d.data(), q_d.data(),
-                           k_d.data(), v_d.data(), lse.data(), shape, nullptr);
+  const auto dqkv_bits = download(dqkv_d), dk_bits = download(dk_d), dv_bits = download(dv_d);
+  cuda::attention_backward(dq_p, dk_p, dv_p, delta.data(), dout_d.data(), out_d.data(), q_p, k_p, v_p, lse.data(),
+                           shape, nullptr);
+  EXPECT_EQ(download(dqkv_d), dqkv_bits) << "dq|dk|dv twice " << what;
   EXPECT_EQ(download(dk_d), dk_bits) << "dk twice " << what;
   EXPECT_EQ(download(dv_d), dv_bits) << "dv twice " << what;
 }
@@ -215,12 +280,16 @@ const AttentionCase kCases[] = {
 
 TEST(LlamaCudaKernels, GroupedQueryAttentionFp32MatchesTheCpu) {
   REQUIRE_GPUS(1);
-  for (const auto& c : kCases) check_attention<float>(c);
+  for (const auto& c : kCases) {
+    for (const bool packed : {false, true}) check_attention<float>(c, packed);
+  }
 }
 
 TEST(LlamaCudaKernels, GroupedQueryAttentionBf16MatchesTheCpu) {
   REQUIRE_GPUS(1);
-  for (const auto& c : kCases) check_attention<__nv_bfloat16>(c);
+  for (const auto& c : kCases) {
+    for (const bool packed : {false, true}) check_attention<__nv_bfloat16>(c, packed);
+  }
 }
 
 // Needs no GPU: the shape check runs before any device work.

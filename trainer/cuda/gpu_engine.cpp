@@ -567,6 +567,24 @@ void GpuZeroEngine<T>::open_grads(int group) {
 }
 
 template <typename T>
+bool GpuZeroEngine<T>::params_back_to_back(int first, int last) const {
+  return !plan_.partitions_params() && flat_back_to_back(first, last);
+}
+
+template <typename T>
+bool GpuZeroEngine<T>::grads_back_to_back(int first, int last) const {
+  return !plan_.partitions_grads() && flat_back_to_back(first, last);
+}
+
+template <typename T>
+bool GpuZeroEngine<T>::flat_back_to_back(int first, int last) const {
+  for (int t = first; t + 1 < last; ++t) {
+    if (layout().global_offset(t) + numel(t) != layout().global_offset(t + 1)) return false;
+  }
+  return true;
+}
+
+template <typename T>
 float* GpuZeroEngine<T>::grad(int tensor) {
   if (!plan_.partitions_grads()) return grads_full_.data() + layout().global_offset(tensor);
   return grad_buffers_[static_cast<size_t>(tensor)].data();

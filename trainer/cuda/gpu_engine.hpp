@@ -96,6 +96,9 @@ class GpuZeroEngine final : public model::cuda::GpuParamStore<T> {
   float* grad(int tensor) override;
   void close_grads(int group) override;
   void synchronize(cudaStream_t stream) override { wait_checking_nccl(stream, nccl_); }
+  // Stages 0-2 keep the parameters, stages 0-1 the gradients, in one flat buffer of the layout.
+  bool params_back_to_back(int first, int last) const override;
+  bool grads_back_to_back(int first, int last) const override;
 
   void zero_grads();
   void reduce_grads();
@@ -103,6 +106,7 @@ class GpuZeroEngine final : public model::cuda::GpuParamStore<T> {
   void step(const OptimizerStep& step);
 
  private:
+  bool flat_back_to_back(int first, int last) const;  // tensors [first, last) adjacent in the layout's flat buffer
   void publish_params();
   void zero_moments();       // every state but the master weights, on the device
   void all_gather_params();  // stages 1-2: every rank's partition into params_full_, on the compute stream

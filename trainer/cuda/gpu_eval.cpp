@@ -40,6 +40,7 @@ class ResidentParams final : public GpuParamStore<T> {
     int64_t total = 0;
     for (const ckpt::TensorInfo& t : table) {
       offsets_.push_back(total);
+      numels_.push_back(t.numel());
       total += (t.numel() + kAlign - 1) / kAlign * kAlign;
     }
     values_.resize(static_cast<size_t>(total));
@@ -92,9 +93,17 @@ class ResidentParams final : public GpuParamStore<T> {
   float* grad(int) override { fail(ErrorKind::kInternal, "evaluation asked for a parameter gradient"); }
   void close_grads(int) override {}
   void synchronize(cudaStream_t stream) override { CUDA_CHECK(cudaStreamSynchronize(stream)); }
+  bool params_back_to_back(int first, int last) const override {
+    for (int t = first; t + 1 < last; ++t) {
+      const auto at = static_cast<size_t>(t);
+      if (offsets_.at(at) + numels_.at(at) != offsets_.at(at + 1)) return false;
+    }
+    return true;
+  }
+  bool grads_back_to_back(int, int) const override { return false; }  // no gradients
 
  private:
-  std::vector<int64_t> offsets_;
+  std::vector<int64_t> offsets_, numels_;  // each tensor's first element in values_, and its size
   DeviceBuffer<T> values_;
 };
 

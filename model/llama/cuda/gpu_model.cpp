@@ -1,6 +1,7 @@
 #include "model/llama/cuda/gpu_model.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 
 #include "base/clock.hpp"
@@ -18,14 +19,76 @@ using namespace cuda;
 
 namespace {
 
-// The backward pass of a bias-free nn.Linear y (N, OUT) = x (N, IN) W^T with W (OUT, IN):
-// dx = dy W, added to dx when accumulate (beta 1: the sum of the products feeding one input, as the
-// CPU model adds them); dW += dy^T x in fp32.
-template <typename T>
-void linear_backward(cublasHandle_t h, T* dx, float* dweight, const T* dy, const T* x, const T* weight, int N, int IN,
-                     int OUT, bool accumulate) {
-  gemm<T, T>(h, false, false, N, IN, OUT, 1.0f, dy, OUT, weight, IN, accumulate ? 1.0f : 0.0f, dx, IN);
-  gemm<T, float>(h, true, false, OUT, IN, N, 1.0f, dy, OUT, x, IN, 1.0f, dweight, IN);
+// Products that share their input x (N, IN) and write side by side into the rows of one output
+// (N, sum of outs): q|k|v, gate|up. Their weights W_k (outs[k], IN), stacked, are one matrix where the
+// store keeps them back to back (GpuParamStore::params_back_to_back: stages 0-2), and then one product
+// does the work of all: one wide product reads x once and keeps the tensor cores busier than K narrow
+// ones (k and v are an eighth of q's width with grouped-query heads); likewise their gradients
+// (stages 0-1).
+template <size_t K>
+int total(const std::array<int, K>& outs) {
+  int sum = 0;
+  for (int o : outs) sum += o;
+  return sum;
+}
+
+// The first of K stacked matrices, after checking that the store's word holds for these pointers.
+template <typename P, size_t K>
+P* stacked(const std::array<P*, K>& parts, const std::array<int, K>& outs, int in) {
+  for (size_t i = 1; i < K; ++i) {
+    if (parts[i] != parts[i - 1] + static_cast<size_t>(outs[i - 1]) * static_cast<size_t>(in)) {
+      fail(ErrorKind::kInternal, "the parameter store called tensors back to back that are not");
+    }
+  }
+  return parts[0];
+}
+
+// y (N, sum outs; row stride ldy) = x (N, IN) [W_0; W_1; ...]^T, as nn.Linear's y = x W^T.
+template <typename T, size_t K>
+void stacked_linear(Matmul& matmul, T* y, int ldy, const T* x, const std::array<const T*, K>& w,
+                    const std::array<int, K>& outs, bool one_matrix, int N, int IN) {
+  if (one_matrix) {
+    matmul.run<T>(Epilogue::kNone, false, true, N, total(outs), IN, x, IN, stacked(w, outs, IN), IN, y, ldy);
+    return;
+  }
+  int column = 0;
+  for (size_t k = 0; k < K; ++k) {
+    matmul.run<T>(Epilogue::kNone, false, true, N, outs[k], IN, x, IN, w[k], IN, y + column, ldy);
+    column += outs[k];
+  }
+}
+
+// Which of a stacked product's operands are one matrix: its weights, its weights' gradients.
+struct OneMatrix {
+  bool params, grads;
+};
+
+// The backward pass of stacked_linear (K = 1: one bias-free nn.Linear), dy (N, sum outs; row stride
+// ldy): dx (N, IN; row stride ldx) = dy [W_0; W_1; ...], added to dx when accumulate (beta 1: the sum
+// of the products feeding one input, as the CPU model adds them); dW_k += dy_k^T x in fp32.
+template <typename T, size_t K>
+void linear_backward(cublasHandle_t h, T* dx, int ldx, const std::array<float*, K>& dw, const T* dy, int ldy,
+                     const T* x, const std::array<const T*, K>& w, const std::array<int, K>& outs, OneMatrix one, int N,
+                     int IN, bool accumulate) {
+  const float beta = accumulate ? 1.0f : 0.0f;
+  if (one.params) {
+    gemm<T, T>(h, false, false, N, IN, total(outs), 1.0f, dy, ldy, stacked(w, outs, IN), IN, beta, dx, ldx);
+  } else {
+    int column = 0;
+    for (size_t k = 0; k < K; ++k) {
+      gemm<T, T>(h, false, false, N, IN, outs[k], 1.0f, dy + column, ldy, w[k], IN, k == 0 ? beta : 1.0f, dx, ldx);
+      column += outs[k];
+    }
+  }
+  if (one.grads) {
+    gemm<T, float>(h, true, false, total(outs), IN, N, 1.0f, dy, ldy, x, IN, 1.0f, stacked(dw, outs, IN), IN);
+    return;
+  }
+  int column = 0;
+  for (size_t k = 0; k < K; ++k) {
+    gemm<T, float>(h, true, false, outs[k], IN, N, 1.0f, dy + column, ldy, x, IN, 1.0f, dw[k], IN);
+    column += outs[k];
+  }
 }
 
 }  // namespace
@@ -90,14 +153,11 @@ void GpuLlama<T>::activation_buffers(const LlamaConfig& config, const Activation
   buffer(&GpuLlama::sin_, rope);
   buffer(&GpuLlama::encoded_, N * H);
   buffer(&GpuLlama::xn1_, L * N * H);
-  buffer(&GpuLlama::q_, L * N * QW);
-  buffer(&GpuLlama::k_, L * N * KW);
-  buffer(&GpuLlama::v_, L * N * KW);
+  buffer(&GpuLlama::qkv_, L * N * (QW + 2 * KW));
   buffer(&GpuLlama::atty_, L * N * QW);
   buffer(&GpuLlama::res2_, L * N * H);
   buffer(&GpuLlama::xn2_, L * N * H);
-  buffer(&GpuLlama::gate_, L * N * I);
-  buffer(&GpuLlama::up_, L * N * I);
+  buffer(&GpuLlama::gate_up_, L * N * 2 * I);
   buffer(&GpuLlama::act_, L * N * I);
   buffer(&GpuLlama::xnf_, N * H);
   buffer(&GpuLlama::logits_, static_cast<size_t>(head_block_rows(logits_ld, sizeof(T), static_cast<int>(N))) *
@@ -111,11 +171,8 @@ void GpuLlama<T>::activation_buffers(const LlamaConfig& config, const Activation
   buffer(&GpuLlama::dres_, N * H);
   buffer(&GpuLlama::dxn_, N * H);
   buffer(&GpuLlama::datty_, N * QW);
-  buffer(&GpuLlama::dq_, N * QW);
-  buffer(&GpuLlama::dk_, N * KW);
-  buffer(&GpuLlama::dv_, N * KW);
-  buffer(&GpuLlama::dgate_, N * I);
-  buffer(&GpuLlama::dup_, N * I);
+  buffer(&GpuLlama::dqkv_, N * (QW + 2 * KW));
+  buffer(&GpuLlama::dgate_up_, N * 2 * I);
   buffer(&GpuLlama::delta_, N * NH);
   buffer(&GpuLlama::scratch_, static_cast<size_t>(norm_scratch_floats(Norm::kRms, config.hidden_size)));
 }
@@ -157,33 +214,30 @@ void GpuLlama<T>::forward_layer(GpuParamStore<T>& p, int l, const T* x, bool wit
   const int N = B_ * S_, H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
   const int QW = c.n_head * D, KW = c.n_kv_head * D;
   const auto eps = static_cast<float>(c.rms_norm_eps);
-  const AttentionShape shape{B_, S_, c.n_head, c.n_kv_head, D, QW, KW};
+  const int QKV = QW + 2 * KW;
+  const AttentionShape shape{B_, S_, c.n_head, c.n_kv_head, D, QKV, QKV};
   auto w = [&](int k) { return p.param(layer_tensor(l, k)); };
   const size_t at = layer_slot(l) * static_cast<size_t>(N);
   T* xn1 = xn1_.data() + at * H;
-  T* q = q_.data() + at * QW;
-  T* k = k_.data() + at * KW;
-  T* v = v_.data() + at * KW;
+  T* qkv = qkv_.data() + at * QKV;
   T* atty = atty_.data() + at * QW;
   T* res2 = res2_.data() + at * H;
   T* xn2 = xn2_.data() + at * H;
-  T* gate = gate_.data() + at * I;
-  T* up = up_.data() + at * I;
+  T* gate_up = gate_up_.data() + at * 2 * I;
   T* act = act_.data() + at * I;
 
   // nn.Linear's y = x W^T (W [out, in]); the residual additions run in the products' epilogues.
   rmsnorm_forward(xn1, rstd1_.data() + at, x, w(kInputNorm), N, H, eps, stream_);
-  matmul_.run<T>(Epilogue::kNone, false, true, N, QW, H, xn1, H, w(kQ), H, q, QW);
-  matmul_.run<T>(Epilogue::kNone, false, true, N, KW, H, xn1, H, w(kK), H, k, KW);
-  matmul_.run<T>(Epilogue::kNone, false, true, N, KW, H, xn1, H, w(kV), H, v, KW);
-  rope_forward(q, cos_.data(), sin_.data(), B_, S_, c.n_head, D, stream_);
-  rope_forward(k, cos_.data(), sin_.data(), B_, S_, c.n_kv_head, D, stream_);
-  attention_forward(atty, lse_.data() + at * c.n_head, q, k, v, shape, stream_);
+  const int first = layer_tensor(l, 0);
+  stacked_linear<T, 3>(matmul_, qkv, QKV, xn1, {w(kQ), w(kK), w(kV)}, {QW, KW, KW},
+                       p.params_back_to_back(first + kQ, first + kV + 1), N, H);
+  rope_forward(qkv, QKV, cos_.data(), sin_.data(), B_, S_, c.n_head + c.n_kv_head, D, stream_);  // q's and k's heads
+  attention_forward(atty, lse_.data() + at * c.n_head, qkv, qkv + QW, qkv + QW + KW, shape, stream_);
   matmul_.run<T>(Epilogue::kNone, false, true, N, H, QW, atty, QW, w(kO), QW, res2, H, nullptr, nullptr, x);
   rmsnorm_forward(xn2, rstd2_.data() + at, res2, w(kPostNorm), N, H, eps, stream_);
-  matmul_.run<T>(Epilogue::kNone, false, true, N, I, H, xn2, H, w(kGate), H, gate, I);
-  matmul_.run<T>(Epilogue::kNone, false, true, N, I, H, xn2, H, w(kUp), H, up, I);
-  swiglu_forward(act, gate, up, int64_t{N} * I, stream_);
+  stacked_linear<T, 2>(matmul_, gate_up, 2 * I, xn2, {w(kGate), w(kUp)}, {I, I},
+                       p.params_back_to_back(first + kGate, first + kUp + 1), N, H);
+  swiglu_forward(act, gate_up, N, I, stream_);
   if (!with_output) return;  // the backward pass reads act, not the layer's output
   matmul_.run<T>(Epilogue::kNone, false, true, N, H, I, act, I, w(kDown), I, outputs_.output(l), H, nullptr, nullptr,
                  res2);
@@ -261,7 +315,8 @@ void GpuLlama<T>::backward_layers(GpuParamStore<T>& p, const int32_t* inputs) {
   const LlamaConfig& c = config_;
   const int N = B_ * S_, H = c.hidden_size, I = c.intermediate_size, D = c.head_dim;
   const int QW = c.n_head * D, KW = c.n_kv_head * D;
-  const AttentionShape shape{B_, S_, c.n_head, c.n_kv_head, D, QW, KW};
+  const int QKV = QW + 2 * KW;
+  const AttentionShape shape{B_, S_, c.n_head, c.n_kv_head, D, QKV, QKV};
   const size_t NH = static_cast<size_t>(N) * H;
   outputs_.start_backward();
 
@@ -289,25 +344,32 @@ void GpuLlama<T>::backward_layers(GpuParamStore<T>& p, const int32_t* inputs) {
     const T* xn1 = xn1_.data() + at * H;
     const T* xn2 = xn2_.data() + at * H;
 
-    // res3 = res2 + down(silu(gate(xn2)) * up(xn2)), xn2 = norm(res2). d(act) lands in dgate_, which
-    // the SwiGLU's backward pass then overwrites with d(gate) element by element.
-    linear_backward(cublas_, dgate_.data(), g(kDown), dres, act_.data() + at * I, w(kDown), N, I, H, false);
-    swiglu_backward(dgate_.data(), dup_.data(), dgate_.data(), gate_.data() + at * I, up_.data() + at * I,
-                    int64_t{N} * I, stream_);
-    linear_backward(cublas_, dxn_.data(), g(kGate), dgate_.data(), xn2, w(kGate), N, H, I, false);
-    linear_backward(cublas_, dxn_.data(), g(kUp), dup_.data(), xn2, w(kUp), N, H, I, true);
+    // res3 = res2 + down(silu(gate(xn2)) * up(xn2)), xn2 = norm(res2). d(act) lands in dgate_up's
+    // up half, which the SwiGLU's backward pass then overwrites with d(up) element by element.
+    const int first = layer_tensor(l, 0);
+    auto one_matrix = [&](int from, int to) {
+      return OneMatrix{p.params_back_to_back(first + from, first + to + 1),
+                       p.grads_back_to_back(first + from, first + to + 1)};
+    };
+    constexpr OneMatrix kOne{true, true};  // a single tensor
+    T* dgate_up = dgate_up_.data();
+    linear_backward<T, 1>(cublas_, dgate_up + I, 2 * I, {g(kDown)}, dres, H, act_.data() + at * I, {w(kDown)}, {H},
+                          kOne, N, I, false);
+    swiglu_backward(dgate_up, dgate_up + I, 2 * I, gate_up_.data() + at * 2 * I, N, I, stream_);
+    linear_backward<T, 2>(cublas_, dxn_.data(), H, {g(kGate), g(kUp)}, dgate_up, 2 * I, xn2, {w(kGate), w(kUp)}, {I, I},
+                          one_matrix(kGate, kUp), N, H, false);
     rmsnorm_backward(dres, g(kPostNorm), dxn_.data(), res2_.data() + at * H, w(kPostNorm), rstd2_.data() + at, N, H,
                      scratch_.data(), stream_);
     // res2 = input + o(attention(rope(q(xn1)), rope(k(xn1)), v(xn1))), xn1 = norm(input)
-    linear_backward(cublas_, datty_.data(), g(kO), dres, atty_.data() + at * QW, w(kO), N, QW, H, false);
-    attention_backward(dq_.data(), dk_.data(), dv_.data(), delta_.data(), datty_.data(), atty_.data() + at * QW,
-                       q_.data() + at * QW, k_.data() + at * KW, v_.data() + at * KW, lse_.data() + at * c.n_head,
-                       shape, stream_);
-    rope_backward(dq_.data(), cos_.data(), sin_.data(), B_, S_, c.n_head, D, stream_);
-    rope_backward(dk_.data(), cos_.data(), sin_.data(), B_, S_, c.n_kv_head, D, stream_);
-    linear_backward(cublas_, dxn_.data(), g(kQ), dq_.data(), xn1, w(kQ), N, H, QW, false);
-    linear_backward(cublas_, dxn_.data(), g(kK), dk_.data(), xn1, w(kK), N, H, KW, true);
-    linear_backward(cublas_, dxn_.data(), g(kV), dv_.data(), xn1, w(kV), N, H, KW, true);
+    linear_backward<T, 1>(cublas_, datty_.data(), QW, {g(kO)}, dres, H, atty_.data() + at * QW, {w(kO)}, {H}, kOne, N,
+                          QW, false);
+    const T* qkv = qkv_.data() + at * QKV;
+    T* dqkv = dqkv_.data();
+    attention_backward(dqkv, dqkv + QW, dqkv + QW + KW, delta_.data(), datty_.data(), atty_.data() + at * QW, qkv,
+                       qkv + QW, qkv + QW + KW, lse_.data() + at * c.n_head, shape, stream_);
+    rope_backward(dqkv, QKV, cos_.data(), sin_.data(), B_, S_, c.n_head + c.n_kv_head, D, stream_);
+    linear_backward<T, 3>(cublas_, dxn_.data(), H, {g(kQ), g(kK), g(kV)}, dqkv, QKV, xn1, {w(kQ), w(kK), w(kV)},
+                          {QW, KW, KW}, one_matrix(kQ, kV), N, H, false);
     rmsnorm_backward(dres, g(kInputNorm), dxn_.data(), x, w(kInputNorm), rstd1_.data() + at, N, H, scratch_.data(),
                      stream_);
     p.close_grads(1 + l);

@@ -72,13 +72,15 @@ class GpuLlama final : public cuda::GpuModel<T> {
 
   // The rotation's tables (S, D/2), uploaded once.
   cuda::DeviceBuffer<float> cos_, sin_;
-  // Activations: per layer l (L' layers: L, or 1 under checkpointing) and N = B*S rows (q, atty:
-  // N x NH*D; k, v: N x NKV*D; gate, up, act: N x I); the layers' outputs (N, H) each in outputs_.
-  cuda::DeviceBuffer<T> encoded_, xn1_, q_, k_, v_, atty_, res2_, xn2_, gate_, up_, act_, xnf_, logits_, head_padded_;
+  // Activations: per layer l (L' layers: L, or 1 under checkpointing) and N = B*S rows (qkv: N x
+  // (NH + 2 NKV) D, each row q|k|v; atty: N x NH*D; gate_up: N x 2I, each row gate|up; act: N x I);
+  // the layers' outputs (N, H) each in outputs_. q|k|v and gate|up are each one product's output
+  // where the store keeps the weights back to back.
+  cuda::DeviceBuffer<T> encoded_, xn1_, qkv_, atty_, res2_, xn2_, gate_up_, act_, xnf_, logits_, head_padded_;
   cuda::BlockOutputs<T> outputs_;
   cuda::DeviceBuffer<float> rstd1_, rstd2_, rstdf_, lse_, losses_;
   // Backward scratch.
-  cuda::DeviceBuffer<T> dres_, dxn_, datty_, dq_, dk_, dv_, dgate_, dup_;
+  cuda::DeviceBuffer<T> dres_, dxn_, datty_, dqkv_, dgate_up_;  // dqkv_, dgate_up_ laid out as qkv_, gate_up_
   cuda::DeviceBuffer<float> delta_, scratch_;
   cuda::DeviceBuffer<double> loss_sum_;
   // Where the host reads it: pinned, so the copy is queued and the wait is the store's (see GpuGpt2).
