@@ -306,8 +306,12 @@ __global__ void attention_dkv_kernel(T* dk_out, T* dv_out, const T* dout, const 
 }
 
 // ------------------------------------------------------------------------------------------------
-// Softmax cross-entropy, one block per row, two passes over the logits: an online maximum and sum
-// (16-byte loads), then the gradient written in place.
+// Softmax cross-entropy, one block per row. Where two blocks' rows fit an SM's shared memory (bf16
+// up to about 56 k entries: GPT-2's and Llama's vocabularies), the row is read from global memory
+// once into shared memory and the gradient written from there: one read and one write of the logits.
+// Otherwise two passes over the logits in global memory: an online maximum and sum (16-byte loads),
+// then the gradient written in place; the second pass's reads come mostly from DRAM again, a wave of
+// rows and the gradients written behind them being more than L2 keeps.
 
 // (m, s) represents s * exp(m): merging two such partial sums.
 __device__ __forceinline__ void merge_max_sum(float& m, float& s, float m2, float s2) {
@@ -326,6 +330,44 @@ __device__ __forceinline__ void merge_pack(float& m, float& s, const Vec<T>& xv)
   merge_max_sum(m, s, vm, vs);
 }
 
+// f(pack, v) for each 16-byte pack of a row's first `full` elements (v: the pack's first), each
+// thread's packs in order. Bound by the loads' latency: each thread issues kAhead of its loads before
+// it hands any on.
+template <typename T, typename F>
+__device__ __forceinline__ void for_each_pack(const T* x, int full, F&& f) {
+  constexpr int kVec = Vec<T>::kSize, kAhead = 4;
+  const int step = blockDim.x * kVec;
+  int v = threadIdx.x * kVec;
+  for (; v + (kAhead - 1) * step < full; v += kAhead * step) {
+    Vec<T> xv[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) xv[u] = load_vec(x + v + u * step);
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) f(xv[u], v + u * step);
+  }
+  for (; v < full; v += step) f(load_vec(x + v), v);
+}
+
+// The gradient of a row's loss, (softmax - onehot(target)) * dscale, into `out` from the row's logits
+// in `in` (the row itself, or a copy of it in shared memory), 16 bytes at a time up to the ragged tail.
+template <typename T>
+__device__ __forceinline__ void write_xent_gradient(T* out, const T* in, int V, int target, float lse, float dscale) {
+  constexpr int kVec = Vec<T>::kSize;
+  const int full = V / kVec * kVec;
+  for (int v = threadIdx.x * kVec; v < full; v += blockDim.x * kVec) {
+    Vec<T> xv = load_vec(in + v);
+    for (int i = 0; i < kVec; ++i) {
+      const float p = __expf(to_float(xv.v[i]) - lse);
+      xv.v[i] = from_float<T>((p - (v + i == target ? 1.0f : 0.0f)) * dscale);
+    }
+    store_vec(out + v, xv);
+  }
+  for (int v = full + threadIdx.x; v < V; v += blockDim.x) {
+    const float p = __expf(to_float(in[v]) - lse);
+    out[v] = from_float<T>((p - (v == target ? 1.0f : 0.0f)) * dscale);
+  }
+}
+
 template <typename T>
 __global__ void softmax_xent_kernel(T* logits, int64_t ld, float* losses, const int32_t* targets, int V, float dscale,
                                     bool backward) {
@@ -334,19 +376,7 @@ __global__ void softmax_xent_kernel(T* logits, int64_t ld, float* losses, const 
   T* x = logits + blockIdx.x * ld;
   const int full = V / kVec * kVec;  // rows start 16-byte aligned (ld is a multiple of the vector size)
   float m = -FLT_MAX, s = 0.0f;
-  // The first pass is bound by the loads' latency: each thread issues kAhead of its packs before it
-  // merges them, in the order the one-at-a-time loop merges them (the same bits).
-  constexpr int kAhead = 4;
-  const int step = blockDim.x * kVec;
-  int v = threadIdx.x * kVec;
-  for (; v + (kAhead - 1) * step < full; v += kAhead * step) {
-    Vec<T> xv[kAhead];
-#pragma unroll
-    for (int u = 0; u < kAhead; ++u) xv[u] = load_vec(x + v + u * step);
-#pragma unroll
-    for (int u = 0; u < kAhead; ++u) merge_pack(m, s, xv[u]);
-  }
-  for (; v < full; v += step) merge_pack(m, s, load_vec(x + v));
+  for_each_pack(x, full, [&](const Vec<T>& xv, int) { merge_pack(m, s, xv); });
   for (int v = full + threadIdx.x; v < V; v += blockDim.x) merge_max_sum(m, s, to_float(x[v]), 1.0f);
   for (int o = 16; o > 0; o >>= 1) {
     merge_max_sum(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
@@ -363,19 +393,81 @@ __global__ void softmax_xent_kernel(T* logits, int64_t ld, float* losses, const 
   const int target = targets[blockIdx.x];
   if (threadIdx.x == 0) losses[blockIdx.x] = lse - to_float(x[target]);
   __syncthreads();  // the target logit is read before it is overwritten
-  if (!backward) return;
-  for (int v = threadIdx.x * kVec; v < full; v += blockDim.x * kVec) {
-    Vec<T> xv = load_vec(x + v);
-    for (int i = 0; i < kVec; ++i) {
-      const float p = __expf(to_float(xv.v[i]) - lse);
-      xv.v[i] = from_float<T>((p - (v + i == target ? 1.0f : 0.0f)) * dscale);
-    }
-    store_vec(x + v, xv);
+  if (backward) write_xent_gradient(x, x, V, target, lse, dscale);
+}
+
+// The block's maximum (kMax) or sum of one float a thread, in an order fixed by the block's shape;
+// every thread gets the same bits. `scratch` holds a float per warp; the barrier before returning lets
+// the caller use it again, and publishes whatever the block wrote to shared memory before the call.
+template <bool kMax>
+__device__ float block_reduce(float x, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, o);
+    x = kMax ? fmaxf(x, y) : x + y;
   }
-  for (int v = full + threadIdx.x; v < V; v += blockDim.x) {
-    const float p = __expf(to_float(x[v]) - lse);
-    x[v] = from_float<T>((p - (v == target ? 1.0f : 0.0f)) * dscale);
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
+  __syncthreads();
+  x = scratch[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) x = kMax ? fmaxf(x, scratch[w]) : x + scratch[w];
+  __syncthreads();
+  return x;
+}
+
+constexpr int kXentRowThreads = 512;
+
+// The row in shared memory (dynamic, V elements): loaded with its maximum on the way, then the sum of
+// exp(x - max), then the gradient from the shared copy. Two blocks an SM, so that one loads while the
+// other computes.
+template <typename T>
+__global__ void __launch_bounds__(kXentRowThreads, 2)
+    softmax_xent_row_kernel(T* logits, int64_t ld, float* losses, const int32_t* targets, int V, float dscale,
+                            bool backward) {
+  extern __shared__ __align__(16) unsigned char shared_row[];
+  __shared__ float scratch[32];
+  constexpr int kVec = Vec<T>::kSize;
+  T* row = reinterpret_cast<T*>(shared_row);
+  T* x = logits + blockIdx.x * ld;
+  const int full = V / kVec * kVec;  // rows start 16-byte aligned (ld is a multiple of the vector size)
+  const int step = blockDim.x * kVec;
+  float m = -FLT_MAX;
+  for_each_pack(x, full, [&](const Vec<T>& xv, int v) {
+    store_vec(row + v, xv);
+    for (int i = 0; i < kVec; ++i) m = fmaxf(m, to_float(xv.v[i]));
+  });
+  for (int t = full + threadIdx.x; t < V; t += blockDim.x) {
+    row[t] = x[t];
+    m = fmaxf(m, to_float(row[t]));
   }
+  m = block_reduce<true>(m, scratch);
+  float s = 0.0f;
+  for (int t = threadIdx.x * kVec; t < full; t += step) {
+    const Vec<T> xv = load_vec(row + t);
+    for (int i = 0; i < kVec; ++i) s += __expf(to_float(xv.v[i]) - m);
+  }
+  for (int t = full + threadIdx.x; t < V; t += blockDim.x) s += __expf(to_float(row[t]) - m);
+  s = block_reduce<false>(s, scratch);
+  const float lse = m + __logf(s);
+  const int target = targets[blockIdx.x];
+  if (threadIdx.x == 0) losses[blockIdx.x] = lse - to_float(row[target]);
+  if (backward) write_xent_gradient(x, row, V, target, lse, dscale);
+}
+
+// Whether softmax_xent_row_kernel<T> runs two blocks an SM with `bytes` of row each; if so, its
+// shared memory limit is raised to that.
+template <typename T>
+bool xent_rows_fit(size_t bytes) {
+  int device = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (bytes + 32 * sizeof(float) > static_cast<size_t>(optin)) return false;
+  const auto kernel = softmax_xent_row_kernel<T>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  // All of the SM's L1 as shared memory, so that the launch configures what the count below assumes.
+  CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  int blocks = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kXentRowThreads, bytes));
+  return blocks >= 2;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -585,7 +677,12 @@ void softmax_cross_entropy(T* logits, int64_t ld, float* losses, const int32_t* 
   if (rows == 0) return;
   if (ld % Vec<T>::kSize != 0)
     fail(ErrorKind::kInternal, "softmax_cross_entropy: row stride not a multiple of 16 bytes");
-  softmax_xent_kernel<<<rows, 1024, 0, st>>>(logits, ld, losses, targets, V, dscale, backward);
+  const size_t bytes = (sizeof(T) * static_cast<size_t>(V) + 15) / 16 * 16;
+  if (xent_rows_fit<T>(bytes)) {
+    softmax_xent_row_kernel<<<rows, kXentRowThreads, bytes, st>>>(logits, ld, losses, targets, V, dscale, backward);
+  } else {
+    softmax_xent_kernel<<<rows, 1024, 0, st>>>(logits, ld, losses, targets, V, dscale, backward);
+  }
   check_launch();
 }
 
