@@ -108,18 +108,18 @@ void fsync_directory(const std::filesystem::path& dir) {
   fd.close();
 }
 
-void write_file_durable(const std::filesystem::path& path, std::string_view content) {
+void write_file_atomic(const std::filesystem::path& path, std::string_view content, bool durable) {
   std::filesystem::path tmp = path;
   tmp += ".tmp";
   {
     FileDescriptor fd = create_fresh_file(tmp);
     fd.write_all(content.data(), content.size());
-    fd.fsync();
+    if (durable) fd.fsync();
     fd.close();
   }
   crash_point(tmp.filename().string());
   if (::rename(tmp.c_str(), path.c_str()) != 0) fail_errno("rename " + tmp.string() + " -> " + path.string(), errno);
-  fsync_directory(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
+  if (durable) fsync_directory(path.has_parent_path() ? path.parent_path() : std::filesystem::path("."));
   crash_point(path.filename().string());
 }
 

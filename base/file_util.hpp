@@ -51,9 +51,15 @@ void fsync_path(const std::filesystem::path& path);
 void fsync_directory(const std::filesystem::path& dir);
 
 // Writes `content` to `path` so that at any instant `path` holds either its old content or the new
-// one: writes `path.tmp`, fsyncs it, renames it over `path` and fsyncs the directory. Neither is
-// followed when it is a symbolic link: a leftover `path.tmp` is replaced, `path` itself is renamed over.
-void write_file_durable(const std::filesystem::path& path, std::string_view content);
+// one: writes `path.tmp`, renames it over `path`, and with `durable` fsyncs the file before the rename
+// and the directory after it. Neither is followed when it is a symbolic link: a leftover `path.tmp` is
+// replaced, `path` itself is renamed over. Without `durable` the new content may still be lost in a
+// crash (never torn): for checkpoints that are meant to live in the page cache.
+void write_file_atomic(const std::filesystem::path& path, std::string_view content, bool durable);
+
+inline void write_file_durable(const std::filesystem::path& path, std::string_view content) {
+  write_file_atomic(path, content, true);
+}
 
 // Opens a file that shardkit reads as input (a manifest, a config, weights, tokens, a shard, `latest`)
 // read-only. It must be a regular file; a symbolic link to one is followed, as users link their data.

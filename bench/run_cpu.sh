@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU checkpoint benchmarks of issue 2, in one run: XXH64 speed, a 1 GiB shard written into the page
-# cache and durably (1 rank), durably from 2 ranks, compressed, and dd's durable write of the same
-# size in the same folder for scale. Prints one JSON line per measurement, then a table.
+# cache and durably (1 rank), durably from 2 ranks, compressed, and dd's writes of the same size in the
+# same folder for scale. Prints one JSON line per measurement, then a table.
 # Usage: bench/run_cpu.sh [DIR] (a folder of its own is made in DIR, default /tmp, and removed after).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,11 +22,27 @@ record "1 GiB checkpoint, durable, 2 ranks" \
   "$(mpirun -n 2 --oversubscribe $sk bench ckpt --size 1GiB --dir "$dir/d2" --repeat 3 --json)"
 record "1 GiB shard, zstd 1, page cache, 1 rank" \
   "$($sk bench ckpt --size 1GiB --dir "$dir/z1" --no-fsync --compress 1 --repeat 3 --json)"
-sync
-start=$(date +%s.%N)
-dd if=/dev/zero of="$dir/dd.bin" bs=4M count=256 conv=fdatasync status=none
-end=$(date +%s.%N)
-record "dd 1 GiB conv=fdatasync" "$(python3 -c "s=$end-$start; print('{\"bytes\": 1073741824, \"seconds\": %.3f, \"gb_per_s\": %.3f}' % (s, 1073741824/s/1e9))")"
+# dd's 1 GiB the three ways the cases above write: into the page cache, buffered then flushed, and
+# with direct I/O (how shardkit writes durable uncompressed shards). Each the median of 3, after a
+# sync, into a fresh file, as the cases above.
+dd_case() {
+  local name=$1
+  shift
+  local times=()
+  for _ in 1 2 3; do
+    rm -f "$dir/dd.bin"
+    sync
+    local start end
+    start=$(date +%s.%N)
+    dd if=/dev/zero of="$dir/dd.bin" bs=4M count=256 status=none "$@"
+    end=$(date +%s.%N)
+    times+=("$(python3 -c "print($end - $start)")")
+  done
+  record "$name" "$(python3 -c "import statistics, sys; s = statistics.median(map(float, sys.argv[1:])); print('{\"bytes\": 1073741824, \"seconds\": %.3f, \"gb_per_s\": %.3f}' % (s, 1073741824/s/1e9))" "${times[@]}")"
+}
+dd_case "dd 1 GiB, page cache (median of 3)"
+dd_case "dd 1 GiB conv=fdatasync (median of 3)" conv=fdatasync
+dd_case "dd 1 GiB oflag=direct (median of 3)" oflag=direct
 
 echo
 python3 - "$results" <<'PY'

@@ -22,8 +22,9 @@ void DirectWriter::Free::operator()(std::byte* p) const noexcept {
   std::free(p);
 }
 
-DirectWriter::DirectWriter(const std::filesystem::path& path, int workers, size_t max_bytes)
+DirectWriter::DirectWriter(const std::filesystem::path& path, int workers, size_t max_bytes, bool bypass_page_cache)
     : path_(path), buffered_(path, O_WRONLY), max_bytes_(round_up(max_bytes, kAlignment)) {
+  if (!bypass_page_cache) return;
   try {
     unbuffered_ = FileDescriptor(path, O_WRONLY | O_DIRECT);
     direct_ = true;

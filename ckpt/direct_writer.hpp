@@ -1,6 +1,8 @@
-// Positional writes of whole chunks into a file whose layout HDF5 has already fixed, bypassing the page
-// cache (O_DIRECT) where the filesystem allows it: no copy into the page cache and no write-back left
-// for the final fsync, so a rank writes at the device's speed and several threads can write at once.
+// Positional writes of whole chunks into a file whose layout HDF5 has already fixed, by several threads
+// at once. A durable shard bypasses the page cache (O_DIRECT) where the filesystem allows it: no copy
+// into the page cache and no write-back left for the final fsync, so a rank writes at the device's
+// speed. A shard that need not be durable goes through the page cache, which takes it at memory speed
+// and writes it back later: there, direct I/O would only make the caller wait for the device.
 // Each writer thread stages its chunk in an aligned buffer of its own (O_DIRECT needs aligned memory,
 // offsets and sizes). Where O_DIRECT is refused -- at open (tmpfs) or at the first write (a filesystem
 // that accepts the flag but not the alignment) -- or a chunk is not aligned, writes go through the
@@ -23,8 +25,9 @@ class DirectWriter {
   // Offsets and sizes that are multiples of this can go to the device directly.
   static constexpr size_t kAlignment = 4096;
 
-  // Opens `path` (which exists) for writing by `workers` threads, chunks of at most `max_bytes`.
-  DirectWriter(const std::filesystem::path& path, int workers, size_t max_bytes);
+  // Opens `path` (which exists) for writing by `workers` threads, chunks of at most `max_bytes`;
+  // `bypass_page_cache` asks for direct I/O.
+  DirectWriter(const std::filesystem::path& path, int workers, size_t max_bytes, bool bypass_page_cache);
 
   // Writes `size` bytes of `data` at `offset`, followed by zeros up to `padded` bytes. Distinct
   // `worker`s (0 .. workers - 1) may write concurrently. Error(kIo) names the file.

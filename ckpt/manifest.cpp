@@ -172,7 +172,7 @@ Manifest read_manifest(const std::filesystem::path& step_dir) {
   return parse_manifest(read_small_file(path, kMaxManifestBytes), path.string());
 }
 
-void write_manifest(const std::filesystem::path& step_dir, const Manifest& manifest) {
+void write_manifest(const std::filesystem::path& step_dir, const Manifest& manifest, bool durable) {
   const std::filesystem::path path = step_dir / kManifestFileName;
   const std::string text = manifest_to_json(manifest).dump(2) + "\n";
   // A manifest that no reader would accept must not commit a checkpoint.
@@ -181,7 +181,7 @@ void write_manifest(const std::filesystem::path& step_dir, const Manifest& manif
                                        " bytes of manifest, more than the " + std::to_string(kMaxManifestBytes) +
                                        " a reader accepts (too many ranks or tensors)");
   }
-  write_file_durable(path, text);
+  write_file_atomic(path, text, durable);
 }
 
 std::string make_checkpoint_uid() {

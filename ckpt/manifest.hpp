@@ -43,8 +43,9 @@ nlohmann::json manifest_to_json(const Manifest& manifest);
 Manifest parse_manifest(const std::string& text, const std::string& where);
 // Reads `dir`/manifest.json (bounded size) and parses it.
 Manifest read_manifest(const std::filesystem::path& step_dir);
-// Writes `dir`/manifest.json durably (temp file, fsync, rename, fsync directory).
-void write_manifest(const std::filesystem::path& step_dir, const Manifest& manifest);
+// Writes `dir`/manifest.json atomically (temp file, rename), with `durable` fsyncing the file and the
+// directory.
+void write_manifest(const std::filesystem::path& step_dir, const Manifest& manifest, bool durable = true);
 
 // A fresh 128-bit random identifier in hex.
 std::string make_checkpoint_uid();

@@ -74,12 +74,15 @@ Manifest build_manifest(const CheckpointMeta& meta, const std::string& checkpoin
   return m;
 }
 
-void commit_checkpoint(const std::filesystem::path& step_dir, const Manifest& manifest, bool update_latest) {
-  write_manifest(step_dir, manifest);
+void commit_checkpoint(const std::filesystem::path& step_dir, const Manifest& manifest, bool update_latest,
+                       bool durable) {
+  // Shards written without durability get none here either: on ext4 (data=ordered) one fsync of the
+  // manifest would flush their data with it.
+  write_manifest(step_dir, manifest, durable);
   if (update_latest) {
     const std::filesystem::path run_dir = step_dir.parent_path().empty() ? "." : step_dir.parent_path();
-    write_file_durable(run_dir / kLatestFileName, step_dir.filename().string() + "\n");
-  } else {
+    write_file_atomic(run_dir / kLatestFileName, step_dir.filename().string() + "\n", durable);
+  } else if (durable) {
     fsync_directory(step_dir.parent_path().empty() ? "." : step_dir.parent_path());
   }
 }
@@ -156,7 +159,7 @@ SaveResult save_checkpoint(Collective& group, const SaveRequest& request) {
         shards.push_back(std::move(s));
       }
       const Manifest m = build_manifest(meta, uid, std::move(shards));
-      commit_checkpoint(step_dir, m, request.update_latest);
+      commit_checkpoint(step_dir, m, request.update_latest, meta.shard.durable);
       outcome = message({{"bytes", m.total_bytes()}});
     } catch (const std::exception& e) {
       outcome = message(e, "checkpoint " + step_dir.string() + " not committed: ");

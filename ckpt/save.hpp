@@ -66,8 +66,10 @@ SaveResult save_checkpoint(Collective& group, const SaveRequest& request);
 void prepare_step_dir(const std::filesystem::path& step_dir);
 // ... builds the manifest from the shards' records (in rank order) ...
 Manifest build_manifest(const CheckpointMeta& meta, const std::string& checkpoint_uid, std::vector<ShardRecord> shards);
-// ... and, once every shard is committed, writes the manifest and (optionally) points `latest` at it.
-void commit_checkpoint(const std::filesystem::path& step_dir, const Manifest& manifest, bool update_latest);
+// ... and, once every shard is committed, writes the manifest and (optionally) points `latest` at it,
+// durably unless the shards were not (ShardOptions::durable).
+void commit_checkpoint(const std::filesystem::path& step_dir, const Manifest& manifest, bool update_latest,
+                       bool durable = true);
 
 // The version string written into manifests ("shardkit 0.1.0").
 std::string writer_version();

@@ -85,7 +85,7 @@ ShardWriter::ShardWriter(const std::filesystem::path& path, const TensorTable& t
   h5_->file = h5::create_file(tmp_path_, raw ? static_cast<int64_t>(DirectWriter::kAlignment) : 0);
   if (raw) {
     raw_ = std::make_unique<DirectWriter>(tmp_path_, pool_->concurrency(),
-                                          static_cast<size_t>(chunk_elems()) * sizeof(float));
+                                          static_cast<size_t>(chunk_elems()) * sizeof(float), options.durable);
   }
   if (options_.durable) writeback_fd_ = FileDescriptor(tmp_path_, O_RDONLY);
   const hid_t root = h5_->file.get();

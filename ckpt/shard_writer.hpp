@@ -29,7 +29,8 @@ struct ShardOptions {
   int64_t chunk_elems = 0;    // elements per HDF5 chunk; 0 = kDefaultChunkElems
   int compression_level = 0;  // 0 = store raw; 1..19 = zstd level (HDF5 filter 32015)
   int threads = 0;            // writer / compression threads; 0 = chosen from the hardware
-  bool durable = true;        // fsync the file and its directory before commit() returns
+  bool durable = true;        // fsync the file and its directory before commit() returns (and write raw
+                              // chunks with direct I/O); false leaves the shard in the page cache
 };
 
 // What identifies the shard inside its checkpoint; written as attributes.

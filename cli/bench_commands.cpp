@@ -121,7 +121,8 @@ void add_bench_commands(CLI::App& app, Action& action, int* argc, char*** argv) 
   ckpt->add_option("--chunk-elems", o->chunk_elems,
                    "fp32 elements per HDF5 chunk, each with its own checksum (default 0: 262144 = 1 MiB)")
       ->check(CLI::Range(int64_t{0}, ckpt::kMaxChunkElems));
-  ckpt->add_flag("--no-fsync", o->no_fsync, "Skip fsync: measures the write into the page cache, not the disk");
+  ckpt->add_flag("--no-fsync", o->no_fsync,
+                 "Write through the page cache without fsync: measures the write into memory, not the disk");
   ckpt->add_flag("--json", o->json,
                  "Print {\"bytes\", \"seconds\", \"gb_per_s\", \"durable\", ...} on one line instead of a table");
   ckpt->add_flag("-q,--quiet", o->quiet, "No progress output on stderr (the result is still printed)");

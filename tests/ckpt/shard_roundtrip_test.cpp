@@ -2,6 +2,7 @@
 // random tables, every stage, several world sizes, compressed and not.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <random>
 
@@ -66,6 +67,32 @@ TEST(ShardRoundTrip, EveryStageAndWorldSizeReadsBackExactly) {
         EXPECT_TRUE(reader.verify().ok());
         if (HasFatalFailure()) return;
       }
+    }
+  }
+}
+
+// A checkpoint written without durability (shards through the page cache, manifest and `latest`
+// without fsync) is the same checkpoint.
+TEST(ShardRoundTrip, WithoutDurabilityTheSameCheckpointReadsBack) {
+  const ckpt::TensorTable table = testing::random_table(6, 1, 5000);
+  for (int stage : {1, 3}) {
+    for (int level : {0, 1}) {
+      SCOPED_TRACE("stage=" + std::to_string(stage) + " zstd=" + std::to_string(level));
+      TempDir dir;
+      ckpt::ShardOptions options;
+      options.chunk_elems = 1024;  // whole 4 KiB chunks, as direct I/O would take them
+      options.compression_level = level;
+      options.threads = 2;
+      options.durable = false;
+      const auto step_dir = testing::write_synthetic_checkpoint(dir.path(), table, {3, stage, 16}, options, kSeed);
+      EXPECT_EQ(ckpt::read_latest(dir.path()), step_dir.filename().string());
+      CheckpointReader reader(dir.path());
+      expect_synthetic_content(reader, kSeed);
+      EXPECT_TRUE(reader.verify().ok());
+      for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path())) {
+        EXPECT_NE(e.path().extension(), ".tmp") << e.path();
+      }
+      if (HasFatalFailure()) return;
     }
   }
 }

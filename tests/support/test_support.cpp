@@ -65,7 +65,7 @@ std::filesystem::path write_synthetic_checkpoint(const std::filesystem::path& ru
     }
     records.push_back(writer.commit());
   }
-  ckpt::commit_checkpoint(step_dir, ckpt::build_manifest(meta, uid, std::move(records)), true);
+  ckpt::commit_checkpoint(step_dir, ckpt::build_manifest(meta, uid, std::move(records)), true, options.durable);
   return step_dir;
 }
 
