@@ -15,7 +15,9 @@
 // GPUs, so that the time a save costs training can be checked against a known delay.
 // At "swap-enospc" (same step rule) that rank's writes to its NVMe swap files fail with
 // ENOSPC during the step, as on a disk that filled up under the run. At "monitor-enospc" (same step
-// rule) rank 0's writes of that step's TensorBoard events and CSV rows fail with ENOSPC.
+// rule) rank 0's writes of that step's TensorBoard events and CSV rows fail with ENOSPC. At
+// "slow-prune" (SHARDKIT_FAULT_STEP: the step being saved) rank 0 takes SHARDKIT_FAULT_DELAY_MS longer
+// to remove the checkpoints beyond --keep-last after that save's commit.
 // Without SHARDKIT_FAULT nothing happens (one cached getenv).
 //
 // Crash points, in protocol order:

@@ -50,7 +50,7 @@ Checkpointer::~Checkpointer() {
   if (in_flight_ && in_flight_->worker.joinable()) in_flight_->worker.join();
 }
 
-SaveOutcome Checkpointer::write(comm::MpiCollective& group, const ckpt::SaveRequest& request) {
+SaveOutcome Checkpointer::write(comm::MpiCollective& group, const ckpt::SaveRequest& request, Clock::time_point start) {
   SaveOutcome outcome;
   outcome.step = request.meta.step;
   try {
@@ -62,8 +62,16 @@ SaveOutcome Checkpointer::write(comm::MpiCollective& group, const ckpt::SaveRequ
     outcome.error = e.what();
     return outcome;  // nothing new to prune
   }
-  if (group.rank() == 0) prune();
+  outcome.write_ms = ms_since(start);
+  // Removing a predecessor of tens of gigabytes can take seconds (extents freed, discards issued):
+  // that is not the save's write, and a figure that compares the write with dd must not include it.
+  const auto pruning = Clock::now();
+  if (group.rank() == 0) {
+    if (fault_armed("slow-prune", 0, request.meta.step)) fault_delay();
+    prune();
+  }
   group.barrier();  // pruning is finished before any rank looks at the directory again
+  outcome.prune_ms = ms_since(pruning);
   return outcome;
 }
 
@@ -96,9 +104,8 @@ void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& b
 
   if (mode_ == SaveMode::kSync) {
     backend.wait_snapshot();
-    SaveOutcome outcome = write(comm_, request);
+    SaveOutcome outcome = write(comm_, request, start);
     backend.end_snapshot();
-    outcome.write_ms = ms_since(start);
     outcome.loop_blocked_ms = ms_since(requested);
     outcome.device_wait_ms = backend.snapshot_wait_ms();  // 0: the copy was done before save() returned
     completed_.push_back(std::move(outcome));
@@ -112,9 +119,8 @@ void Checkpointer::save(int64_t step, const ckpt::TensorTable& table, Backend& b
     try {
       backend.wait_snapshot();  // a GPU's copy to host memory overlaps the next micro-batches
       const double blocked_ms = job->outcome.loop_blocked_ms;
-      job->outcome = write(*background_, request);
+      job->outcome = write(*background_, request, start);
       job->outcome.loop_blocked_ms = blocked_ms;
-      job->outcome.write_ms = ms_since(start);
     } catch (...) {
       job->error = std::current_exception();
     }

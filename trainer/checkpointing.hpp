@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/clock.hpp"
 #include "ckpt/save.hpp"
 #include "ckpt/shard_writer.hpp"
 #include "ckpt/tensor_table.hpp"
@@ -32,6 +33,7 @@ struct SaveOutcome {
   double device_wait_ms = 0;
   double training_lost_ms() const noexcept { return loop_blocked_ms + device_wait_ms; }
   double write_ms = 0;  // from the snapshot (after any wait for the previous save) until committed and durable
+  double prune_ms = 0;  // after the commit: removing the checkpoints beyond keep_last (not in write_ms)
   std::string error;    // non-empty: the save failed, alike on every rank, and left nothing behind
 };
 
@@ -64,7 +66,8 @@ class Checkpointer {
   struct InFlight;
   void prune();
   void collect(bool wait);
-  SaveOutcome write(comm::MpiCollective& group, const ckpt::SaveRequest& request);
+  // Writes and commits (write_ms counts from `start`), then prunes (prune_ms).
+  SaveOutcome write(comm::MpiCollective& group, const ckpt::SaveRequest& request, Clock::time_point start);
 
   comm::MpiCollective& comm_;
   std::filesystem::path save_dir_;

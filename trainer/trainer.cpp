@@ -578,7 +578,8 @@ void Trainer::State::report(const std::vector<SaveOutcome>& saves) {
                    {"training_lost_ms", o.training_lost_ms()},
                    {"loop_blocked_ms", o.loop_blocked_ms},
                    {"device_wait_ms", o.device_wait_ms},
-                   {"write_ms", o.write_ms}});
+                   {"write_ms", o.write_ms},
+                   {"prune_ms", o.prune_ms}});
     if (monitors) {
       // The samples at the checkpoint's step: this run's batch size has not changed since.
       const int64_t samples = consumed_samples - (step - o.step) * config.train_batch_size;

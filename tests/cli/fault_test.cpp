@@ -246,6 +246,31 @@ TEST(Faults, ASlowSnapshotCostsTrainingItsDelayAndTheCheckpointEventSaysSo) {
   EXPECT_LT(events[0]["training_lost_ms"].get<double>(), delay_ms) << "the fault is armed for step 4 only";
 }
 
+// Removing the checkpoints beyond --keep-last comes after the commit and is not the save's write: a
+// prune made slower by a known delay shows in the event's prune_ms, not in write_ms, which figures
+// compare with dd's write of the same bytes.
+TEST(Faults, PruningAfterTheCommitIsTimedApartFromTheWrite) {
+  testing::TempDir dir;
+  const auto data = write_text_tokens(dir);
+  const double delay_ms = 1500;
+  const Result r = run(train_args(data, dir / "run", dir / "m.jsonl", "--keep-last 1"), mpirun(2),
+                       "SHARDKIT_FAULT=slow-prune SHARDKIT_FAULT_STEP=4 SHARDKIT_FAULT_DELAY_MS=1500");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto events = read_metrics(dir / "m.jsonl", true);
+  ASSERT_EQ(events.size(), 3u);
+  ASSERT_EQ(events[1]["step"], 4);
+  EXPECT_GE(events[1]["prune_ms"].get<double>(), delay_ms) << events[1].dump();
+  for (const auto& e : events) {
+    EXPECT_LT(e["write_ms"].get<double>(), delay_ms) << e.dump();
+    if (e["step"] != 4) {
+      EXPECT_LT(e["prune_ms"].get<double>(), delay_ms) << e.dump();
+    }
+  }
+  EXPECT_EQ(latest_of(dir / "run"), "step-00000006");
+  EXPECT_FALSE(std::filesystem::exists(dir / "run" / "step-00000002"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "run" / "step-00000004"));
+}
+
 // Without a snapshot copy (--snapshot-staging none: for states too large to be held twice in host
 // memory) the save reads the live states and the next optimizer step waits until it is done: a save
 // made slower by a known delay costs the step what of it the step's passes do not cover, and the
