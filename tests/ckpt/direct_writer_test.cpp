@@ -1,5 +1,5 @@
 // The shard writer's positional chunk writer: what lands in the file, with and without direct I/O,
-// from several threads at once, with a short chunk padded by zeros and an unaligned one.
+// from several threads at once, with a short chunk padded by zeros and one of an odd size.
 #include "ckpt/direct_writer.hpp"
 
 #include <gtest/gtest.h>
@@ -34,7 +34,7 @@ std::vector<std::byte> read_all(const std::filesystem::path& path) {
 }
 
 // Eight full chunks from four threads, then a short last chunk padded to a whole one, then a piece
-// at an unaligned offset (which goes through the page cache whatever the mode).
+// whose size is not a multiple of 4 KiB (which goes through the page cache whatever the mode).
 void write_and_check(bool bypass_page_cache) {
   testing::TempDir dir;
   const auto path = dir.path() / "shard.bin";
