@@ -1,8 +1,10 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdint>
-
+#include <map>
+#include <mutex>
 #include <type_traits>
+#include <utility>
 
 #include "model/cuda/attention_kernels.hpp"
 #include "model/cuda/cuda_common.hpp"
@@ -452,22 +454,36 @@ __global__ void __launch_bounds__(kXentRowThreads, 2)
   if (backward) write_xent_gradient(x, row, V, target, lse, dscale);
 }
 
-// Whether softmax_xent_row_kernel<T> runs two blocks an SM with `bytes` of row each; if so, its
-// shared memory limit is raised to that.
+// Whether softmax_xent_row_kernel<T> runs two blocks an SM with `bytes` of row each. Asked at every
+// launch of a step no CUDA graph replays, so each device is configured once (the kernel's dynamic
+// shared memory limit raised to all a block may have, the L1 given to shared memory, so that the
+// launch configures what the occupancy count assumes) and each row size's answer kept.
 template <typename T>
 bool xent_rows_fit(size_t bytes) {
-  int device = 0, optin = 0;
+  static std::mutex mutex;
+  static std::map<int, size_t> limit;                  // device -> largest dynamic shared memory a block
+  static std::map<std::pair<int, size_t>, bool> fits;  // (device, bytes) -> two blocks an SM
+  int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  if (bytes + 32 * sizeof(float) > static_cast<size_t>(optin)) return false;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = fits.find({device, bytes}); it != fits.end()) return it->second;
   const auto kernel = softmax_xent_row_kernel<T>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  // All of the SM's L1 as shared memory, so that the launch configures what the count below assumes.
-  CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  auto known = limit.find(device);
+  if (known == limit.end()) {
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attributes{};
+    CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    const int dynamic = optin - static_cast<int>(attributes.sharedSizeBytes);
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+    known = limit.emplace(device, static_cast<size_t>(dynamic)).first;
+  }
   int blocks = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kXentRowThreads, bytes));
-  return blocks >= 2;
+  if (bytes <= known->second)
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kXentRowThreads, bytes));
+  return fits.emplace(std::make_pair(device, bytes), blocks >= 2).first->second;
 }
 
 // ------------------------------------------------------------------------------------------------
