@@ -106,8 +106,9 @@ class NoDecayTable {
 };
 
 // The update and what surrounds it: AdamW over every parameter; outside the passes and the update,
-// every step reads the fp32 gradients once for their norm and zeroes them for the next step's sums
-// (one rank, stages 0-1: all of them). The buffers take 18 bytes a parameter; a model with more than
+// every step reads the fp32 gradients once for their norm (one rank, stages 0-1: all of them). Nothing
+// clears them: the passes of a step's first micro-batch store them (the rows above, as a step of one
+// micro-batch runs them). The buffers take 18 bytes a parameter; a model with more than
 // kSliceElements parameters is timed a slice at a time, the first of `calls` equal slices counted
 // `calls` times (the kernels stream memory: time is linear in the elements), so that a 7B model's
 // step can be taken apart on an 80 GB GPU.
@@ -131,7 +132,6 @@ void update_rows(std::vector<Row>& rows, const model::Model& spec, double lr, cu
   });
   DeviceBuffer<double> norm(kSumScratch);
   add("gradient norm (sum of squares)", [&] { sum_squares(norm.data(), g.data(), static_cast<int64_t>(n), st); });
-  add("zero the gradients", [&] { CUDA_CHECK(cudaMemsetAsync(g.data(), 0, g.bytes(), st)); });
 }
 
 std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t st, cublasHandle_t cublas) {
@@ -170,7 +170,7 @@ std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t 
   };
   auto mm_dw = [&](int oc, int ic) {
     return [&, oc, ic] {
-      gemm<T, float>(cublas, true, false, ic, oc, N, 1.0f, big.data(), ic, big2.data(), oc, 1.0f, gw.data(), oc);
+      gemm<T, float>(cublas, true, false, ic, oc, N, 1.0f, big.data(), ic, big2.data(), oc, 0.0f, gw.data(), oc);
     };
   };
   std::vector<Row> rows;
@@ -185,13 +185,14 @@ std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t 
   }
   EncoderBackward encoder(N, V);
   auto gwpe = filled<float>(size_t{1} * S * C, st);
+  add("wpe gradient cleared", 1, [&] { CUDA_CHECK(cudaMemsetAsync(gwpe.data(), 0, gwpe.bytes(), st)); });
   add("encoder_backward (sort, sums)", 1,
       [&] { encoder.run(gwte.data(), gwpe.data(), x.data(), targets.data(), B, S, C, st); });
   add("layernorm_forward", 2 * L + 1,
       [&] { layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), bias.data(), bias.data(), N, C, st); });
   add("layernorm_backward", 2 * L + 1, [&] {
     layernorm_backward(y.data(), gb.data(), gb.data() + C, x.data(), x.data(), bias.data(), mean.data(), rstd.data(), N,
-                       C, scratch.data(), st);
+                       C, scratch.data(), GradWrite::kStore, st);
   });
   add("linear qkv (+bias)", L, lt(Epilogue::kBias, 3 * C, C, false));
   add("linear attproj (+bias+residual)", L, lt(Epilogue::kBias, C, C, true));
@@ -208,9 +209,12 @@ std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t 
   add("gemm attproj dweight", L, mm_dw(C, C));
   add("gemm fc dweight", L, mm_dw(4 * C, C));
   add("gemm fcproj dweight", L, mm_dw(C, 4 * C));
-  add("bias_backward (3C)", L, [&] { bias_backward(gb.data(), qkv.data(), N, 3 * C, scratch.data(), st); });
-  add("bias_backward (C)", 2 * L, [&] { bias_backward(gb.data(), x.data(), N, C, scratch.data(), st); });
-  add("bias_backward (4C)", L, [&] { bias_backward(gb.data(), big.data(), N, 4 * C, scratch.data(), st); });
+  add("bias_backward (3C)", L,
+      [&] { bias_backward(gb.data(), qkv.data(), N, 3 * C, scratch.data(), GradWrite::kStore, st); });
+  add("bias_backward (C)", 2 * L,
+      [&] { bias_backward(gb.data(), x.data(), N, C, scratch.data(), GradWrite::kStore, st); });
+  add("bias_backward (4C)", L,
+      [&] { bias_backward(gb.data(), big.data(), N, 4 * C, scratch.data(), GradWrite::kStore, st); });
   add("attention_forward", L,
       [&] { model::gpt2::attention_forward(x.data(), lse.data(), qkv.data(), B, S, C, NH, st); });
   add("attention_backward", L, [&] {
@@ -227,7 +231,7 @@ std::vector<Row> gpt2_rows(const model::Model& spec, int B, int S, cudaStream_t 
     gemm<T, T>(cublas, false, false, head_rows, C, ldv, 1.0f, logits.data(), ldv, wte.data(), C, 0.0f, y.data(), C);
   });
   add("head gemm dwte", head_blocks,
-      [&] { head_weight_grad(cublas, gwte.data(), logits.data(), ldv, x.data(), V, C, head_rows); });
+      [&] { head_weight_grad(cublas, gwte.data(), logits.data(), ldv, x.data(), V, C, head_rows, GradWrite::kStore); });
   update_rows(rows, spec, 6e-4, st);
 
   return rows;
@@ -282,10 +286,10 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
     return
         [&, o, in] { gemm<T, T>(cublas, false, false, N, in, o, 1.0f, a.data(), o, w.data(), in, 0.0f, b.data(), in); };
   };
-  // dW (out, in) += dy^T x
+  // dW (out, in) = dy^T x
   auto dweight = [&](int o, int in) {
     return [&, o, in] {
-      gemm<T, float>(cublas, true, false, o, in, N, 1.0f, a.data(), o, b.data(), in, 1.0f, gw.data(), in);
+      gemm<T, float>(cublas, true, false, o, in, N, 1.0f, a.data(), o, b.data(), in, 0.0f, gw.data(), in);
     };
   };
   std::vector<Row> rows;
@@ -297,12 +301,16 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
   const AttentionShape shape{B, S, NH, NKV, D, QKV, QKV};
   EncoderBackward embedding(N, V);
   add("embedding_forward", 1, [&] { llama::embedding_forward(x.data(), tokens.data(), head.data(), N, H, st); });
+  if (!c.tie_word_embeddings) {
+    add("embedding gradient cleared", 1, [&] { CUDA_CHECK(cudaMemsetAsync(ghead.data(), 0, ghead.bytes(), st)); });
+  }
   add("embedding_backward (sort, sums)", 1,
       [&] { embedding.run(ghead.data(), static_cast<float*>(nullptr), x.data(), tokens.data(), B, S, H, st); });
   add("rmsnorm_forward", 2 * L + 1,
       [&] { rmsnorm_forward(y.data(), rstd.data(), x.data(), head.data(), N, H, 1e-5f, st); });
   add("rmsnorm_backward", 2 * L + 1, [&] {
-    rmsnorm_backward(y.data(), gnorm.data(), x.data(), x.data(), head.data(), rstd.data(), N, H, scratch.data(), st);
+    rmsnorm_backward(y.data(), gnorm.data(), x.data(), x.data(), head.data(), rstd.data(), N, H, scratch.data(),
+                     GradWrite::kStore, st);
   });
   add("linear q|k|v", L, linear(QKV, H, false));
   add("(alt) linear q, k, v apart", 0, [&] {
@@ -334,8 +342,9 @@ std::vector<Row> llama_rows(const model::Model& spec, int B, int S, cudaStream_t
   add("head gemm dinp", head_blocks, [&] {
     gemm<T, T>(cublas, false, false, head_rows, H, ldv, 1.0f, logits.data(), ldv, head.data(), H, 0.0f, y.data(), H);
   });
-  add("head gemm dweight", head_blocks,
-      [&] { head_weight_grad(cublas, ghead.data(), logits.data(), ldv, x.data(), V, H, head_rows); });
+  add("head gemm dweight", head_blocks, [&] {
+    head_weight_grad(cublas, ghead.data(), logits.data(), ldv, x.data(), V, H, head_rows, GradWrite::kStore);
+  });
   add("gemm down dinp, dweight", L, [&] {
     dinp(H, I)();
     dweight(H, I)();

@@ -15,11 +15,13 @@ void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m, int n, int k
 }
 
 template <typename T>
-void head_weight_grad(cublasHandle_t handle, float* dwte, const T* logits, int ld, const T* x, int V, int C, int rows) {
+void head_weight_grad(cublasHandle_t handle, float* dwte, const T* logits, int ld, const T* x, int V, int C, int rows,
+                      GradWrite write) {
   const int aligned = V / 64 * 64;
-  if (aligned > 0) gemm<T, float>(handle, true, false, aligned, C, rows, 1.0f, logits, ld, x, C, 1.0f, dwte, C);
+  const float beta = write == GradWrite::kAdd ? 1.0f : 0.0f;
+  if (aligned > 0) gemm<T, float>(handle, true, false, aligned, C, rows, 1.0f, logits, ld, x, C, beta, dwte, C);
   if (aligned < V) {
-    gemm<T, float>(handle, true, false, V - aligned, C, rows, 1.0f, logits + aligned, ld, x, C, 1.0f,
+    gemm<T, float>(handle, true, false, V - aligned, C, rows, 1.0f, logits + aligned, ld, x, C, beta,
                    dwte + static_cast<size_t>(aligned) * C, C);
   }
 }
@@ -33,9 +35,11 @@ SHARDKIT_INSTANTIATE_GEMM(__nv_bfloat16, float)
 SHARDKIT_INSTANTIATE_GEMM(__half, __half)
 SHARDKIT_INSTANTIATE_GEMM(__half, float)
 
-template void head_weight_grad<float>(cublasHandle_t, float*, const float*, int, const float*, int, int, int);
+template void head_weight_grad<float>(cublasHandle_t, float*, const float*, int, const float*, int, int, int,
+                                      GradWrite);
 template void head_weight_grad<__nv_bfloat16>(cublasHandle_t, float*, const __nv_bfloat16*, int, const __nv_bfloat16*,
-                                              int, int, int);
-template void head_weight_grad<__half>(cublasHandle_t, float*, const __half*, int, const __half*, int, int, int);
+                                              int, int, int, GradWrite);
+template void head_weight_grad<__half>(cublasHandle_t, float*, const __half*, int, const __half*, int, int, int,
+                                       GradWrite);
 
 }  // namespace shardkit::model::cuda

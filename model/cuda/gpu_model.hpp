@@ -13,6 +13,7 @@
 #include "model/cuda/block_outputs.hpp"
 #include "model/cuda/cuda_common.hpp"
 #include "model/cuda/encoder_backward.hpp"
+#include "model/cuda/kernels.hpp"
 #include "model/model.hpp"
 #include "model/param_store.hpp"
 
@@ -31,7 +32,18 @@ class GpuParamStore : public model::BasicParameterStore<T> {
   // so that which products a run makes, and with them its bits, never depend on the allocator.
   virtual bool params_back_to_back(int first, int last) const = 0;
   virtual bool grads_back_to_back(int first, int last) const = 0;
+  // Whether the gradients of `group`, as open_grads(group) has just opened them, hold nothing of the
+  // step yet: then the model stores each element's first contribution of the pass (GradWrite::kStore:
+  // a product with beta 0) and writes every element of every tensor of the group, zero where it has
+  // nothing to add (an embedding's rows no token used), since nobody cleared the buffers. Stages 0-1:
+  // the step's first micro-batch; stages 2-3: every micro-batch (each opens buffers of its own).
+  virtual bool grads_fresh(int group) const = 0;
 };
+
+// kStore where a pass is the first to write a fresh group's gradients, else kAdd.
+inline GradWrite first_write(bool fresh) {
+  return fresh ? GradWrite::kStore : GradWrite::kAdd;
+}
 
 // Row-major C (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * C, A and B in T, C in TC (T or
 // float), fp32 accumulation (tensor cores for bf16/fp16; true fp32, no TF32, for float).
@@ -52,11 +64,12 @@ inline int head_block_rows(int padded_vocab, size_t element_bytes, int rows) {
   return static_cast<int>(std::clamp<size_t>(fit, 1, static_cast<size_t>(rows)));
 }
 
-// The head's weight gradient, dwte (V x C, fp32) += logits^T (V x rows, row stride ld) x (rows x C),
-// in two products: the first rows a multiple of 64, then the rest. With V = 50257 rows as one product
+// The head's weight gradient, dwte (V x C, fp32) += (kStore: =) logits^T (V x rows, row stride ld) x
+// (rows x C), in two products: the first rows a multiple of 64, then the rest. With V = 50257 rows as one product
 // cuBLAS ran at about 510 TFLOP/s; split, at 870 (2.50 -> 1.45 ms on an H200 at 16 x 1024 tokens).
 template <typename T>
-void head_weight_grad(cublasHandle_t handle, float* dwte, const T* logits, int ld, const T* x, int V, int C, int rows);
+void head_weight_grad(cublasHandle_t handle, float* dwte, const T* logits, int ld, const T* x, int V, int C, int rows,
+                      GradWrite write);
 
 // Sizes a GPU model's activation buffer and counts its bytes into `total` (the model's
 // activation_bytes()).

@@ -24,12 +24,12 @@ constexpr float kGeluCubic = 0.044715f;
 // ------------------------------------------------------------------------------------------------
 // Deterministic column sums
 
-// The second step of the deterministic column sums (norm and bias gradients): out[c] += the sum of
-// partial[0..rows)[c], the rows added in one fixed order. Block (32, 8) takes 32 columns; thread y
+// The second step of the deterministic column sums (norm and bias gradients): out[c] += (or, not
+// `add`, =) the sum of partial[0..rows)[c], the rows added in one fixed order. Block (32, 8) takes 32 columns; thread y
 // adds rows y, y + 8, ... (a warp reads 32 adjacent floats of a row), then its 8 sums are added in y
 // order.
 constexpr dim3 kColumnSumBlock(32, 8);
-__global__ void column_sums_kernel(float* out, const float* partial, int rows, int cols) {
+__global__ void column_sums_kernel(float* out, const float* partial, int rows, int cols, bool add) {
   __shared__ float sums[8][32];
   const int col = blockIdx.x * 32 + threadIdx.x;
   float acc = 0.0f;
@@ -41,7 +41,7 @@ __global__ void column_sums_kernel(float* out, const float* partial, int rows, i
   if (threadIdx.y != 0 || col >= cols) return;
   float total = 0.0f;
   for (int y = 0; y < 8; ++y) total += sums[y][threadIdx.x];
-  out[col] += total;
+  out[col] = add ? out[col] + total : total;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -622,8 +622,9 @@ void bias_forward(T* out, const T* bias, int N, int OC, cudaStream_t st) {
 }
 
 template <typename T>
-void bias_backward(float* dbias, const T* dout, int N, int OC, float* scratch, cudaStream_t st) {
-  if (N == 0 || OC == 0) return;
+void bias_backward(float* dbias, const T* dout, int N, int OC, float* scratch, GradWrite write, cudaStream_t st) {
+  if (OC == 0) return;
+  if (N == 0) return add_column_sums(dbias, scratch, 0, OC, write, st);  // no rows: 0 stored, or nothing added
   constexpr int kVec = Vec<T>::kSize;
   const bool vectorized = OC % kVec == 0 && reinterpret_cast<uintptr_t>(dout) % 16 == 0;
   const int rows = (N + kBiasBlocks - 1) / kBiasBlocks;
@@ -631,13 +632,12 @@ void bias_backward(float* dbias, const T* dout, int N, int OC, float* scratch, c
   const dim3 grid((OC + 32 * kVec - 1) / (32 * kVec), blocks);
   bias_partial_kernel<<<grid, dim3(32, 8), 0, st>>>(scratch, dout, N, OC, rows, vectorized);
   check_launch();
-  column_sums_kernel<<<(OC + 31) / 32, kColumnSumBlock, 0, st>>>(dbias, scratch, blocks, OC);
-  check_launch();
+  add_column_sums(dbias, scratch, blocks, OC, write, st);
 }
 
-void add_column_sums(float* out, const float* partial, int rows, int cols, cudaStream_t st) {
-  if (rows == 0 || cols == 0) return;
-  column_sums_kernel<<<(cols + 31) / 32, kColumnSumBlock, 0, st>>>(out, partial, rows, cols);
+void add_column_sums(float* out, const float* partial, int rows, int cols, GradWrite write, cudaStream_t st) {
+  if (cols == 0) return;
+  column_sums_kernel<<<(cols + 31) / 32, kColumnSumBlock, 0, st>>>(out, partial, rows, cols, write == GradWrite::kAdd);
   check_launch();
 }
 
@@ -730,7 +730,7 @@ void delay_stream(cudaStream_t st, double ms) {
 
 #define SHARDKIT_INSTANTIATE(T)                                                                                      \
   template void bias_forward<T>(T*, const T*, int, int, cudaStream_t);                                               \
-  template void bias_backward<T>(float*, const T*, int, int, float*, cudaStream_t);                                  \
+  template void bias_backward<T>(float*, const T*, int, int, float*, GradWrite, cudaStream_t);                       \
   template void gelu_forward<T>(T*, const T*, int64_t, cudaStream_t);                                                \
   template void gelu_backward<T>(T*, const T*, const T*, int64_t, cudaStream_t);                                     \
   template void add_inplace<T>(T*, const T*, int64_t, cudaStream_t);                                                 \

@@ -14,7 +14,12 @@
 
 namespace shardkit::model::cuda {
 
-// out (N, OC) += bias;  dbias (OC) += column sums of dout (N, OC), deterministic (the same sums in
+// How a backward kernel puts a weight gradient into its fp32 buffer: added to what the buffer holds,
+// or stored over it -- by the first writer of a buffer that holds nothing of the step yet
+// (GpuParamStore::grads_fresh), which then needs no clearing beforehand.
+enum class GradWrite { kAdd, kStore };
+
+// out (N, OC) += bias;  dbias (OC) += (kStore: =) column sums of dout (N, OC), deterministic (the same sums in
 // the same order on every run), with `scratch` of bias_scratch_floats(OC) floats.
 template <typename T>
 void bias_forward(T* out, const T* bias, int N, int OC, cudaStream_t st);
@@ -23,11 +28,11 @@ constexpr int64_t bias_scratch_floats(int OC) {
   return int64_t{kBiasBlocks} * OC;
 }
 template <typename T>
-void bias_backward(float* dbias, const T* dout, int N, int OC, float* scratch, cudaStream_t st);
+void bias_backward(float* dbias, const T* dout, int N, int OC, float* scratch, GradWrite write, cudaStream_t st);
 
-// out[c] += sum of partial[r][c] over r in [0, rows), in one fixed order (the second step of a
-// deterministic column sum: a family's kernels write per-block partial sums, this adds them).
-void add_column_sums(float* out, const float* partial, int rows, int cols, cudaStream_t st);
+// out[c] += (kStore: =) the sum of partial[r][c] over r in [0, rows), in one fixed order (the second
+// step of a deterministic column sum: a family's kernels write per-block partial sums, this adds them).
+void add_column_sums(float* out, const float* partial, int rows, int cols, GradWrite write, cudaStream_t st);
 
 // GELU, tanh approximation (gelu_new); backward: dinp = dout * gelu'(inp)
 template <typename T>

@@ -169,9 +169,14 @@ void norm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weigh
 
 template <typename T, Norm kNorm>
 void norm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                   const float* mean, const float* rstd, int N, int C, float* scratch, cudaStream_t st) {
+                   const float* mean, const float* rstd, int N, int C, float* scratch, GradWrite write,
+                   cudaStream_t st) {
   require_supported(kNorm, C);
-  if (N == 0) return;
+  if (N == 0) {  // no rows: zero stored, or nothing added
+    add_column_sums(dweight, scratch, 0, C, write, st);
+    if (kNorm == Norm::kLayer) add_column_sums(dbias, scratch, 0, C, write, st);
+    return;
+  }
   const int rows = (N + kNormBlocks - 1) / kNormBlocks;
   const int blocks = (N + rows - 1) / rows;
   // Up to 8 warps, as many as 48 KiB of shared memory hold sums for; wider rows get fewer warps, the
@@ -191,8 +196,8 @@ void norm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T
       },
       dinp, dout, inp, weight);
   check_launch();
-  add_column_sums(dweight, scratch, blocks, C, st);
-  if (kNorm == Norm::kLayer) add_column_sums(dbias, scratch + int64_t{blocks} * C, blocks, C, st);
+  add_column_sums(dweight, scratch, blocks, C, write, st);
+  if (kNorm == Norm::kLayer) add_column_sums(dbias, scratch + int64_t{blocks} * C, blocks, C, write, st);
 }
 
 }  // namespace
@@ -213,8 +218,9 @@ void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* 
 
 template <typename T>
 void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                        const float* mean, const float* rstd, int N, int C, float* scratch, cudaStream_t st) {
-  norm_backward<T, Norm::kLayer>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, scratch, st);
+                        const float* mean, const float* rstd, int N, int C, float* scratch, GradWrite write,
+                        cudaStream_t st) {
+  norm_backward<T, Norm::kLayer>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, scratch, write, st);
 }
 
 template <typename T>
@@ -224,17 +230,17 @@ void rmsnorm_forward(T* out, float* rstd, const T* x, const T* weight, int N, in
 
 template <typename T>
 void rmsnorm_backward(T* dx, float* dweight, const T* dout, const T* x, const T* weight, const float* rstd, int N,
-                      int C, float* scratch, cudaStream_t st) {
-  norm_backward<T, Norm::kRms>(dx, dweight, nullptr, dout, x, weight, nullptr, rstd, N, C, scratch, st);
+                      int C, float* scratch, GradWrite write, cudaStream_t st) {
+  norm_backward<T, Norm::kRms>(dx, dweight, nullptr, dout, x, weight, nullptr, rstd, N, C, scratch, write, st);
 }
 
 #define SHARDKIT_INSTANTIATE(T)                                                                                     \
   template void layernorm_forward<T>(T*, float*, float*, const T*, const T*, const T*, int, int, cudaStream_t);     \
   template void layernorm_backward<T>(T*, float*, float*, const T*, const T*, const T*, const float*, const float*, \
-                                      int, int, float*, cudaStream_t);                                              \
+                                      int, int, float*, GradWrite, cudaStream_t);                                   \
   template void rmsnorm_forward<T>(T*, float*, const T*, const T*, int, int, float, cudaStream_t);                  \
   template void rmsnorm_backward<T>(T*, float*, const T*, const T*, const T*, const float*, int, int, float*,       \
-                                    cudaStream_t);
+                                    GradWrite, cudaStream_t);
 SHARDKIT_INSTANTIATE(float)
 SHARDKIT_INSTANTIATE(__nv_bfloat16)
 SHARDKIT_INSTANTIATE(__half)

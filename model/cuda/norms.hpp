@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "model/cuda/kernels.hpp"
+
 namespace shardkit::model::cuda {
 
 enum class Norm { kLayer, kRms };
@@ -27,17 +29,18 @@ constexpr int64_t norm_scratch_floats(Norm norm, int C) {
 template <typename T>
 void layernorm_forward(T* out, float* mean, float* rstd, const T* inp, const T* weight, const T* bias, int N, int C,
                        cudaStream_t st);
-// dinp (N, C) += the input gradient; dweight, dbias (C) += theirs.
+// dinp (N, C) += the input gradient; dweight, dbias (C) += (kStore: =) theirs.
 template <typename T>
 void layernorm_backward(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp, const T* weight,
-                        const float* mean, const float* rstd, int N, int C, float* scratch, cudaStream_t st);
+                        const float* mean, const float* rstd, int N, int C, float* scratch, GradWrite write,
+                        cudaStream_t st);
 
 // RMSNorm: out = weight * (x * rstd), rstd = 1 / sqrt(mean(x^2) + eps), saved (N).
 template <typename T>
 void rmsnorm_forward(T* out, float* rstd, const T* x, const T* weight, int N, int C, float eps, cudaStream_t st);
-// dx (N, C) += the input gradient; dweight (C) += the weight gradient.
+// dx (N, C) += the input gradient; dweight (C) += (kStore: =) the weight gradient.
 template <typename T>
 void rmsnorm_backward(T* dx, float* dweight, const T* dout, const T* x, const T* weight, const float* rstd, int N,
-                      int C, float* scratch, cudaStream_t st);
+                      int C, float* scratch, GradWrite write, cudaStream_t st);
 
 }  // namespace shardkit::model::cuda

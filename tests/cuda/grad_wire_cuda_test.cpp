@@ -28,7 +28,7 @@ std::vector<float> gradient(int rank, int t, int64_t n) {
 
 // Gives `engine` this rank's gradients for two micro-batches (groups opened forward, closed backward,
 // as the model does; stages 2-3 reduce each micro-batch, the second adding to the first), reduces them
-// and returns the global squared norm. `fill(t, values)` writes tensor t's gradient.
+// and returns the global squared norm. `fill(group, t, values)` writes tensor t's gradient.
 template <typename Engine, typename Fill>
 double reduced_sq(Engine& engine, const ckpt::TensorTable& table, const std::vector<model::TensorGroup>& groups,
                   int rank, Fill fill) {
@@ -37,7 +37,7 @@ double reduced_sq(Engine& engine, const ckpt::TensorTable& table, const std::vec
     for (size_t g = 0; g < groups.size(); ++g) engine.open_grads(static_cast<int>(g));
     for (size_t g = groups.size(); g-- > 0;) {
       for (int t = groups[g].first; t < groups[g].last; ++t) {
-        fill(t, gradient(rank + 3 * micro, t, table[static_cast<size_t>(t)].numel()));
+        fill(static_cast<int>(g), t, gradient(rank + 3 * micro, t, table[static_cast<size_t>(t)].numel()));
       }
       engine.close_grads(static_cast<int>(g));
     }
@@ -63,7 +63,7 @@ TEST(GradWireCuda, NcclReductionsInEveryCommunicationTypeGiveWhatCpuRanksGive) {
       config.allgather_bucket_size = 1500;
       trainer::ZeroEngine cpu(table, groups, decays, config, trainer::optimizer(trainer::OptimizerKind::kAdamW), wire,
                               world);
-      const double want = reduced_sq(cpu, table, groups, world.rank(), [&](int t, const std::vector<float>& g) {
+      const double want = reduced_sq(cpu, table, groups, world.rank(), [&](int, int t, const std::vector<float>& g) {
         float* grad = cpu.grad(t);
         for (size_t i = 0; i < g.size(); ++i) grad[i] += g[i];
       });
@@ -72,13 +72,22 @@ TEST(GradWireCuda, NcclReductionsInEveryCommunicationTypeGiveWhatCpuRanksGive) {
         trainer::cuda::GpuZeroEngine<float> gpu(table, groups, decays, config,
                                                 trainer::optimizer(trainer::OptimizerKind::kAdamW), wire, world,
                                                 context.nccl(), context.stream());
-        const double got = reduced_sq(gpu, table, groups, world.rank(), [&](int t, const std::vector<float>& g) {
-          // Added as the model's kernels add (stages 0-1 accumulate over micro-batches in place).
-          const model::cuda::DeviceBuffer<float> values(g.size());
-          CUDA_CHECK(cudaMemcpy(values.data(), g.data(), g.size() * sizeof(float), cudaMemcpyHostToDevice));
-          model::cuda::add_inplace(gpu.grad(t), values.data(), static_cast<int64_t>(g.size()), context.stream());
-          CUDA_CHECK(cudaStreamSynchronize(context.stream()));  // before `values` is freed
-        });
+        const double got =
+            reduced_sq(gpu, table, groups, world.rank(), [&](int group, int t, const std::vector<float>& g) {
+              // Written as the model's kernels write: stored where the engine says the group's buffers
+              // hold nothing of the step (never cleared), else added (stages 0-1 accumulate over
+              // micro-batches in place).
+              const size_t bytes = g.size() * sizeof(float);
+              if (gpu.grads_fresh(group)) {
+                CUDA_CHECK(cudaMemcpyAsync(gpu.grad(t), g.data(), bytes, cudaMemcpyHostToDevice, context.stream()));
+                CUDA_CHECK(cudaStreamSynchronize(context.stream()));
+                return;
+              }
+              const model::cuda::DeviceBuffer<float> values(g.size());
+              CUDA_CHECK(cudaMemcpy(values.data(), g.data(), bytes, cudaMemcpyHostToDevice));
+              model::cuda::add_inplace(gpu.grad(t), values.data(), static_cast<int64_t>(g.size()), context.stream());
+              CUDA_CHECK(cudaStreamSynchronize(context.stream()));  // before `values` is freed
+            });
         EXPECT_NEAR(got, want, want * 1e-12) << "stage " << stage << ", wire " << ckpt::dtype_name(wire)
                                              << ", overlap_comm " << overlap << ", " << world.size() << " ranks";
       }

@@ -230,11 +230,12 @@ TEST(CudaKernels, LayerNormBackwardMatchesDoubleAndBf16MatchesFp32) {
       DeviceBuffer<float> mean(N), rstd(N), gw(C), gb(C),
           scratch(static_cast<size_t>(norm_scratch_floats(Norm::kLayer, C)));
       CUDA_CHECK(cudaMemset(dinp.data(), 0, dinp.bytes()));
-      CUDA_CHECK(cudaMemset(gw.data(), 0, gw.bytes()));
-      CUDA_CHECK(cudaMemset(gb.data(), 0, gb.bytes()));
+      // The weight and bias gradients stored over what the buffers held (NaN).
+      CUDA_CHECK(cudaMemset(gw.data(), 0xff, gw.bytes()));
+      CUDA_CHECK(cudaMemset(gb.data(), 0xff, gb.bytes()));
       layernorm_forward<U>(out.data(), mean.data(), rstd.data(), dx.data(), dw.data(), db.data(), N, C, nullptr);
       layernorm_backward<U>(dinp.data(), gw.data(), gb.data(), dd.data(), dx.data(), dw.data(), mean.data(),
-                            rstd.data(), N, C, scratch.data(), nullptr);
+                            rstd.data(), N, C, scratch.data(), GradWrite::kStore, nullptr);
       CUDA_CHECK(cudaDeviceSynchronize());
       return std::tuple{widen(download(out)), widen(download(dinp)), download(gw), download(gb)};
     };
@@ -253,36 +254,42 @@ TEST(CudaKernels, LayerNormBackwardMatchesDoubleAndBf16MatchesFp32) {
   }
 }
 
-// Bias gradients (column sums) against double on the host, added to what dbias held, for widths that
-// take the 16-byte path and odd ones that do not; two runs give the same bits (no atomics).
+// Bias gradients (column sums) against double on the host, added to what dbias held (0.5) and stored
+// over it (NaN), for widths that take the 16-byte path and odd ones that do not, and no rows at all;
+// two runs give the same bits (no atomics).
 TEST(CudaKernels, BiasBackwardMatchesDoubleAndIsDeterministic) {
   REQUIRE_GPUS(1);
-  for (const auto& [N, OC] : {std::pair{16384, 3072}, std::pair{1000, 768}, std::pair{333, 77}, std::pair{5, 9}}) {
+  for (const auto& [N, OC] :
+       {std::pair{16384, 3072}, std::pair{1000, 768}, std::pair{333, 77}, std::pair{5, 9}, std::pair{0, 40}}) {
     std::vector<__nv_bfloat16> d_t;
     std::vector<float> d_f;
     random_values<__nv_bfloat16>(size_t{1} * N * OC, 1.0f, 21, d_t, d_f);
-    std::vector<double> want(static_cast<size_t>(OC), 0.5);
+    std::vector<double> sums(static_cast<size_t>(OC), 0.0);
     for (int n = 0; n < N; ++n) {
       for (int c = 0; c < OC; ++c) {
-        want[static_cast<size_t>(c)] += static_cast<double>(d_f[size_t{1} * n * OC + static_cast<size_t>(c)]);
+        sums[static_cast<size_t>(c)] += static_cast<double>(d_f[size_t{1} * n * OC + static_cast<size_t>(c)]);
       }
     }
-    auto run = [&](const auto& d) {
-      auto dd = upload(d);
-      DeviceBuffer<float> db(static_cast<size_t>(OC)), scratch(static_cast<size_t>(bias_scratch_floats(OC)));
-      const std::vector<float> initial(static_cast<size_t>(OC), 0.5f);
-      CUDA_CHECK(cudaMemcpy(db.data(), initial.data(), db.bytes(), cudaMemcpyHostToDevice));
-      bias_backward(db.data(), dd.data(), N, OC, scratch.data(), nullptr);
-      CUDA_CHECK(cudaDeviceSynchronize());
-      return download(db);
-    };
-    const std::string what = "N=" + std::to_string(N) + " OC=" + std::to_string(OC);
-    const std::vector<float> got16 = run(d_t), got32 = run(d_f);
-    EXPECT_EQ(got16, run(d_t)) << what << ": bf16 not deterministic";
-    EXPECT_EQ(got32, run(d_f)) << what << ": fp32 not deterministic";
-    const std::vector<float> want_f(want.begin(), want.end());
-    EXPECT_LT(relative_error(got32, want_f), 1e-5) << what << " fp32 vs double";
-    EXPECT_LT(relative_error(got16, want_f), 1e-5) << what << " bf16 inputs, fp32 sums";
+    for (const GradWrite write : {GradWrite::kAdd, GradWrite::kStore}) {
+      const bool add = write == GradWrite::kAdd;
+      auto run = [&](const auto& d) {
+        auto dd = upload(d);
+        DeviceBuffer<float> db(static_cast<size_t>(OC)), scratch(static_cast<size_t>(bias_scratch_floats(OC)));
+        const std::vector<float> initial(static_cast<size_t>(OC), add ? 0.5f : std::nanf(""));
+        CUDA_CHECK(cudaMemcpy(db.data(), initial.data(), db.bytes(), cudaMemcpyHostToDevice));
+        bias_backward(db.data(), dd.data(), N, OC, scratch.data(), write, nullptr);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        return download(db);
+      };
+      const std::string what = "N=" + std::to_string(N) + " OC=" + std::to_string(OC) + (add ? " added" : " stored");
+      const std::vector<float> got16 = run(d_t), got32 = run(d_f);
+      EXPECT_EQ(got16, run(d_t)) << what << ": bf16 not deterministic";
+      EXPECT_EQ(got32, run(d_f)) << what << ": fp32 not deterministic";
+      std::vector<float> want(static_cast<size_t>(OC));
+      for (size_t c = 0; c < want.size(); ++c) want[c] = static_cast<float>(sums[c] + (add ? 0.5 : 0.0));
+      EXPECT_LT(relative_error(got32, want), 1e-5) << what << " fp32 vs double";
+      EXPECT_LT(relative_error(got16, want), 1e-5) << what << " bf16 inputs, fp32 sums";
+    }
   }
 }
 

@@ -85,7 +85,7 @@ void check_rmsnorm(int N, int H) {
   rmsnorm_forward(out_d.data(), rstd_d.data(), x_d.data(), w_d.data(), N, H, eps, nullptr);
   // The backward pass from the GPU's own rstd (compared with the CPU's below).
   rmsnorm_backward(dx_d.data(), dw_d.data(), dout_d.data(), x_d.data(), w_d.data(), rstd_d.data(), N, H, scratch.data(),
-                   nullptr);
+                   GradWrite::kAdd, nullptr);
   EXPECT_LT(relative_error(download_floats(out_d), out), kTolerance<T>) << "out " << what;
   EXPECT_LT(relative_error(download_floats(rstd_d), rstd), 1e-4) << "rstd " << what;
   EXPECT_LT(relative_error(download_floats(dx_d), dx), kTolerance<T>) << "dx " << what;
@@ -95,8 +95,18 @@ void check_rmsnorm(int N, int H) {
   const std::vector<float> first = download(dw_d);
   auto dw_again = upload(dw0.f), dx_again = upload(dx0.t);
   rmsnorm_backward(dx_again.data(), dw_again.data(), dout_d.data(), x_d.data(), w_d.data(), rstd_d.data(), N, H,
-                   scratch.data(), nullptr);
+                   scratch.data(), GradWrite::kAdd, nullptr);
   EXPECT_EQ(download(dw_again), first) << "dweight twice " << what;
+
+  // Stored over what the buffer held (NaN): the bits of the same sums added to zero.
+  DeviceBuffer<float> dw_zero(H), dw_stored(H);
+  CUDA_CHECK(cudaMemset(dw_zero.data(), 0, dw_zero.bytes()));
+  CUDA_CHECK(cudaMemset(dw_stored.data(), 0xff, dw_stored.bytes()));
+  rmsnorm_backward(dx_again.data(), dw_zero.data(), dout_d.data(), x_d.data(), w_d.data(), rstd_d.data(), N, H,
+                   scratch.data(), GradWrite::kAdd, nullptr);
+  rmsnorm_backward(dx_again.data(), dw_stored.data(), dout_d.data(), x_d.data(), w_d.data(), rstd_d.data(), N, H,
+                   scratch.data(), GradWrite::kStore, nullptr);
+  EXPECT_EQ(download(dw_stored), download(dw_zero)) << "dweight stored " << what;
 }
 
 TEST(LlamaCudaKernels, RmsNormMatchesTheCpu) {

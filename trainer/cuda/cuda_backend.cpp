@@ -4,6 +4,7 @@
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -85,17 +86,20 @@ class CudaBackend final : public Backend {
     // replay the passes as a CUDA graph: the same kernels on the same memory, without their launch
     // gaps (about 1 % of a GPT-2 124M step on an H200). The first micro-batch runs kernel by kernel,
     // building the matrix products' plans and workspaces (which a capture cannot allocate); the graph
-    // is captured again whenever the loss scale, a kernel argument, changes.
+    // is captured again whenever the loss scale, a kernel argument, changes. A step's first micro-batch
+    // stores its gradients and later ones add to them (GpuParamStore::grads_fresh): a graph for each.
     if (!replay_ || !warm_) {
       warm_ = true;
       return model_->forward_backward(engine_, inputs_.data(), targets_.data(), grad_scale, times);
     }
-    if (!graph_.ready() || graph_scale_ != grad_scale) {
-      graph_.capture(context_.stream(),
-                     [&] { model_->queue(engine_, inputs_.data(), targets_.data(), grad_scale, nullptr); });
-      graph_scale_ = grad_scale;
+    Replay& replay = replays_[engine_.grads_fresh(0) ? 1 : 0];
+    if (!replay.graph.ready() || replay.scale != grad_scale) {
+      replay.graph.capture(context_.stream(),
+                           [&] { model_->queue(engine_, inputs_.data(), targets_.data(), grad_scale, nullptr); });
+      replay.scale = grad_scale;
     }
-    graph_.launch(context_.stream());
+    replay.graph.launch(context_.stream());
+    engine_.pass_replayed();
     return model_->finish(engine_, nullptr);
   }
   void reduce_grads() override { engine_.reduce_grads(); }
@@ -211,8 +215,11 @@ class CudaBackend final : public Backend {
   SnapshotGate snapshot_gate_;
   const bool replay_;  // the passes run as a captured graph
   bool warm_ = false;  // a micro-batch has run kernel by kernel
-  Graph graph_;
-  float graph_scale_ = 0.0f;  // the loss scale graph_ was captured with
+  struct Replay {
+    Graph graph;
+    float scale = 0.0f;  // the loss scale the graph was captured with
+  };
+  std::array<Replay, 2> replays_;  // adding to the step's gradients, and storing them (its first micro-batch)
 };
 
 }  // namespace

@@ -213,6 +213,8 @@ GpuZeroEngine<T>::GpuZeroEngine(const ckpt::TensorTable& table, std::vector<mode
   const FixedBuffers fixed = fixed_buffers_of(plan_, config);
   params_full_.resize(fixed.params_full);
   grads_full_.resize(fixed.grads_full);
+  // Once: the padding between tensors is never written, and the passes store the tensors' gradients.
+  if (fixed.grads_full > 0) CUDA_CHECK(cudaMemsetAsync(grads_full_.data(), 0, grads_full_.bytes(), stream_));
   if (fixed.states_on_host) {
     host_ = std::make_unique<HostOptimizer<T>>(fixed.states, optimizer, fixed.param_home,
                                                std::move(opened_swaps_.optimizer), param_part_.swap());
@@ -559,11 +561,15 @@ template <typename T>
 void GpuZeroEngine<T>::open_grads(int group) {
   if (!plan_.partitions_grads()) return;
   const model::TensorGroup& g = groups_[static_cast<size_t>(group)];
+  // Uncleared: the model stores every element (grads_fresh).
   for (int t = g.first; t < g.last; ++t) {
-    DeviceBuffer<float>& b = grad_buffers_[static_cast<size_t>(t)];
-    b = grad_pool_.take(static_cast<size_t>(numel(t)), stream_);
-    CUDA_CHECK(cudaMemsetAsync(b.data(), 0, b.bytes(), stream_));
+    grad_buffers_[static_cast<size_t>(t)] = grad_pool_.take(static_cast<size_t>(numel(t)), stream_);
   }
+}
+
+template <typename T>
+bool GpuZeroEngine<T>::grads_fresh(int) const {
+  return plan_.partitions_grads() || !grads_written_;
 }
 
 template <typename T>
@@ -592,7 +598,10 @@ float* GpuZeroEngine<T>::grad(int tensor) {
 
 template <typename T>
 void GpuZeroEngine<T>::close_grads(int group) {
-  if (!plan_.partitions_grads()) return;
+  if (!plan_.partitions_grads()) {
+    if (++closed_groups_ == static_cast<int>(groups_.size())) pass_replayed();  // the pass is through
+    return;
+  }
   pending_groups_.push_back(group);
   pending_elems_ += elements_of(plan_, groups_[static_cast<size_t>(group)]);
   // The micro-batch's backward pass is through once it has closed every group, whatever the family's
@@ -717,10 +726,16 @@ const float* GpuZeroEngine<T>::reduced_grads() const noexcept {
 
 template <typename T>
 void GpuZeroEngine<T>::zero_grads() {
-  if (grads_full_.size()) CUDA_CHECK(cudaMemsetAsync(grads_full_.data(), 0, grads_full_.bytes(), stream_));
   // Stages 2-3: the first micro-batch's reductions overwrite every gradient of the partition (the
   // padding, never written, stays zero from the start); stage 1's reduce-scatter overwrites it all.
   grads_reduced_ = false;
+  grads_written_ = false;
+}
+
+template <typename T>
+void GpuZeroEngine<T>::pass_replayed() {
+  closed_groups_ = 0;
+  grads_written_ = true;
 }
 
 template <typename T>

@@ -99,8 +99,14 @@ class GpuZeroEngine final : public model::cuda::GpuParamStore<T> {
   // Stages 0-2 keep the parameters, stages 0-1 the gradients, in one flat buffer of the layout.
   bool params_back_to_back(int first, int last) const override;
   bool grads_back_to_back(int first, int last) const override;
+  bool grads_fresh(int group) const override;
 
+  // A new step: its first micro-batch's pass stores its gradients rather than adding them, so nothing
+  // is cleared here (the padding between tensors, never written, stays zero from the allocation).
   void zero_grads();
+  // Stages 0-1: a pass captured earlier was replayed (a CUDA graph), making none of the calls above:
+  // the gradients are written as the captured calls left them.
+  void pass_replayed();
   void reduce_grads();
   double global_grad_sq();
   void step(const OptimizerStep& step);
@@ -190,6 +196,7 @@ class GpuZeroEngine final : public model::cuda::GpuParamStore<T> {
   int64_t pending_elems_ = 0;
   int closed_groups_ = 0;                             // groups the current micro-batch has closed
   bool grads_reduced_ = false;                        // a micro-batch of this step has reduced into grad_part_ already
+  bool grads_written_ = false;                        // stages 0-1: a pass of this step has written grads_full_
   model::cuda::DeviceBuffer<std::byte> send_, recv_;  // reductions' staging, in the wire's type
   model::cuda::DeviceBuffer<T> gather_recv_;
   model::cuda::DeviceBuffer<double> scalar_;

@@ -101,6 +101,7 @@ class ResidentParams final : public GpuParamStore<T> {
     return true;
   }
   bool grads_back_to_back(int, int) const override { return false; }  // no gradients
+  bool grads_fresh(int) const override { return false; }
 
  private:
   std::vector<int64_t> offsets_, numels_;  // each tensor's first element in values_, and its size

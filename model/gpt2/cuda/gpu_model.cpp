@@ -18,20 +18,21 @@ using namespace cuda;
 
 namespace {
 
-// dweight += inp^T @ dout;  dbias += colsum(dout)   (inp (N, IC), dout (N, OC))
+// dweight += inp^T @ dout;  dbias += colsum(dout)   (inp (N, IC), dout (N, OC); kStore: =)
 template <typename T>
 void weight_grads(cublasHandle_t h, cudaStream_t st, float* scratch, float* dweight, float* dbias, const T* dout,
-                  const T* inp, int N, int IC, int OC) {
-  gemm<T, float>(h, true, false, IC, OC, N, 1.0f, inp, IC, dout, OC, 1.0f, dweight, OC);
-  bias_backward(dbias, dout, N, OC, scratch, st);
+                  const T* inp, int N, int IC, int OC, GradWrite write) {
+  gemm<T, float>(h, true, false, IC, OC, N, 1.0f, inp, IC, dout, OC, write == GradWrite::kAdd ? 1.0f : 0.0f, dweight,
+                 OC);
+  bias_backward(dbias, dout, N, OC, scratch, write, st);
 }
 
-// dinp = dout @ weight^T;  dweight += inp^T @ dout;  dbias += colsum(dout)
+// dinp = dout @ weight^T;  dweight += inp^T @ dout;  dbias += colsum(dout)   (kStore: =)
 template <typename T>
 void matmul_backward(cublasHandle_t h, cudaStream_t st, float* scratch, T* dinp, float* dweight, float* dbias,
-                     const T* dout, const T* inp, const T* weight, int N, int IC, int OC) {
+                     const T* dout, const T* inp, const T* weight, int N, int IC, int OC, GradWrite write) {
   gemm<T, T>(h, false, true, N, IC, OC, 1.0f, dout, OC, weight, OC, 0.0f, dinp, IC);
-  weight_grads(h, st, scratch, dweight, dbias, dout, inp, N, IC, OC);
+  weight_grads(h, st, scratch, dweight, dbias, dout, inp, N, IC, OC, write);
 }
 
 }  // namespace
@@ -180,7 +181,17 @@ void GpuGpt2<T>::queue(GpuParamStore<T>& p, const int32_t* inputs, const int32_t
 template <typename T>
 void GpuGpt2<T>::head(GpuParamStore<T>& p, const int32_t* targets, float grad_scale, bool backward) {
   const int N = B_ * S_, C = config_.n_embd, V = config_.vocab_size;
-  if (backward) p.open_grads(0);
+  // Group 0 is wte and wpe. Fresh, the first row block's product stores wte's gradient (every row:
+  // the tied head), and wpe's rows beyond the sequence get none, so it is cleared for the encoder's
+  // backward pass to add to.
+  bool fresh = false;
+  if (backward) {
+    p.open_grads(0);
+    fresh = p.grads_fresh(0);
+    if (fresh) {
+      CUDA_CHECK(cudaMemsetAsync(p.grad(kWpe), 0, sizeof(float) * config_.n_positions * C, stream_));
+    }
+  }
   p.acquire(0);
   // The padding rows of the copy stay zero, so are the padding logits, and so is what they add to dx.
   CUDA_CHECK(cudaMemcpyAsync(wte_padded_.data(), p.param(kWte), sizeof(T) * V * C, cudaMemcpyDeviceToDevice, stream_));
@@ -195,7 +206,8 @@ void GpuGpt2<T>::head(GpuParamStore<T>& p, const int32_t* targets, float grad_sc
     if (!backward) continue;
     gemm<T, T>(cublas_, false, false, rows, C, Vp, 1.0f, logits_.data(), Vp, wte, C, 0.0f,
                dbuf_c_.data() + static_cast<size_t>(r0) * C, C);
-    head_weight_grad(cublas_, p.grad(kWte), logits_.data(), logits_ld_, x, V, C, rows);
+    head_weight_grad(cublas_, p.grad(kWte), logits_.data(), logits_ld_, x, V, C, rows,
+                     r0 == 0 ? first_write(fresh) : GradWrite::kAdd);
   }
   p.release(0);
   sum_floats(loss_sum_.data(), losses_.data(), N, stream_);
@@ -229,7 +241,8 @@ void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
   p.acquire(L + 1);
   p.open_grads(L + 1);
   layernorm_backward(dres_.data(), p.grad(lnf), p.grad(lnf + 1), dbuf_c_.data(), outputs_.input(L - 1), p.param(lnf),
-                     lnf_mean_.data(), lnf_rstd_.data(), N, C, scratch_.data(), stream_);
+                     lnf_mean_.data(), lnf_rstd_.data(), N, C, scratch_.data(), first_write(p.grads_fresh(L + 1)),
+                     stream_);
   p.close_grads(L + 1);
   p.release(L + 1);
   for (int l = L - 1; l >= 0; --l) {
@@ -237,6 +250,7 @@ void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
     const T* input = l == 0 ? encoded_.data() : outputs_.input(l - 1);
     if (checkpointing_) forward_block(p, l, input, false);
     p.open_grads(1 + l);
+    const GradWrite gw = first_write(p.grads_fresh(1 + l));  // each tensor of a block has one writer
     auto w = [&](int k) { return p.param(block_tensor(l, k)); };
     auto g = [&](int k) { return p.grad(block_tensor(l, k)); };
     const size_t lc = layer_slot(l) * NC, ln = layer_slot(l) * N;
@@ -245,19 +259,19 @@ void GpuGpt2<T>::backward_blocks(GpuParamStore<T>& p, const int32_t* inputs) {
     matmul_.run<T>(Epilogue::kDGelu, false, true, N, 4 * C, C, dres, C, w(kFcProjW), C, dbuf_4c2_.data(), 4 * C,
                    nullptr, fch_.data() + 4 * lc);
     weight_grads(cublas_, stream_, scratch_.data(), g(kFcProjW), g(kFcProjB), dres, fch_gelu_.data() + 4 * lc, N, 4 * C,
-                 C);
+                 C, gw);
     matmul_backward(cublas_, stream_, scratch_.data(), dbuf_c_.data(), g(kFcW), g(kFcB), dbuf_4c2_.data(),
-                    ln2_.data() + lc, w(kFcW), N, C, 4 * C);
+                    ln2_.data() + lc, w(kFcW), N, C, 4 * C, gw);
     layernorm_backward(dres, g(kLn2W), g(kLn2B), dbuf_c_.data(), res2_.data() + lc, w(kLn2W), ln2_mean_.data() + ln,
-                       ln2_rstd_.data() + ln, N, C, scratch_.data(), stream_);
+                       ln2_rstd_.data() + ln, N, C, scratch_.data(), gw, stream_);
     matmul_backward(cublas_, stream_, scratch_.data(), dbuf_c_.data(), g(kAttProjW), g(kAttProjB), dres,
-                    atty_.data() + lc, w(kAttProjW), N, C, C);
+                    atty_.data() + lc, w(kAttProjW), N, C, C, gw);
     attention_backward(dbuf_3c_.data(), delta_.data(), dbuf_c_.data(), atty_.data() + lc, qkv_.data() + 3 * lc,
                        lse_.data() + ln * NH, B_, S_, C, NH, stream_);
     matmul_backward(cublas_, stream_, scratch_.data(), dbuf_c2_.data(), g(kQkvW), g(kQkvB), dbuf_3c_.data(),
-                    ln1_.data() + lc, w(kQkvW), N, C, 3 * C);
+                    ln1_.data() + lc, w(kQkvW), N, C, 3 * C, gw);
     layernorm_backward(dres, g(kLn1W), g(kLn1B), dbuf_c2_.data(), input, w(kLn1W), ln1_mean_.data() + ln,
-                       ln1_rstd_.data() + ln, N, C, scratch_.data(), stream_);
+                       ln1_rstd_.data() + ln, N, C, scratch_.data(), gw, stream_);
     p.close_grads(1 + l);
     p.release(1 + l);
   }

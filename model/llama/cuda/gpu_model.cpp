@@ -65,12 +65,13 @@ struct OneMatrix {
 
 // The backward pass of stacked_linear (K = 1: one bias-free nn.Linear), dy (N, sum outs; row stride
 // ldy): dx (N, IN; row stride ldx) = dy [W_0; W_1; ...], added to dx when accumulate (beta 1: the sum
-// of the products feeding one input, as the CPU model adds them); dW_k += dy_k^T x in fp32.
+// of the products feeding one input, as the CPU model adds them); dW_k += (kStore: =) dy_k^T x in fp32.
 template <typename T, size_t K>
 void linear_backward(cublasHandle_t h, T* dx, int ldx, const std::array<float*, K>& dw, const T* dy, int ldy,
                      const T* x, const std::array<const T*, K>& w, const std::array<int, K>& outs, OneMatrix one, int N,
-                     int IN, bool accumulate) {
+                     int IN, bool accumulate, GradWrite write) {
   const float beta = accumulate ? 1.0f : 0.0f;
+  const float grad_beta = write == GradWrite::kAdd ? 1.0f : 0.0f;
   if (one.params) {
     gemm<T, T>(h, false, false, N, IN, total(outs), 1.0f, dy, ldy, stacked(w, outs, IN), IN, beta, dx, ldx);
   } else {
@@ -81,12 +82,12 @@ void linear_backward(cublasHandle_t h, T* dx, int ldx, const std::array<float*, 
     }
   }
   if (one.grads) {
-    gemm<T, float>(h, true, false, total(outs), IN, N, 1.0f, dy, ldy, x, IN, 1.0f, stacked(dw, outs, IN), IN);
+    gemm<T, float>(h, true, false, total(outs), IN, N, 1.0f, dy, ldy, x, IN, grad_beta, stacked(dw, outs, IN), IN);
     return;
   }
   int column = 0;
   for (size_t k = 0; k < K; ++k) {
-    gemm<T, float>(h, true, false, outs[k], IN, N, 1.0f, dy + column, ldy, x, IN, 1.0f, dw[k], IN);
+    gemm<T, float>(h, true, false, outs[k], IN, N, 1.0f, dy + column, ldy, x, IN, grad_beta, dw[k], IN);
     column += outs[k];
   }
 }
@@ -251,6 +252,9 @@ void GpuLlama<T>::head(GpuParamStore<T>& p, const int32_t* targets, float grad_s
   const int group = c.tie_word_embeddings ? 0 : final_group_;
   if (c.tie_word_embeddings) p.acquire(0);
   if (backward) p.open_grads(group);
+  // Fresh, the first row block's product stores the head's gradient (all of it; tied, the embedding's
+  // backward pass adds to it).
+  const bool fresh = backward && p.grads_fresh(group);
   // The output projection fused with the cross-entropy and its gradient, in blocks of rows. The
   // padding rows of the copy stay zero, so are the padding logits, and so is what they add to dx.
   CUDA_CHECK(cudaMemcpyAsync(head_padded_.data(), p.param(w), sizeof(T) * V * H, cudaMemcpyDeviceToDevice, stream_));
@@ -264,7 +268,8 @@ void GpuLlama<T>::head(GpuParamStore<T>& p, const int32_t* targets, float grad_s
     if (!backward) continue;
     gemm<T, T>(cublas_, false, false, rows, H, Vp, 1.0f, logits_.data(), Vp, weight, H, 0.0f,
                dxn_.data() + static_cast<size_t>(r0) * H, H);
-    head_weight_grad(cublas_, p.grad(w), logits_.data(), logits_ld_, x, V, H, rows);
+    head_weight_grad(cublas_, p.grad(w), logits_.data(), logits_ld_, x, V, H, rows,
+                     r0 == 0 ? first_write(fresh) : GradWrite::kAdd);
   }
   // An untied head stays acquired, its gradients open, for the final norm's backward pass; with a
   // tied head the embedding's gradients stay open for the whole backward pass.
@@ -328,7 +333,7 @@ void GpuLlama<T>::backward_layers(GpuParamStore<T>& p, const int32_t* inputs) {
     p.open_grads(final_group_);
   }
   rmsnorm_backward(dres_.data(), p.grad(norm), dxn_.data(), outputs_.input(c.n_layer - 1), p.param(norm), rstdf_.data(),
-                   N, H, scratch_.data(), stream_);
+                   N, H, scratch_.data(), first_write(p.grads_fresh(final_group_)), stream_);
   p.close_grads(final_group_);
   p.release(final_group_);
 
@@ -337,6 +342,7 @@ void GpuLlama<T>::backward_layers(GpuParamStore<T>& p, const int32_t* inputs) {
     const T* x = l == 0 ? encoded_.data() : outputs_.input(l - 1);
     if (checkpointing_) forward_layer(p, l, x, false);
     p.open_grads(1 + l);
+    const GradWrite gw = first_write(p.grads_fresh(1 + l));  // each tensor of a layer has one writer
     auto w = [&](int k) { return p.param(layer_tensor(l, k)); };
     auto g = [&](int k) { return p.grad(layer_tensor(l, k)); };
     const size_t at = layer_slot(l) * static_cast<size_t>(N);
@@ -354,29 +360,34 @@ void GpuLlama<T>::backward_layers(GpuParamStore<T>& p, const int32_t* inputs) {
     constexpr OneMatrix kOne{true, true};  // a single tensor
     T* dgate_up = dgate_up_.data();
     linear_backward<T, 1>(cublas_, dgate_up + I, 2 * I, {g(kDown)}, dres, H, act_.data() + at * I, {w(kDown)}, {H},
-                          kOne, N, I, false);
+                          kOne, N, I, false, gw);
     swiglu_backward(dgate_up, dgate_up + I, 2 * I, gate_up_.data() + at * 2 * I, N, I, stream_);
     linear_backward<T, 2>(cublas_, dxn_.data(), H, {g(kGate), g(kUp)}, dgate_up, 2 * I, xn2, {w(kGate), w(kUp)}, {I, I},
-                          one_matrix(kGate, kUp), N, H, false);
+                          one_matrix(kGate, kUp), N, H, false, gw);
     rmsnorm_backward(dres, g(kPostNorm), dxn_.data(), res2_.data() + at * H, w(kPostNorm), rstd2_.data() + at, N, H,
-                     scratch_.data(), stream_);
+                     scratch_.data(), gw, stream_);
     // res2 = input + o(attention(rope(q(xn1)), rope(k(xn1)), v(xn1))), xn1 = norm(input)
     linear_backward<T, 1>(cublas_, datty_.data(), QW, {g(kO)}, dres, H, atty_.data() + at * QW, {w(kO)}, {H}, kOne, N,
-                          QW, false);
+                          QW, false, gw);
     const T* qkv = qkv_.data() + at * QKV;
     T* dqkv = dqkv_.data();
     attention_backward(dqkv, dqkv + QW, dqkv + QW + KW, delta_.data(), datty_.data(), atty_.data() + at * QW, qkv,
                        qkv + QW, qkv + QW + KW, lse_.data() + at * c.n_head, shape, stream_);
     rope_backward(dqkv, QKV, cos_.data(), sin_.data(), B_, S_, c.n_head + c.n_kv_head, D, stream_);
     linear_backward<T, 3>(cublas_, dxn_.data(), H, {g(kQ), g(kK), g(kV)}, dqkv, QKV, xn1, {w(kQ), w(kK), w(kV)},
-                          {QW, KW, KW}, one_matrix(kQ, kV), N, H, false);
-    rmsnorm_backward(dres, g(kInputNorm), dxn_.data(), x, w(kInputNorm), rstd1_.data() + at, N, H, scratch_.data(),
+                          {QW, KW, KW}, one_matrix(kQ, kV), N, H, false, gw);
+    rmsnorm_backward(dres, g(kInputNorm), dxn_.data(), x, w(kInputNorm), rstd1_.data() + at, N, H, scratch_.data(), gw,
                      stream_);
     p.close_grads(1 + l);
     p.release(1 + l);
   }
 
-  if (!c.tie_word_embeddings) p.open_grads(0);
+  if (!c.tie_word_embeddings) {
+    // Untied, the embedding's gradient has no other writer: fresh, it is cleared for the rows no
+    // token of the micro-batch used.
+    p.open_grads(0);
+    if (p.grads_fresh(0)) CUDA_CHECK(cudaMemsetAsync(p.grad(0), 0, sizeof(float) * c.vocab_size * H, stream_));
+  }
   embedding_backward_.run(p.grad(0), static_cast<float*>(nullptr), dres_.data(), inputs, B_, S_, H, stream_);
   p.close_grads(0);
   outputs_.join();
