@@ -28,7 +28,8 @@ class BasicParameterStore {
   virtual void release(int group) = 0;
   virtual const P* param(int tensor) const = 0;
 
-  // Gradient buffers of the group's tensors, for += accumulation, between open_grads and close_grads.
+  // Gradient buffers of the group's tensors, for += accumulation, between open_grads and close_grads
+  // (on a GPU, stored instead where the buffers hold nothing of the step: GpuParamStore::grads_fresh).
   virtual void open_grads(int group) = 0;
   virtual float* grad(int tensor) = 0;
   virtual void close_grads(int group) = 0;
