@@ -63,14 +63,15 @@ for line in sys.stdin:
     runs[side].append({k["name"]: k["ms_per_call"] * k["calls"] for k in json.loads(text)["kernels"]})
 if not runs["after"] or not runs["before"]:
     sys.exit("kernel benchmark failed")
-names = list(runs["after"][0])
-med = {side: {n: statistics.median(r.get(n, float("nan")) for r in rs) for n in names} for side, rs in runs.items()}
+# Rows one build lacks (a kernel added or removed) print a dash there; each sum is of that build alone.
+med = {side: {n: statistics.median(r[n] for r in rs) for n in rs[0]} for side, rs in runs.items()}
+names = list(med["after"]) + [n for n in med["before"] if n not in med["after"]]
 print(f"{sys.argv[1]}: ms a step, after / before (medians of 2)")
-rows = [(n, med["after"][n], med["before"][n]) for n in names]
+rows = [(n, med["after"].get(n), med["before"].get(n)) for n in names]
 rows.append(("sum", sum(med["after"].values()), sum(med["before"].values())))
 for n, a, b in rows:
-    if b > 0:
-        print("  %-38s %9.3f %9.3f %7.3f" % (n, a, b, a / b))' "$model"
+    ratio = "%7.3f" % (a / b) if a is not None and b else "      -"
+    print("  %-38s %9s %9s %s" % (n, "-" if a is None else "%.3f" % a, "-" if b is None else "%.3f" % b, ratio))' "$model"
   done
 fi
 for model in "${models[@]}"; do
@@ -78,10 +79,10 @@ for model in "${models[@]}"; do
     for side in after before; do
       binary=build-gpu/shardkit
       [ "$side" = before ] && binary=$before/build-gpu/shardkit
-      tps=$(python3 bench/gpu_vs_pytorch.py --shardkit "$binary" --model "$model" --skip-pytorch \
-              --steps "${STEPS:-15}" 2>/dev/null | grep '^{' | head -1 |
-            python3 -c 'import json, sys; print(json.loads(sys.stdin.read())["tokens_per_s"])')
-      echo "$model $side round $round: ${tps:-failed} tokens/s"
+      run=$(python3 bench/gpu_vs_pytorch.py --shardkit "$binary" --model "$model" --skip-pytorch \
+              --steps "${STEPS:-15}" 2>&1)
+      tps=$(grep '^{' <<< "$run" | head -1 | python3 -c 'import json, sys; print(json.loads(sys.stdin.read())["tokens_per_s"])' 2>/dev/null)
+      echo "$model $side round $round: ${tps:-failed: $(tail -1 <<< "$run")} tokens/s"
     done
   done
 done | tee /dev/stderr | python3 -c '
