@@ -65,8 +65,9 @@ inline int head_block_rows(int padded_vocab, size_t element_bytes, int rows) {
 }
 
 // The head's weight gradient, dwte (V x C, fp32) += (kStore: =) logits^T (V x rows, row stride ld) x
-// (rows x C), in two products: the first rows a multiple of 64, then the rest. With V = 50257 rows as one product
-// cuBLAS ran at about 510 TFLOP/s; split, at 870 (2.50 -> 1.45 ms on an H200 at 16 x 1024 tokens).
+// (rows x C), in two products: the first rows a multiple of 64, then the rest. With V = 50257 rows as
+// one product cuBLAS ran at about 510 TFLOP/s; split, at 870 (2.50 -> 1.45 ms on an H200 at 16 x 1024
+// tokens).
 template <typename T>
 void head_weight_grad(cublasHandle_t handle, float* dwte, const T* logits, int ld, const T* x, int V, int C, int rows,
                       GradWrite write);

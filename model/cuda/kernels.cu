@@ -25,9 +25,9 @@ constexpr float kGeluCubic = 0.044715f;
 // Deterministic column sums
 
 // The second step of the deterministic column sums (norm and bias gradients): out[c] += (or, not
-// `add`, =) the sum of partial[0..rows)[c], the rows added in one fixed order. Block (32, 8) takes 32 columns; thread y
-// adds rows y, y + 8, ... (a warp reads 32 adjacent floats of a row), then its 8 sums are added in y
-// order.
+// `add`, =) the sum of partial[0..rows)[c], the rows added in one fixed order. Block (32, 8) takes
+// 32 columns; thread y adds rows y, y + 8, ... (a warp reads 32 adjacent floats of a row), then its 8
+// sums are added in y order.
 constexpr dim3 kColumnSumBlock(32, 8);
 __global__ void column_sums_kernel(float* out, const float* partial, int rows, int cols, bool add) {
   __shared__ float sums[8][32];

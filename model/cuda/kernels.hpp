@@ -19,8 +19,8 @@ namespace shardkit::model::cuda {
 // (GpuParamStore::grads_fresh), which then needs no clearing beforehand.
 enum class GradWrite { kAdd, kStore };
 
-// out (N, OC) += bias;  dbias (OC) += (kStore: =) column sums of dout (N, OC), deterministic (the same sums in
-// the same order on every run), with `scratch` of bias_scratch_floats(OC) floats.
+// out (N, OC) += bias;  dbias (OC) += (kStore: =) column sums of dout (N, OC), deterministic (the
+// same sums in the same order on every run), with `scratch` of bias_scratch_floats(OC) floats.
 template <typename T>
 void bias_forward(T* out, const T* bias, int N, int OC, cudaStream_t st);
 constexpr int kBiasBlocks = 128;  // row blocks: partial sums each
