@@ -99,7 +99,7 @@ class CudaBackend final : public Backend {
       replay.scale = grad_scale;
     }
     replay.graph.launch(context_.stream());
-    engine_.pass_replayed();
+    engine_.pass_done();
     return model_->finish(engine_, nullptr);
   }
   void reduce_grads() override { engine_.reduce_grads(); }

@@ -599,16 +599,16 @@ float* GpuZeroEngine<T>::grad(int tensor) {
 template <typename T>
 void GpuZeroEngine<T>::close_grads(int group) {
   if (!plan_.partitions_grads()) {
-    if (++closed_groups_ == static_cast<int>(groups_.size())) pass_replayed();  // the pass is through
+    if (++closed_groups_ == static_cast<int>(groups_.size())) pass_done();
     return;
   }
   pending_groups_.push_back(group);
   pending_elems_ += elements_of(plan_, groups_[static_cast<size_t>(group)]);
   // The micro-batch's backward pass is through once it has closed every group, whatever the family's
   // order (an untied head closes the last group first, and then no group is open for a moment).
-  const bool pass_done = ++closed_groups_ == static_cast<int>(groups_.size());
-  if (pending_elems_ >= config_.reduce_bucket_size || pass_done) flush_pending_grads();
-  if (pass_done) {
+  const bool through = ++closed_groups_ == static_cast<int>(groups_.size());
+  if (pending_elems_ >= config_.reduce_bucket_size || through) flush_pending_grads();
+  if (through) {
     closed_groups_ = 0;
     grads_reduced_ = true;  // this micro-batch is reduced: later ones add to it
   }
@@ -733,7 +733,7 @@ void GpuZeroEngine<T>::zero_grads() {
 }
 
 template <typename T>
-void GpuZeroEngine<T>::pass_replayed() {
+void GpuZeroEngine<T>::pass_done() {
   closed_groups_ = 0;
   grads_written_ = true;
 }

@@ -104,9 +104,9 @@ class GpuZeroEngine final : public model::cuda::GpuParamStore<T> {
   // A new step: its first micro-batch's pass stores its gradients rather than adding them, so nothing
   // is cleared here (the padding between tensors, never written, stays zero from the allocation).
   void zero_grads();
-  // Stages 0-1: a pass captured earlier was replayed (a CUDA graph), making none of the calls above:
-  // the gradients are written as the captured calls left them.
-  void pass_replayed();
+  // Stages 0-1: a micro-batch's pass is through -- at its last close_grads, or after a CUDA graph
+  // replayed it (making none of the calls): later passes of the step add to its gradients.
+  void pass_done();
   void reduce_grads();
   double global_grad_sq();
   void step(const OptimizerStep& step);
