@@ -18,7 +18,7 @@ template <typename T>
 void head_weight_grad(cublasHandle_t handle, float* dwte, const T* logits, int ld, const T* x, int V, int C, int rows,
                       GradWrite write) {
   const int aligned = V / 64 * 64;
-  const float beta = write == GradWrite::kAdd ? 1.0f : 0.0f;
+  const float beta = grad_beta(write);
   if (aligned > 0) gemm<T, float>(handle, true, false, aligned, C, rows, 1.0f, logits, ld, x, C, beta, dwte, C);
   if (aligned < V) {
     gemm<T, float>(handle, true, false, V - aligned, C, rows, 1.0f, logits + aligned, ld, x, C, beta,

@@ -19,6 +19,12 @@ namespace shardkit::model::cuda {
 // (GpuParamStore::grads_fresh), which then needs no clearing beforehand.
 enum class GradWrite { kAdd, kStore };
 
+// The beta of a cuBLAS product writing a gradient: 1 adds to C; 0 stores, and cuBLAS then does not
+// read C, so whatever it held (a NaN of an overflowed step included) cannot leak into the result.
+constexpr float grad_beta(GradWrite write) {
+  return write == GradWrite::kAdd ? 1.0f : 0.0f;
+}
+
 // out (N, OC) += bias;  dbias (OC) += (kStore: =) column sums of dout (N, OC), deterministic (the
 // same sums in the same order on every run), with `scratch` of bias_scratch_floats(OC) floats.
 template <typename T>

@@ -22,8 +22,7 @@ namespace {
 template <typename T>
 void weight_grads(cublasHandle_t h, cudaStream_t st, float* scratch, float* dweight, float* dbias, const T* dout,
                   const T* inp, int N, int IC, int OC, GradWrite write) {
-  gemm<T, float>(h, true, false, IC, OC, N, 1.0f, inp, IC, dout, OC, write == GradWrite::kAdd ? 1.0f : 0.0f, dweight,
-                 OC);
+  gemm<T, float>(h, true, false, IC, OC, N, 1.0f, inp, IC, dout, OC, grad_beta(write), dweight, OC);
   bias_backward(dbias, dout, N, OC, scratch, write, st);
 }
 

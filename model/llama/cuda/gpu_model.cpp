@@ -71,7 +71,6 @@ void linear_backward(cublasHandle_t h, T* dx, int ldx, const std::array<float*, 
                      const T* x, const std::array<const T*, K>& w, const std::array<int, K>& outs, OneMatrix one, int N,
                      int IN, bool accumulate, GradWrite write) {
   const float beta = accumulate ? 1.0f : 0.0f;
-  const float grad_beta = write == GradWrite::kAdd ? 1.0f : 0.0f;
   if (one.params) {
     gemm<T, T>(h, false, false, N, IN, total(outs), 1.0f, dy, ldy, stacked(w, outs, IN), IN, beta, dx, ldx);
   } else {
@@ -82,12 +81,13 @@ void linear_backward(cublasHandle_t h, T* dx, int ldx, const std::array<float*, 
     }
   }
   if (one.grads) {
-    gemm<T, float>(h, true, false, total(outs), IN, N, 1.0f, dy, ldy, x, IN, grad_beta, stacked(dw, outs, IN), IN);
+    gemm<T, float>(h, true, false, total(outs), IN, N, 1.0f, dy, ldy, x, IN, grad_beta(write), stacked(dw, outs, IN),
+                   IN);
     return;
   }
   int column = 0;
   for (size_t k = 0; k < K; ++k) {
-    gemm<T, float>(h, true, false, outs[k], IN, N, 1.0f, dy + column, ldy, x, IN, grad_beta, dw[k], IN);
+    gemm<T, float>(h, true, false, outs[k], IN, N, 1.0f, dy + column, ldy, x, IN, grad_beta(write), dw[k], IN);
     column += outs[k];
   }
 }
