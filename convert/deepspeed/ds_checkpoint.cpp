@@ -21,15 +21,16 @@ namespace {
 
 using Kind = Value::Kind;
 
-[[noreturn]] void bad(const std::string& where, const std::string& what) {
-  fail(ErrorKind::kInvalidInput, where + ": " + what);
+[[noreturn]] void bad(std::string_view where, const std::string& what) {
+  fail(ErrorKind::kInvalidInput, std::string(where) + ": " + what);
 }
 
 // The value under `key` of a dict, of kind `kind`; Error naming the file and the key path otherwise.
-const Value& field(const Value& dict, std::string_view key, Kind kind, const std::string& where,
-                   const std::string& path) {
+// The names are views: a reference parameter bound to a temporary string would make every caller's
+// `const Value&` look dangling to GCC 13's -Wdangling-reference.
+const Value& field(const Value& dict, std::string_view key, Kind kind, std::string_view where, std::string_view path) {
   const Value* v = dict.kind == Kind::kDict || dict.kind == Kind::kObject ? dict.get(key) : nullptr;
-  const std::string name = path.empty() ? std::string(key) : path + "['" + std::string(key) + "']";
+  const std::string name = path.empty() ? std::string(key) : std::string(path) + "['" + std::string(key) + "']";
   if (!v) bad(where, "no " + name + " (expected in a DeepSpeed checkpoint file)");
   if (v->kind != kind) {
     Value expected;
@@ -82,8 +83,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> named_shapes(const Val
   return out;
 }
 
-const TensorRef& tensor_field(const Value& dict, std::string_view key, const std::string& where,
-                              const std::string& path) {
+const TensorRef& tensor_field(const Value& dict, std::string_view key, std::string_view where, std::string_view path) {
   return field(dict, key, Kind::kTensor, where, path).tensor;
 }
 
