@@ -12,12 +12,15 @@
 # ACTCKPT=1 adds activation checkpointing: llama-2-7b's shape at stage 1 with ACTCKPT_SEQ (default
 # 8192) tokens a sample, without it (refused by the memory plan), with it, and with its inputs in host
 # memory: tokens/s, MFU, the plan against the measured memory (bench/gpu_scale_bench.py).
-# FIGURES=scale,eval,ckpt,nvme,bigckpt (any of them, in that order) re-measures README's one-GPU
+# FIGURES=bars,scale,eval,ckpt,nvme,bigckpt (any of them, in that order) re-measures README's one-GPU
 # figures of the multi-billion models (bench/gpu_scale_bench.py: GPT-2's architecture at 6.65 B and
 # llama-2-7b's shape at stages 1, 2 and 3 with offload), 7B evaluation beside transformers
 # (bench/gpu_eval_bench.py), checkpointing gpt2-xl at stage 1 (bench/gpu_ckpt_bench.sh), the optimizer
 # states on NVMe (bench/gpu_nvme_bench.sh) and a 2.88 B model's checkpoint (bench/gpu_big_ckpt_bench.sh),
-# with the commands README quotes; each step's output in $OUT/figures-*.txt.
+# with the commands README quotes; each step's output in $OUT/figures-*.txt. `bars` measures the
+# kernels' acceptance set in one go: GPT-2 and tinyllama-1.1b beside PyTorch (eager and torch.compile),
+# llama-2-7b's shape at stage 1 with 16 micro-batches a step (131 GB: the memory plan refuses it on a
+# smaller card and says so), and the attention at 2k tokens, head size 128, beside SDPA's backends.
 # POWER=1 adds what the GPU sustains under its power limit (bench/gpu_power_ceiling.py: cuBLAS's bf16
 # products in a burst and held, and the clock and power while tinyllama-1.1b trains).
 # STEP_PROFILE=1 adds every kernel of one training step of GPT-2 and tinyllama timed by Nsight Compute,
@@ -182,6 +185,19 @@ if [ "${ACTCKPT:-0}" != 0 ]; then
 fi
 
 figures=",${FIGURES:-},"
+if [[ $figures == *,bars,* ]]; then
+  for model in gpt2 tinyllama-1.1b; do
+    log "$model beside PyTorch (bench/gpu_vs_pytorch.py --steps 15)"
+    timeout 600 python3 bench/gpu_vs_pytorch.py --shardkit build-gpu/shardkit --steps 15 --model "$model" 2>&1 |
+      tee "$out/figures-bars-$model.txt" | tail -5
+  done
+  log "llama-2-7b's shape at stage 1, 16 micro-batches of 1 x 2048 a step (bench/gpu_scale_bench.py)"
+  timeout 600 python3 bench/gpu_scale_bench.py --shardkit build-gpu/shardkit --family llama --cases s1 --seq 2048 \
+    --micro-batch 1 --accumulation 16 --steps 4 --dir /tmp/gpu-bars-7b 2>&1 | tee "$out/figures-bars-7b.txt" | tail -6
+  log "attention at 2k tokens, head size 128, beside SDPA (bench/attention_tflops.py)"
+  timeout 300 python3 bench/attention_tflops.py --lib build-gpu/bench/libshardkit_attention_abi.so --seqs 2048 \
+    --head-sizes 128 --rounds 3 2>&1 | tee "$out/figures-bars-attention.txt" | grep -v '^{'
+fi
 if [[ $figures == *,scale,* ]]; then
   scale() {  # scale <name> <gpu_scale_bench.py arguments>
     local name=$1
