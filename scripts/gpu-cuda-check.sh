@@ -12,11 +12,13 @@
 # ACTCKPT=1 adds activation checkpointing: llama-2-7b's shape at stage 1 with ACTCKPT_SEQ (default
 # 8192) tokens a sample, without it (refused by the memory plan), with it, and with its inputs in host
 # memory: tokens/s, MFU, the plan against the measured memory (bench/gpu_scale_bench.py).
-# FIGURES=bars,scale,eval,ckpt,nvme,bigckpt (any of them, in that order) re-measures README's one-GPU
-# figures of the multi-billion models (bench/gpu_scale_bench.py: GPT-2's architecture at 6.65 B and
-# llama-2-7b's shape at stages 1, 2 and 3 with offload), 7B evaluation beside transformers
-# (bench/gpu_eval_bench.py), checkpointing gpt2-xl at stage 1 (bench/gpu_ckpt_bench.sh), the optimizer
-# states on NVMe (bench/gpu_nvme_bench.sh) and a 2.88 B model's checkpoint (bench/gpu_big_ckpt_bench.sh),
+# FIGURES=bars,kernels,scale,eval,ckpt,nvme,bigckpt (any of them, in that order) re-measures README's
+# one-GPU figures: `kernels` trains GPT-2 and tinyllama-1.1b with either attention implementation
+# (SHARDKIT_ATTENTION=mma, then sm90, twice, alternating); `scale` the multi-billion models
+# (bench/gpu_scale_bench.py: GPT-2's architecture at 6.65 B and llama-2-7b's shape at stages 1, 2 and 3
+# with offload), `eval` 7B evaluation beside transformers (bench/gpu_eval_bench.py), `ckpt`
+# checkpointing gpt2-xl at stage 1 (bench/gpu_ckpt_bench.sh), `nvme` the optimizer states on NVMe
+# (bench/gpu_nvme_bench.sh) and `bigckpt` a 2.88 B model's checkpoint (bench/gpu_big_ckpt_bench.sh),
 # with the commands README quotes; each step's output in $OUT/figures-*.txt. `bars` measures the
 # kernels' acceptance set in one go: GPT-2 and tinyllama-1.1b beside PyTorch (eager and torch.compile),
 # llama-2-7b's shape at stage 1 with 16 micro-batches a step (131 GB: the memory plan refuses it on a
@@ -197,6 +199,15 @@ if [[ $figures == *,bars,* ]]; then
   log "attention at 2k tokens, head size 128, beside SDPA (bench/attention_tflops.py)"
   timeout 300 python3 bench/attention_tflops.py --lib build-gpu/bench/libshardkit_attention_abi.so --seqs 2048 \
     --head-sizes 128 --rounds 3 2>&1 | tee "$out/figures-bars-attention.txt" | grep -v '^{'
+fi
+if [[ $figures == *,kernels,* ]]; then
+  for model in gpt2 tinyllama-1.1b; do
+    for kernels in mma sm90 mma sm90; do
+      log "$model with SHARDKIT_ATTENTION=$kernels (bench/gpu_vs_pytorch.py --skip-pytorch --steps 15)"
+      SHARDKIT_ATTENTION=$kernels timeout 300 python3 bench/gpu_vs_pytorch.py --shardkit build-gpu/shardkit \
+        --skip-pytorch --steps 15 --model "$model" 2>&1 | tee -a "$out/figures-kernels-$model-$kernels.txt" | tail -2
+    done
+  done
 fi
 if [[ $figures == *,scale,* ]]; then
   scale() {  # scale <name> <gpu_scale_bench.py arguments>
