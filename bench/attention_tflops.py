@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Causal attention, forward and backward TFLOP/s: shardkit's kernels beside each of PyTorch's SDPA
 backends (FlashAttention-2, cuDNN, memory-efficient), in one process, on the same tensors and stream.
+The backends run twice: as PyTorch runs them by default, and under torch.use_deterministic_algorithms
+(the `-det` cells), where flash and memory-efficient take their deterministic backward passes and
+cuDNN's backward, which adds into dQ in no fixed order, is refused. shardkit's backward pass is
+deterministic, so the `-det` cells are its like-for-like references.
 
 shardkit's kernels come from libshardkit_attention_abi.so (bench/attention_abi.cpp, built with the CUDA
 backend), loaded with ctypes: the mma.sync kernels of every GPU ("mma") and the sm_90 kernels ("sm90",
@@ -64,8 +68,10 @@ def load(path):
 
 
 dev, dt = "cuda", torch.bfloat16
-BACKENDS = (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
-            ("efficient", SDPBackend.EFFICIENT_ATTENTION))
+# (name, backend, deterministic): each backend as PyTorch runs it by default, then in its deterministic mode.
+BACKENDS = tuple((name + ("-det" if det else ""), backend, det) for det in (False, True)
+                 for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                                       ("efficient", SDPBackend.EFFICIENT_ATTENTION)))
 # shardkit's kernels through the library's `kernel` argument: the mma.sync kernels, and the sm_90 kernels
 # (model/cuda/hopper_attention.hpp; refused on other devices and head sizes); with --before, each also
 # from the other build.
@@ -103,9 +109,10 @@ def measure(S, HS):
     row = {"seq": S, "head_size": HS, "batch": B, "heads": NH, "kv_heads": NKV}
 
     results = {}
-    for name, backend in BACKENDS:
+    for name, backend, deterministic in BACKENDS:
         qs, ks, vs = (t.transpose(1, 2).detach().requires_grad_() for t in (q, k, v))
         go = dout.transpose(1, 2)
+        torch.use_deterministic_algorithms(deterministic)
         try:
             with sdpa_kernel([backend]):
                 def forward():
@@ -114,9 +121,11 @@ def measure(S, HS):
                 out = forward()
                 bwd = time_ms(lambda: torch.autograd.grad(out, (qs, ks, vs), go, retain_graph=True))
                 grads = torch.autograd.grad(out, (qs, ks, vs), go)
-        except RuntimeError as e:  # the backend does not take this shape or is not built
+        except RuntimeError as e:  # the backend does not take this shape, is not built, or is not deterministic
             row[name] = {"error": str(e).splitlines()[0][:120]}
             continue
+        finally:
+            torch.use_deterministic_algorithms(False)
         row[name] = {"forward_tflops": fwd_flops / fwd / 1e9, "backward_tflops": bwd_flops / bwd / 1e9,
                      "forward_ms": fwd, "backward_ms": bwd}
         results.setdefault("reference", (name, out.transpose(1, 2), [g.transpose(1, 2) for g in grads]))
@@ -172,7 +181,7 @@ for S in (int(s) for s in args.seqs.split(",")):
         rows.append(measure(S, HS))
         r = rows[-1]
         cells = []
-        for name in tuple(n for n, _, _ in KERNELS) + tuple(n for n, _ in BACKENDS):
+        for name in tuple(n for n, _, _ in KERNELS) + tuple(n for n, _, _ in BACKENDS):
             x = r[name]
             cells.append(f"{name} " + ("n/a" if "error" in x else f"{x['forward_tflops']:5.0f}/{x['backward_tflops']:5.0f}"))
         errors = [f"{n} out/dq err {r[n]['out_relative_error']:.1e}/{r[n]['dq_relative_error']:.1e}"
