@@ -68,6 +68,9 @@ def load(path):
 
 
 dev, dt = "cuda", torch.bfloat16
+# Deterministic mode would also fill every new tensor (the gradients, the backends' workspaces) with NaN
+# inside the timed passes: a cost of the mode's debugging aid, not of the backends' algorithms.
+torch.utils.deterministic.fill_uninitialized_memory = False
 # (name, backend, deterministic): each backend as PyTorch runs it by default, then in its deterministic mode.
 BACKENDS = tuple((name + ("-det" if det else ""), backend, det) for det in (False, True)
                  for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
