@@ -26,11 +26,17 @@ constexpr int kThreads = kWarpgroup + kConsumers;
 constexpr int kOwned = 128;
 constexpr int kStages = 2;
 using Ring = sm90::Ring<kStages>;
-// Registers after reallocation: the producer gives up what the consumers' fragments need. 24 * 128 +
-// 240 * 256 fits the 65,536 of a multiprocessor, which the launch bounds (one block of 384 threads)
-// reserve for this block.
+// Registers after reallocation: the producer gives up what the consumers' fragments need. Every thread
+// starts at the launch bounds' cap (65,536 over one block of 384 threads, rounded down to 8: 168), and a
+// consumer's setmaxnreg.inc takes only what the producer's setmaxnreg.dec gave back: it waits for the
+// rest, forever if the producer gave too little.
+constexpr int kEntryRegisters = 65536 / kThreads / 8 * 8;
+constexpr bool registers_balance(int producer, int consumer) {
+  return (kEntryRegisters - producer) * kWarpgroup >= (consumer - kEntryRegisters) * kConsumers;
+}
 constexpr int kProducerRegisters = 24;
 constexpr int kConsumerRegisters = 240;
+static_assert(registers_balance(kProducerRegisters, kConsumerRegisters));
 
 template <typename Producer, typename Consumer>
 __device__ __forceinline__ void split_roles(Producer&& producer, Consumer&& consumer) {
