@@ -26,17 +26,11 @@ constexpr int kThreads = kWarpgroup + kConsumers;
 constexpr int kOwned = 128;
 constexpr int kStages = 2;
 using Ring = sm90::Ring<kStages>;
-// Registers after reallocation: the producer gives up what the consumers' fragments need. Every thread
-// starts at the launch bounds' cap (65,536 over one block of 384 threads, rounded down to 8: 168), and a
-// consumer's setmaxnreg.inc takes only what the producer's setmaxnreg.dec gave back: it waits for the
-// rest, forever if the producer gave too little.
-constexpr int kEntryRegisters = 65536 / kThreads / 8 * 8;
-constexpr bool registers_balance(int producer, int consumer) {
-  return (kEntryRegisters - producer) * kWarpgroup >= (consumer - kEntryRegisters) * kConsumers;
-}
+// Registers after reallocation: the producer gives up what the consumers' fragments need (from the
+// entry cap of 168: 144 x 128 given back, 72 x 256 taken).
 constexpr int kProducerRegisters = 24;
 constexpr int kConsumerRegisters = 240;
-static_assert(registers_balance(kProducerRegisters, kConsumerRegisters));
+static_assert(sm90::registers_balance(kThreads, kProducerRegisters, kConsumerRegisters));
 
 template <typename Producer, typename Consumer>
 __device__ __forceinline__ void split_roles(Producer&& producer, Consumer&& consumer) {

@@ -15,9 +15,20 @@ namespace shardkit::model::cuda::sm90 {
 
 constexpr int kWarpgroup = 128;
 
+// Whether a block of `threads` (one producer warpgroup, the rest consumers, launch bounds of one block
+// a multiprocessor) can move to `producer` and `consumer` registers a thread. Every thread starts at
+// the launch bounds' cap (65,536 over the block, rounded down to 8), and a consumer's setmaxnreg.inc
+// is met only from what the producer's setmaxnreg.dec gave back: it waits for the rest, for ever if
+// the producer gave too little.
+constexpr bool registers_balance(int threads, int producer, int consumer) {
+  const int entry = 65536 / threads / 8 * 8;
+  return (entry - producer) * kWarpgroup >= (consumer - entry) * (threads - kWarpgroup);
+}
+
 // Runs producer() on warpgroup 0 and consumer(wg) on the warpgroups after it (wg = 0, 1, ...), each
 // after moving registers from the first to the others (kProducerRegisters and kConsumerRegisters
-// per thread; the kernel's launch bounds must cap registers at entry for this to take effect).
+// per thread; the kernel's launch bounds must cap registers at entry for this to take effect, and
+// registers_balance must hold).
 template <int kProducerRegisters, int kConsumerRegisters, typename Producer, typename Consumer>
 __device__ __forceinline__ void split_roles(Producer&& producer, Consumer&& consumer) {
 #if defined(SHARDKIT_SM90A)
