@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <bit>
 
+#include "base/vector_clones.hpp"
+
 namespace shardkit::ckpt {
 namespace {
 
@@ -31,21 +33,24 @@ constexpr uint32_t shift_right_round_even(uint32_t value, int shift) noexcept {
   return kept + ((dropped > half || (dropped == half && (kept & 1u))) ? 1u : 0u);
 }
 
-}  // namespace
+// The conversions themselves, internal so that the span forms below inline them: calls to the exported
+// functions from position-independent code stay calls (another library may replace them), one per
+// element, and a loop of calls does not vectorise.
 
-uint16_t fp32_to_bf16(float x) noexcept {
+inline uint16_t to_bf16(float x) noexcept {
   const uint32_t bits = std::bit_cast<uint32_t>(x);
-  if ((bits & kF32AbsMask) > kF32Inf) {
-    // Rounding a NaN could carry out of its payload (0x7fffffff would become -0), and dropping the low
-    // bits of one whose payload lives there would leave an infinity: keep the top bits, force quiet.
-    return static_cast<uint16_t>((bits >> 16) | kBF16QuietBit);
-  }
   // bf16 is fp32 with the low 16 mantissa bits dropped; the sign bit rides along, and a carry out of
-  // the exponent of the largest finite values correctly gives an infinity.
-  return static_cast<uint16_t>(shift_right_round_even(bits, 16));
+  // the exponent of the largest finite values correctly gives an infinity. Adding 0x7fff, plus one
+  // when the kept part is odd, carries exactly when the dropped bits round up to nearest even:
+  // shift_right_round_even(bits, 16) without a branch, so that a loop of it vectorises.
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  // Rounding a NaN could carry out of its payload (0x7fffffff would become -0), and dropping the low
+  // bits of one whose payload lives there would leave an infinity: keep the top bits, force quiet.
+  const uint32_t quiet_nan = (bits >> 16) | kBF16QuietBit;
+  return static_cast<uint16_t>((bits & kF32AbsMask) > kF32Inf ? quiet_nan : rounded);
 }
 
-uint16_t fp32_to_fp16(float x) noexcept {
+inline uint16_t to_fp16(float x) noexcept {
   const uint32_t bits = std::bit_cast<uint32_t>(x);
   const auto sign = static_cast<uint16_t>((bits & kF32SignMask) >> 16);
   const uint32_t abs = bits & kF32AbsMask;
@@ -68,11 +73,11 @@ uint16_t fp32_to_fp16(float x) noexcept {
   return static_cast<uint16_t>(sign | shift_right_round_even(significand, 126 - exponent));
 }
 
-float bf16_to_fp32(uint16_t h) noexcept {
+inline float from_bf16(uint16_t h) noexcept {
   return std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
 }
 
-float fp16_to_fp32(uint16_t h) noexcept {
+inline float from_fp16(uint16_t h) noexcept {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exponent = (h >> 10) & 0x1fu;
   uint32_t mantissa = h & 0x3ffu;
@@ -89,24 +94,42 @@ float fp16_to_fp32(uint16_t h) noexcept {
   return std::bit_cast<float>(sign | (f32_exponent << 23) | ((mantissa & 0x3ffu) << 13));
 }
 
-void convert_fp32_to_bf16(std::span<const float> in, std::span<uint16_t> out) noexcept {
+}  // namespace
+
+uint16_t fp32_to_bf16(float x) noexcept {
+  return to_bf16(x);
+}
+uint16_t fp32_to_fp16(float x) noexcept {
+  return to_fp16(x);
+}
+float bf16_to_fp32(uint16_t h) noexcept {
+  return from_bf16(h);
+}
+float fp16_to_fp32(uint16_t h) noexcept {
+  return from_fp16(h);
+}
+
+// The bf16 forms at the machine's vector width: the optimizers narrow every updated weight each step,
+// and checkpoints widen and narrow whole tensors.
+
+SHARDKIT_VECTOR_CLONES void convert_fp32_to_bf16(std::span<const float> in, std::span<uint16_t> out) noexcept {
   const size_t n = std::min(in.size(), out.size());
-  for (size_t i = 0; i < n; ++i) out[i] = fp32_to_bf16(in[i]);
+  for (size_t i = 0; i < n; ++i) out[i] = to_bf16(in[i]);
 }
 
 void convert_fp32_to_fp16(std::span<const float> in, std::span<uint16_t> out) noexcept {
   const size_t n = std::min(in.size(), out.size());
-  for (size_t i = 0; i < n; ++i) out[i] = fp32_to_fp16(in[i]);
+  for (size_t i = 0; i < n; ++i) out[i] = to_fp16(in[i]);
 }
 
-void convert_bf16_to_fp32(std::span<const uint16_t> in, std::span<float> out) noexcept {
+SHARDKIT_VECTOR_CLONES void convert_bf16_to_fp32(std::span<const uint16_t> in, std::span<float> out) noexcept {
   const size_t n = std::min(in.size(), out.size());
-  for (size_t i = 0; i < n; ++i) out[i] = bf16_to_fp32(in[i]);
+  for (size_t i = 0; i < n; ++i) out[i] = from_bf16(in[i]);
 }
 
 void convert_fp16_to_fp32(std::span<const uint16_t> in, std::span<float> out) noexcept {
   const size_t n = std::min(in.size(), out.size());
-  for (size_t i = 0; i < n; ++i) out[i] = fp16_to_fp32(in[i]);
+  for (size_t i = 0; i < n; ++i) out[i] = from_fp16(in[i]);
 }
 
 }  // namespace shardkit::ckpt
