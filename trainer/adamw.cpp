@@ -3,19 +3,18 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/vector_clones.hpp"
 #include "ckpt/shard_format.hpp"
 #include "trainer/update_blocks.hpp"
 
 namespace shardkit::trainer {
 namespace {
 
-// The element-wise update. On x86-64 the compiler emits AVX-512, AVX2 and baseline versions and the
-// loader picks the best the CPU has, so one binary runs everywhere at the machine's vector width.
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-void update_block(float* __restrict w, float* __restrict m, float* __restrict v, const float* __restrict grad,
-                  int64_t n, AdamWCoefficients c) {
+// The element-wise update, at the machine's vector width (this file is compiled without fused
+// multiply-adds and without errno for std::sqrt, which would otherwise keep the loop scalar:
+// trainer/CMakeLists.txt).
+SHARDKIT_VECTOR_CLONES void update_block(float* __restrict w, float* __restrict m, float* __restrict v,
+                                         const float* __restrict grad, int64_t n, AdamWCoefficients c) {
   const float one_minus_beta1 = 1.0f - c.beta1, one_minus_beta2 = 1.0f - c.beta2;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {

@@ -1,17 +1,16 @@
 #include "trainer/lion.hpp"
 
+#include "base/vector_clones.hpp"
 #include "ckpt/shard_format.hpp"
 #include "trainer/update_blocks.hpp"
 
 namespace shardkit::trainer {
 namespace {
 
-// The element-wise update, at the machine's vector width (as adamw.cpp's).
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-void update_block(float* __restrict w, float* __restrict m, const float* __restrict grad, int64_t n,
-                  LionCoefficients c) {
+// The element-wise update, at the machine's vector width (without fused multiply-adds:
+// trainer/CMakeLists.txt).
+SHARDKIT_VECTOR_CLONES void update_block(float* __restrict w, float* __restrict m, const float* __restrict grad,
+                                         int64_t n, LionCoefficients c) {
   const float one_minus_beta1 = 1.0f - c.beta1, one_minus_beta2 = 1.0f - c.beta2;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {

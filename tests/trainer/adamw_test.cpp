@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "base/error.hpp"
@@ -143,6 +144,32 @@ TEST(CpuAdamW, WithZeroGradientsOnlyDecayingElementsMove) {
     } else {
       // (to 4 ulp: a compiler may fuse the multiply and subtract in one place and not the other)
       ASSERT_FLOAT_EQ(s.w[i], before[i] - c.decay * before[i]) << "element " << i;
+    }
+  }
+}
+
+TEST(CpuAdamW, AnElementsUpdateIsTheSameBitsWhereverTheViewStarts) {
+  // World sizes and stages cut the optimizer's views at different offsets: an element's update must
+  // not depend on its place in a vector or a block (a compiler fusing multiply-adds in the vector
+  // loop and not in its scalar ends makes it depend on that).
+  OptimizerStep a;
+  a.lr = 1e-3;
+  a.beta2 = 0.95;
+  a.weight_decay = 0.1;
+  a.step = 5;
+  const AdamWCoefficients c = AdamWCoefficients::of(a);
+  const size_t n = 2 * 16384 + 101;
+  const State start = random_state(n, 8);
+  State whole = start;
+  cpu_adamw(whole.w, whole.m, whole.v, whole.g, c);
+  for (const size_t offset : {size_t{1}, size_t{3}, size_t{7}, size_t{13}, size_t{16384 + 5}}) {
+    State part = start;
+    const auto from = [&](std::vector<float>& x) { return std::span(x).subspan(offset); };
+    cpu_adamw(from(part.w), from(part.m), from(part.v), std::span<const float>(part.g).subspan(offset), c);
+    for (size_t i = offset; i < n; ++i) {
+      ASSERT_EQ(part.w[i], whole.w[i]) << "weight " << i << ", view from " << offset;
+      ASSERT_EQ(part.m[i], whole.m[i]) << "exp_avg " << i << ", view from " << offset;
+      ASSERT_EQ(part.v[i], whole.v[i]) << "exp_avg_sq " << i << ", view from " << offset;
     }
   }
 }
