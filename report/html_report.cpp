@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <vector>
 
 #include "base/text_format.hpp"
@@ -217,8 +218,8 @@ struct Frame {
 };
 
 Axis y_axis_of(const ChartSpec& chart) {
-  double lo = INFINITY;
-  double hi = -INFINITY;
+  double lo = std::numeric_limits<double>::infinity();
+  double hi = -std::numeric_limits<double>::infinity();
   for (const Series& s : chart.series) {
     for (const Point& p : s.points) {
       lo = std::min(lo, p.y);

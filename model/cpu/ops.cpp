@@ -12,7 +12,10 @@ namespace shardkit::model::cpu {
 
 void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
                        const AttentionShape& shape) {
-  const auto [B, T, NH, NKV, D, QW, KW] = shape;
+  // Plain locals, not a structured binding: OpenMP regions may not name bindings before C++20's
+  // rule reached every compiler (Clang 14 refuses them).
+  const int B = shape.B, T = shape.T, NH = shape.NH, NKV = shape.NKV, D = shape.D;
+  const int64_t QW = shape.q_stride, KW = shape.kv_stride;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int group = NH / NKV;
   const int64_t OW = static_cast<int64_t>(NH) * D;
@@ -56,7 +59,8 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                         const float* v, const float* att, const AttentionShape& shape) {
-  const auto [B, T, NH, NKV, D, QW, KW] = shape;
+  const int B = shape.B, T = shape.T, NH = shape.NH, NKV = shape.NKV, D = shape.D;
+  const int64_t QW = shape.q_stride, KW = shape.kv_stride;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int group = NH / NKV;
   const int64_t OW = static_cast<int64_t>(NH) * D;
