@@ -48,8 +48,10 @@ inline uint16_t to_bf16(float x) noexcept {
   const uint32_t bits = std::bit_cast<uint32_t>(x);
   // bf16 is fp32 with the low 16 mantissa bits dropped; the sign bit rides along, and a carry out of
   // the exponent of the largest finite values correctly gives an infinity. Adding 0x7fff, plus one
-  // when the kept part is odd, carries exactly when the dropped bits round up to nearest even:
-  // shift_right_round_even(bits, 16) without a branch, so that a loop of it vectorises.
+  // when the kept part is odd, carries exactly when the dropped bits round up to nearest even: what
+  // shift_right_round_even(bits, 16) gives, in a form whose loop runs 1.6x as fast vectorised (GCC 12,
+  // AVX-512). The helper keeps its comparisons: fp32 -> fp16's scalar loop runs faster with them
+  // (36-38 ms for 16.8 M elements, one thread, against 45-46 with this form).
   const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
   // Rounding a NaN could carry out of its payload (0x7fffffff would become -0), and dropping the low
   // bits of one whose payload lives there would leave an infinity: keep the top bits, force quiet.
