@@ -29,24 +29,26 @@ int CheckpointReader::find_state(std::string_view name) const {
   return -1;
 }
 
+std::unique_ptr<ShardReader> CheckpointReader::open_shard(int rank) const {
+  const ShardRecord& record = manifest_.shards[static_cast<size_t>(rank)];
+  ShardExpectation expect;
+  expect.table = &manifest_.tensors;
+  expect.layout = &layout_;
+  expect.rank = rank;
+  expect.checkpoint_uid = manifest_.checkpoint_uid;
+  expect.step = manifest_.step;
+  expect.chunk_elems = manifest_.chunk_elems;
+  expect.states = manifest_.states;
+  expect.bytes = record.bytes;
+  expect.digest = record.digest;
+  // A shard that is a link out of the step directory would bring in a file from elsewhere.
+  require_within_folder(step_dir_, step_dir_ / record.file, ErrorKind::kCorrupt);
+  return std::make_unique<ShardReader>(step_dir_ / record.file, expect);
+}
+
 ShardReader& CheckpointReader::shard(int rank) {
   std::unique_ptr<ShardReader>& slot = shards_[static_cast<size_t>(rank)];
-  if (!slot) {
-    const ShardRecord& record = manifest_.shards[static_cast<size_t>(rank)];
-    ShardExpectation expect;
-    expect.table = &manifest_.tensors;
-    expect.layout = &layout_;
-    expect.rank = rank;
-    expect.checkpoint_uid = manifest_.checkpoint_uid;
-    expect.step = manifest_.step;
-    expect.chunk_elems = manifest_.chunk_elems;
-    expect.states = manifest_.states;
-    expect.bytes = record.bytes;
-    expect.digest = record.digest;
-    // A shard that is a link out of the step directory would bring in a file from elsewhere.
-    require_within_folder(step_dir_, step_dir_ / record.file, ErrorKind::kCorrupt);
-    slot = std::make_unique<ShardReader>(step_dir_ / record.file, expect);
-  }
+  if (!slot) slot = open_shard(rank);
   return *slot;
 }
 

@@ -62,6 +62,11 @@ class CheckpointReader {
   // a damaged checkpoint: the problems are in the report.
   VerifyReport verify(const ProgressFn& progress = {});
 
+  // Opens `rank`'s shard afresh, with every check of a read (within the step directory, size,
+  // identity, fragment table, digest), for a caller that refers to the file itself (the HDF5 view);
+  // throws Error(kCorrupt) naming the file.
+  std::unique_ptr<ShardReader> open_shard(int rank) const;
+
  private:
   ShardReader& shard(int rank);
 

@@ -109,23 +109,11 @@ std::vector<int> select_states(const CheckpointReader& reader, const VirtualView
   return selected;
 }
 
-// Opens every shard as the checkpoint reader would (size, identity, fragment table, digest): the view
-// hard-codes the layout's placements, so it must not be written over a shard that does not hold them.
+// Opens every shard as a read would (where it lies, size, identity, fragment table, digest): the view
+// hard-codes the layout's placements and names the files, so it must not be written over a shard that
+// does not hold them or that lies elsewhere.
 void validate_shards(const CheckpointReader& reader) {
-  const Manifest& manifest = reader.manifest();
-  for (const ShardRecord& record : manifest.shards) {
-    ShardExpectation expect;
-    expect.table = &manifest.tensors;
-    expect.layout = &reader.layout();
-    expect.rank = record.rank;
-    expect.checkpoint_uid = manifest.checkpoint_uid;
-    expect.step = manifest.step;
-    expect.chunk_elems = manifest.chunk_elems;
-    expect.states = manifest.states;
-    expect.bytes = record.bytes;
-    expect.digest = record.digest;
-    ShardReader shard(reader.step_dir() / record.file, expect);
-  }
+  for (int rank = 0; rank < reader.manifest().layout.world_size; ++rank) reader.open_shard(rank);
 }
 
 // The step directory as the view refers to it: relative to the view's directory, both made canonical

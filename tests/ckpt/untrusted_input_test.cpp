@@ -24,6 +24,7 @@
 #include "ckpt/manifest.hpp"
 #include "ckpt/safetensors.hpp"
 #include "ckpt/shard_format.hpp"
+#include "ckpt/virtual_view.hpp"
 #include "convert/stream.hpp"
 #include "model/hf_weights.hpp"
 #include "model/registry.hpp"
@@ -259,6 +260,10 @@ TEST(UntrustedInput, CheckpointFilesLinkedFromOutsideTheStepDirectoryAreRefused)
         reader.read(0, 0, 0, out);
       },
       ckpt::shard_file_name(0, 1), "leads out of " + step.string());
+  // The HDF5 view opens every shard too; it would point h5py at the other run's file.
+  expect_refused([&] { ckpt::write_virtual_view(step, dir / "view.h5"); }, ckpt::shard_file_name(0, 1),
+                 "leads out of " + step.string());
+  EXPECT_FALSE(std::filesystem::exists(dir / "view.h5"));
   // The manifest too.
   std::filesystem::remove(step / ckpt::kManifestFileName);
   std::filesystem::create_symlink(source / ckpt::kManifestFileName, step / ckpt::kManifestFileName);
