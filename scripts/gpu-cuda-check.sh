@@ -22,7 +22,8 @@
 # with the commands README quotes; each step's output in $OUT/figures-*.txt. `bars` measures the
 # kernels' acceptance set in one go: GPT-2 and tinyllama-1.1b beside PyTorch (eager and torch.compile),
 # llama-2-7b's shape at stage 1 with 16 micro-batches a step (131 GB: the memory plan refuses it on a
-# smaller card and says so), and the attention at 2k tokens, head size 128, beside SDPA's backends.
+# smaller card and says so; BARS_7B="1x16 2x8 1x32" adds other micro-batch x accumulation splits, each
+# in turn), and the attention at 2k tokens, head size 128, beside SDPA's backends.
 # POWER=1 adds what the GPU sustains under its power limit (bench/gpu_power_ceiling.py: cuBLAS's bf16
 # products in a burst and held, and the clock and power while tinyllama-1.1b trains).
 # STEP_PROFILE=1 adds every kernel of one training step of GPT-2 and tinyllama timed by Nsight Compute,
@@ -193,9 +194,12 @@ if [[ $figures == *,bars,* ]]; then
     timeout 600 python3 bench/gpu_vs_pytorch.py --shardkit build-gpu/shardkit --steps 15 --model "$model" 2>&1 |
       tee "$out/figures-bars-$model.txt" | tail -5
   done
-  log "llama-2-7b's shape at stage 1, 16 micro-batches of 1 x 2048 a step (bench/gpu_scale_bench.py)"
-  timeout 600 python3 bench/gpu_scale_bench.py --shardkit build-gpu/shardkit --family llama --cases s1 --seq 2048 \
-    --micro-batch 1 --accumulation 16 --steps 4 --dir /tmp/gpu-bars-7b 2>&1 | tee "$out/figures-bars-7b.txt" | tail -6
+  for shape in ${BARS_7B:-1x16}; do  # <micro-batch>x<micro-batches a step>
+    log "llama-2-7b's shape at stage 1, ${shape#*x} micro-batches of ${shape%x*} x 2048 a step (bench/gpu_scale_bench.py)"
+    timeout 600 python3 bench/gpu_scale_bench.py --shardkit build-gpu/shardkit --family llama --cases s1 --seq 2048 \
+      --micro-batch "${shape%x*}" --accumulation "${shape#*x}" --steps 4 --dir /tmp/gpu-bars-7b 2>&1 |
+      tee "$out/figures-bars-7b-$shape.txt" | tail -6
+  done
   log "attention at 2k tokens, head size 128, beside SDPA (bench/attention_tflops.py)"
   timeout 300 python3 bench/attention_tflops.py --lib build-gpu/bench/libshardkit_attention_abi.so --seqs 2048 \
     --head-sizes 128 --rounds 3 2>&1 | tee "$out/figures-bars-attention.txt" | grep -v '^{'
