@@ -10,7 +10,26 @@
 
 namespace shardkit::model::cpu {
 
-void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
+namespace {
+
+// Row t of a (sequence, head)'s scaled scores q_t . k_u / sqrt(D), u <= t, into row; returns their
+// maximum. The forward and the backward pass both call it, so the backward's recomputed scores are
+// the forward's bit for bit.
+float scaled_scores(float* row, const float* qt, const float* kb, int64_t KW, int t, int D, float scale) {
+  float max = -INFINITY;
+  for (int u = 0; u <= t; ++u) {
+    const float* ku = kb + u * KW;
+    float dot = 0.0f;
+    for (int i = 0; i < D; ++i) dot += qt[i] * ku[i];
+    row[u] = dot * scale;
+    max = std::max(max, row[u]);
+  }
+  return max;
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* stats, const float* q, const float* k, const float* v,
                        const AttentionShape& shape) {
   // Plain locals, not a structured binding: OpenMP regions may not name bindings before C++20's
   // rule reached every compiler (Clang 14 refuses them).
@@ -19,38 +38,34 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int group = NH / NKV;
   const int64_t OW = static_cast<int64_t>(NH) * D;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int b = 0; b < B; ++b) {
-    for (int h = 0; h < NH; ++h) {
-      const int kvh = h / group;
-      const float* kb = k + static_cast<int64_t>(b) * T * KW + static_cast<int64_t>(kvh) * D;
-      const float* vb = v + static_cast<int64_t>(b) * T * KW + static_cast<int64_t>(kvh) * D;
-      float* a = att + (static_cast<int64_t>(b) * NH + h) * T * T;
-      for (int t = 0; t < T; ++t) {
-        const float* qt = q + (static_cast<int64_t>(b) * T + t) * QW + static_cast<int64_t>(h) * D;
-        float* row = a + static_cast<int64_t>(t) * T;
-        float max = -INFINITY;
-        for (int u = 0; u <= t; ++u) {
-          const float* ku = kb + u * KW;
-          float dot = 0.0f;
-          for (int i = 0; i < D; ++i) dot += qt[i] * ku[i];
-          row[u] = dot * scale;
-          max = std::max(max, row[u]);
-        }
-        float sum = 0.0f;
-        for (int u = 0; u <= t; ++u) {
-          row[u] = std::exp(row[u] - max);
-          sum += row[u];
-        }
-        const float inv = 1.0f / sum;
-        for (int u = 0; u <= t; ++u) row[u] *= inv;
-        for (int u = t + 1; u < T; ++u) row[u] = 0.0f;
-        float* o = out + (static_cast<int64_t>(b) * T + t) * OW + static_cast<int64_t>(h) * D;
-        std::fill(o, o + D, 0.0f);
-        for (int u = 0; u <= t; ++u) {
-          const float* vu = vb + u * KW;
-          const float p = row[u];
-          for (int i = 0; i < D; ++i) o[i] += p * vu[i];
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(T));
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < B; ++b) {
+      for (int h = 0; h < NH; ++h) {
+        const int kvh = h / group;
+        const float* kb = k + static_cast<int64_t>(b) * T * KW + static_cast<int64_t>(kvh) * D;
+        const float* vb = v + static_cast<int64_t>(b) * T * KW + static_cast<int64_t>(kvh) * D;
+        float* st = stats + (static_cast<int64_t>(b) * NH + h) * T * kAttentionStatsPerRow;
+        for (int t = 0; t < T; ++t) {
+          const float* qt = q + (static_cast<int64_t>(b) * T + t) * QW + static_cast<int64_t>(h) * D;
+          const float max = scaled_scores(row.data(), qt, kb, KW, t, D, scale);
+          float sum = 0.0f;
+          for (int u = 0; u <= t; ++u) {
+            row[static_cast<size_t>(u)] = std::exp(row[static_cast<size_t>(u)] - max);
+            sum += row[static_cast<size_t>(u)];
+          }
+          const float inv = 1.0f / sum;
+          st[2 * t] = max;
+          st[2 * t + 1] = inv;
+          float* o = out + (static_cast<int64_t>(b) * T + t) * OW + static_cast<int64_t>(h) * D;
+          std::fill(o, o + D, 0.0f);
+          for (int u = 0; u <= t; ++u) {
+            const float* vu = vb + u * KW;
+            const float p = row[static_cast<size_t>(u)] * inv;
+            for (int i = 0; i < D; ++i) o[i] += p * vu[i];
+          }
         }
       }
     }
@@ -58,7 +73,7 @@ void attention_forward(float* out, float* att, const float* q, const float* k, c
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                        const float* v, const float* att, const AttentionShape& shape) {
+                        const float* v, const float* stats, const AttentionShape& shape) {
   const int B = shape.B, T = shape.T, NH = shape.NH, NKV = shape.NKV, D = shape.D;
   const int64_t QW = shape.q_stride, KW = shape.kv_stride;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -68,7 +83,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   // so they run in one thread, in head order.
 #pragma omp parallel
   {
-    std::vector<float> datt(static_cast<size_t>(T));
+    std::vector<float> row(static_cast<size_t>(T)), datt(static_cast<size_t>(T));
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b) {
       for (int kvh = 0; kvh < NKV; ++kvh) {
@@ -78,30 +93,35 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           std::fill(dv + kv_base + t * KW, dv + kv_base + t * KW + D, 0.0f);
         }
         for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-          const float* a = att + (static_cast<int64_t>(b) * NH + h) * T * T;
+          const float* st = stats + (static_cast<int64_t>(b) * NH + h) * T * kAttentionStatsPerRow;
           for (int t = 0; t < T; ++t) {
             const int64_t q_at = (static_cast<int64_t>(b) * T + t) * QW + static_cast<int64_t>(h) * D;
-            const float* row = a + static_cast<int64_t>(t) * T;
+            const float* qt = q + q_at;
+            // The forward's probabilities again, from its scores and the row's maximum and 1 / sum.
+            scaled_scores(row.data(), qt, k + kv_base, KW, t, D, scale);
+            for (int u = 0; u <= t; ++u) {
+              row[static_cast<size_t>(u)] = std::exp(row[static_cast<size_t>(u)] - st[2 * t]) * st[2 * t + 1];
+            }
             const float* d = dout + (static_cast<int64_t>(b) * T + t) * OW + static_cast<int64_t>(h) * D;
             // d(probabilities) and d(v)
             float dot_sum = 0.0f;
             for (int u = 0; u <= t; ++u) {
               const float* vu = v + kv_base + u * KW;
               float* dvu = dv + kv_base + u * KW;
+              const float p = row[static_cast<size_t>(u)];
               float g = 0.0f;
               for (int i = 0; i < D; ++i) {
                 g += d[i] * vu[i];
-                dvu[i] += row[u] * d[i];
+                dvu[i] += p * d[i];
               }
               datt[static_cast<size_t>(u)] = g;
-              dot_sum += g * row[u];
+              dot_sum += g * p;
             }
             // softmax backward, then d(q) and d(k) of the scaled scores
-            const float* qt = q + q_at;
             float* dqt = dq + q_at;
             std::fill(dqt, dqt + D, 0.0f);
             for (int u = 0; u <= t; ++u) {
-              const float dscore = row[u] * (datt[static_cast<size_t>(u)] - dot_sum) * scale;
+              const float dscore = row[static_cast<size_t>(u)] * (datt[static_cast<size_t>(u)] - dot_sum) * scale;
               const float* ku = k + kv_base + u * KW;
               float* dku = dk + kv_base + u * KW;
               for (int i = 0; i < D; ++i) {

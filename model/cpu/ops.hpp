@@ -16,12 +16,15 @@ struct AttentionShape {
   int64_t q_stride;   // elements between rows of q (and dq)
   int64_t kv_stride;  // elements between rows of k, v (and dk, dv)
 };
-// att (B, NH, T, T) saves the probabilities (zero above the diagonal).
-void attention_forward(float* out, float* att, const float* q, const float* k, const float* v,
+// stats (B, NH, T, 2) saves each row's largest scaled score and 1 / its sum of exponentials, from
+// which the backward pass recomputes the probabilities (the same bits): 2 floats a row where the
+// probabilities themselves would be T.
+inline constexpr int kAttentionStatsPerRow = 2;
+void attention_forward(float* out, float* stats, const float* q, const float* k, const float* v,
                        const AttentionShape& shape);
 // dq, dk, dv overwritten at their rows' positions (the rest of a packed buffer untouched).
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                        const float* v, const float* att, const AttentionShape& shape);
+                        const float* v, const float* stats, const AttentionShape& shape);
 
 // out = a + b
 void residual_forward(float* out, const float* a, const float* b, int64_t n);

@@ -223,11 +223,11 @@ void check_attention(const AttentionCase& c, bool packed) {
   const auto dout = random_values<T>(size_t{1} * N * QW, 0.0f, 1.0f, 14);
 
   const cpu::AttentionShape cpu_shape{c.B, c.S, c.NH, c.NKV, c.HS, QW, KW};
-  std::vector<float> out(q.f.size()), att(size_t{1} * c.B * c.NH * c.S * c.S), dq(q.f.size()), dk(k.f.size()),
-      dv(v.f.size());
-  cpu::attention_forward(out.data(), att.data(), q.f.data(), k.f.data(), v.f.data(), cpu_shape);
+  std::vector<float> out(q.f.size()), stats(size_t{1} * c.B * c.NH * c.S * cpu::kAttentionStatsPerRow), dq(q.f.size()),
+      dk(k.f.size()), dv(v.f.size());
+  cpu::attention_forward(out.data(), stats.data(), q.f.data(), k.f.data(), v.f.data(), cpu_shape);
   cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.f.data(), q.f.data(), k.f.data(), v.f.data(),
-                          att.data(), cpu_shape);
+                          stats.data(), cpu_shape);
 
   // Packed: rows of QW + 2 KW elements, q at 0, k at QW, v at QW + KW (and dq, dk, dv likewise).
   const int64_t ld_q = packed ? QW + 2 * KW : QW, ld_kv = packed ? QW + 2 * KW : KW;
