@@ -99,8 +99,7 @@ ckpt::TensorTable random_table(uint64_t seed, int count, int64_t max_dim) {
   std::vector<ckpt::TensorInfo> tensors;
   for (int i = 0; i < count; ++i) {
     ckpt::TensorInfo t;
-    t.name = "t";
-    t.name += std::to_string(i);  // not "t" + ...: GCC 12 at -O2 warns falsely (-Wrestrict) on that form
+    t.name = "t" + std::to_string(i);
     const int rank = static_cast<int>(rng() % 4);
     const int big = static_cast<int>(rng() % 4);  // at most one dimension may be large
     for (int d = 0; d < rank; ++d) {
