@@ -47,7 +47,7 @@ void attention_forward(float* out, float* stats, const float* q, const float* k,
         const int kvh = h / group;
         const float* kb = k + static_cast<int64_t>(b) * T * KW + static_cast<int64_t>(kvh) * D;
         const float* vb = v + static_cast<int64_t>(b) * T * KW + static_cast<int64_t>(kvh) * D;
-        float* st = stats + (static_cast<int64_t>(b) * NH + h) * T * kAttentionStatsPerRow;
+        float* st = stats + attention_stats_floats(static_cast<int64_t>(b) * NH + h, 1, T);
         for (int t = 0; t < T; ++t) {
           const float* qt = q + (static_cast<int64_t>(b) * T + t) * QW + static_cast<int64_t>(h) * D;
           const float max = scaled_scores(row.data(), qt, kb, KW, t, D, scale);
@@ -57,8 +57,8 @@ void attention_forward(float* out, float* stats, const float* q, const float* k,
             sum += row[static_cast<size_t>(u)];
           }
           const float inv = 1.0f / sum;
-          st[2 * t] = max;
-          st[2 * t + 1] = inv;
+          st[kAttentionStatsPerRow * t] = max;
+          st[kAttentionStatsPerRow * t + 1] = inv;
           float* o = out + (static_cast<int64_t>(b) * T + t) * OW + static_cast<int64_t>(h) * D;
           std::fill(o, o + D, 0.0f);
           for (int u = 0; u <= t; ++u) {
@@ -93,14 +93,15 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           std::fill(dv + kv_base + t * KW, dv + kv_base + t * KW + D, 0.0f);
         }
         for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-          const float* st = stats + (static_cast<int64_t>(b) * NH + h) * T * kAttentionStatsPerRow;
+          const float* st = stats + attention_stats_floats(static_cast<int64_t>(b) * NH + h, 1, T);
           for (int t = 0; t < T; ++t) {
             const int64_t q_at = (static_cast<int64_t>(b) * T + t) * QW + static_cast<int64_t>(h) * D;
             const float* qt = q + q_at;
             // The forward's probabilities again, from its scores and the row's maximum and 1 / sum.
             scaled_scores(row.data(), qt, k + kv_base, KW, t, D, scale);
             for (int u = 0; u <= t; ++u) {
-              row[static_cast<size_t>(u)] = std::exp(row[static_cast<size_t>(u)] - st[2 * t]) * st[2 * t + 1];
+              row[static_cast<size_t>(u)] = std::exp(row[static_cast<size_t>(u)] - st[kAttentionStatsPerRow * t]) *
+                                            st[kAttentionStatsPerRow * t + 1];
             }
             const float* d = dout + (static_cast<int64_t>(b) * T + t) * OW + static_cast<int64_t>(h) * D;
             // d(probabilities) and d(v)

@@ -20,6 +20,10 @@ struct AttentionShape {
 // which the backward pass recomputes the probabilities (the same bits): 2 floats a row where the
 // probabilities themselves would be T.
 inline constexpr int kAttentionStatsPerRow = 2;
+// The statistics' floats for `batch` sequences of `seq` tokens and `heads` query heads.
+constexpr int64_t attention_stats_floats(int64_t batch, int64_t heads, int64_t seq) noexcept {
+  return batch * heads * seq * kAttentionStatsPerRow;
+}
 void attention_forward(float* out, float* stats, const float* q, const float* k, const float* v,
                        const AttentionShape& shape);
 // dq, dk, dv overwritten at their rows' positions (the rest of a packed buffer untouched).

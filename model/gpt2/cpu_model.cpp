@@ -28,8 +28,7 @@ CpuGpt2::CpuGpt2(const GptConfig& config, const ActivationPlan& plan)
   const size_t C = static_cast<size_t>(config.n_embd);
   const size_t Ls = checkpointing_ ? 1 : static_cast<size_t>(config.n_layer);  // layers of buffers (L')
   // Each attention row's two statistics, from which the backward pass recomputes its probabilities.
-  const size_t att = static_cast<size_t>(batch) * static_cast<size_t>(config.n_head) * static_cast<size_t>(seq_len) *
-                     cpu::kAttentionStatsPerRow;
+  const auto att = static_cast<size_t>(cpu::attention_stats_floats(batch, config.n_head, seq_len));
   encoded_.resize(N * C);
   ln1_.resize(Ls * N * C);
   ln1_mean_.resize(Ls * N);
@@ -67,7 +66,7 @@ double CpuGpt2::activation_bytes(const GptConfig& config, const ActivationPlan& 
   // dbuf_4c 4, dbuf_4c2 4), 2 N statistics and a block of logits.
   const double n = static_cast<double>(plan.batch) * plan.seq_len;
   const double c = config.n_embd;
-  const double attention = static_cast<double>(plan.batch) * config.n_head * plan.seq_len * cpu::kAttentionStatsPerRow;
+  const double attention = static_cast<double>(cpu::attention_stats_floats(plan.batch, config.n_head, plan.seq_len));
   const double per_layer = 15 * n * c + 4 * n + attention;
   const double layers = plan.checkpointing ? 1 : config.n_layer;
   const double floats = config.n_layer * n * c + layers * per_layer + 16 * n * c + 2 * n +
@@ -118,7 +117,7 @@ void CpuGpt2::forward_block(ParameterStore& p, int l, int B, int T, bool with_ou
   const float* residual = block_input(l);
   float* ln1 = ln1_.data() + lc;
   float* qkv = qkv_.data() + 3 * lc;
-  float* att = att_.data() + slot * static_cast<size_t>(max_batch_) * NH * max_seq_ * cpu::kAttentionStatsPerRow;
+  float* att = att_.data() + slot * static_cast<size_t>(cpu::attention_stats_floats(max_batch_, NH, max_seq_));
   float* atty = atty_.data() + lc;
   float* res2 = res2_.data() + lc;
   float* ln2 = ln2_.data() + lc;
@@ -175,7 +174,7 @@ void CpuGpt2::backward_blocks(ParameterStore& p, const int32_t* inputs, int B, i
   const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer;
   const int N = B * T;
   const int64_t NC = int64_t{N} * C;
-  const size_t att_stride = static_cast<size_t>(max_batch_) * NH * max_seq_ * cpu::kAttentionStatsPerRow;
+  const size_t att_stride = static_cast<size_t>(cpu::attention_stats_floats(max_batch_, NH, max_seq_));
   const size_t rows = static_cast<size_t>(max_batch_ * max_seq_);
 
   // Final LayerNorm: dbuf_c_ holds d(lnf) from the output projection.

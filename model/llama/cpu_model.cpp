@@ -38,8 +38,7 @@ CpuLlama::CpuLlama(const LlamaConfig& config, const ActivationPlan& plan)
   const size_t KW = static_cast<size_t>(config.n_kv_head) * static_cast<size_t>(config.head_dim);
   const size_t I = static_cast<size_t>(config.intermediate_size);
   // Each attention row's two statistics, from which the backward pass recomputes its probabilities.
-  const size_t att = static_cast<size_t>(batch) * static_cast<size_t>(config.n_head) * static_cast<size_t>(seq_len) *
-                     cpu::kAttentionStatsPerRow;
+  const auto att = static_cast<size_t>(cpu::attention_stats_floats(batch, config.n_head, seq_len));
   encoded_.resize(N * H);
   xn1_.resize(L * N * H);
   rstd1_.resize(L * N);
@@ -82,7 +81,7 @@ double CpuLlama::activation_bytes(const LlamaConfig& c, const ActivationPlan& pl
   const double n = static_cast<double>(plan.batch) * plan.seq_len;
   const double h = c.hidden_size, i = c.intermediate_size;
   const double qw = static_cast<double>(c.n_head) * c.head_dim, kw = static_cast<double>(c.n_kv_head) * c.head_dim;
-  const double attention = static_cast<double>(plan.batch) * c.n_head * plan.seq_len * cpu::kAttentionStatsPerRow;
+  const double attention = static_cast<double>(cpu::attention_stats_floats(plan.batch, c.n_head, plan.seq_len));
   const double per_layer = n * (3 * h + 2 * qw + 2 * kw + 3 * i + 2) + attention;
   const double layers = plan.checkpointing ? 1 : c.n_layer;
   const double outside = n * (5 * h + 2 * qw + 2 * kw + 3 * i + 1) + static_cast<double>(plan.seq_len) * c.head_dim +
@@ -126,7 +125,7 @@ void CpuLlama::forward_layer(ParameterStore& p, int l, int B, int T, bool with_o
   const int QW = c.n_head * D, KW = c.n_kv_head * D;
   const auto eps = static_cast<float>(c.rms_norm_eps);
   const size_t rows = static_cast<size_t>(max_batch_) * static_cast<size_t>(max_seq_);
-  const size_t att_stride = static_cast<size_t>(max_batch_) * c.n_head * max_seq_ * cpu::kAttentionStatsPerRow;
+  const size_t att_stride = static_cast<size_t>(cpu::attention_stats_floats(max_batch_, c.n_head, max_seq_));
   auto w = [&](int k) { return p.param(layer_tensor(l, k)); };
   const size_t at = layer_slot(l) * rows;
   const float* x = layer_input(l);
@@ -200,7 +199,7 @@ void CpuLlama::backward_layers(ParameterStore& p, const int32_t* inputs, int B, 
   const int QW = c.n_head * D, KW = c.n_kv_head * D;
   const int64_t NH = int64_t{N} * H;
   const size_t rows = static_cast<size_t>(max_batch_) * static_cast<size_t>(max_seq_);
-  const size_t att_stride = static_cast<size_t>(max_batch_) * c.n_head * max_seq_ * cpu::kAttentionStatsPerRow;
+  const size_t att_stride = static_cast<size_t>(cpu::attention_stats_floats(max_batch_, c.n_head, max_seq_));
 
   // Final norm: dxn_ holds d(xnf) from the head.
   std::fill(dres_.begin(), dres_.begin() + NH, 0.0f);

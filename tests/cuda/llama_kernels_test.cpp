@@ -223,8 +223,8 @@ void check_attention(const AttentionCase& c, bool packed) {
   const auto dout = random_values<T>(size_t{1} * N * QW, 0.0f, 1.0f, 14);
 
   const cpu::AttentionShape cpu_shape{c.B, c.S, c.NH, c.NKV, c.HS, QW, KW};
-  std::vector<float> out(q.f.size()), stats(size_t{1} * c.B * c.NH * c.S * cpu::kAttentionStatsPerRow), dq(q.f.size()),
-      dk(k.f.size()), dv(v.f.size());
+  std::vector<float> out(q.f.size()), stats(static_cast<size_t>(cpu::attention_stats_floats(c.B, c.NH, c.S))),
+      dq(q.f.size()), dk(k.f.size()), dv(v.f.size());
   cpu::attention_forward(out.data(), stats.data(), q.f.data(), k.f.data(), v.f.data(), cpu_shape);
   cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.f.data(), q.f.data(), k.f.data(), v.f.data(),
                           stats.data(), cpu_shape);
