@@ -33,6 +33,12 @@ void sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const f
   }
 }
 
+void sgemm_serial(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+                  int ldb, float beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha,
+              a, lda, b, ldb, beta, c, ldc);
+}
+
 void set_compute_threads(int threads) {
   openblas_set_num_threads(1);
   omp_set_num_threads(threads);
@@ -47,22 +53,32 @@ const char* gemm_backend() {
 // Fallback: rows of C are split across threads; each row accumulates alpha * a(i, p) * b(p, :) over p,
 // which streams B row by row (contiguous when B is not transposed). Correct and portable, several times
 // slower than an optimised BLAS.
+namespace {
+void sgemm_row(bool trans_a, bool trans_b, int i, int n, int k, float alpha, const float* a, int lda, const float* b,
+               int ldb, float beta, float* c, int ldc) {
+  float* ci = c + static_cast<size_t>(i) * ldc;
+  for (int j = 0; j < n; ++j) ci[j] = beta == 0.0f ? 0.0f : beta * ci[j];
+  for (int p = 0; p < k; ++p) {
+    const float aip = alpha * (trans_a ? a[static_cast<size_t>(p) * lda + i] : a[static_cast<size_t>(i) * lda + p]);
+    if (trans_b) {
+      for (int j = 0; j < n; ++j) ci[j] += aip * b[static_cast<size_t>(j) * ldb + p];
+    } else {
+      const float* bp = b + static_cast<size_t>(p) * ldb;
+      for (int j = 0; j < n; ++j) ci[j] += aip * bp[j];
+    }
+  }
+}
+}  // namespace
+
 void sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
            int ldb, float beta, float* c, int ldc) {
 #pragma omp parallel for schedule(static)
-  for (int i = 0; i < m; ++i) {
-    float* ci = c + static_cast<size_t>(i) * ldc;
-    for (int j = 0; j < n; ++j) ci[j] = beta == 0.0f ? 0.0f : beta * ci[j];
-    for (int p = 0; p < k; ++p) {
-      const float aip = alpha * (trans_a ? a[static_cast<size_t>(p) * lda + i] : a[static_cast<size_t>(i) * lda + p]);
-      if (trans_b) {
-        for (int j = 0; j < n; ++j) ci[j] += aip * b[static_cast<size_t>(j) * ldb + p];
-      } else {
-        const float* bp = b + static_cast<size_t>(p) * ldb;
-        for (int j = 0; j < n; ++j) ci[j] += aip * bp[j];
-      }
-    }
-  }
+  for (int i = 0; i < m; ++i) sgemm_row(trans_a, trans_b, i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void sgemm_serial(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+                  int ldb, float beta, float* c, int ldc) {
+  for (int i = 0; i < m; ++i) sgemm_row(trans_a, trans_b, i, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void set_compute_threads(int threads) {

@@ -10,6 +10,11 @@ namespace shardkit::model::cpu {
 void sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
            int ldb, float beta, float* c, int ldc);
 
+// The same product on the calling thread alone, for callers that already run on every OpenMP thread
+// (the attention, one head per thread). The same arguments give the same bits on every call.
+void sgemm_serial(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
+                  int ldb, float beta, float* c, int ldc);
+
 // Sets the number of threads matrix products (and the model's OpenMP loops) use.
 void set_compute_threads(int threads);
 // What the build uses for matrix products ("OpenBLAS 0.3.21", "built-in").

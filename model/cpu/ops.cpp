@@ -4,33 +4,120 @@
 
 #include <algorithm>
 #include <cmath>
-#include <vector>
+#include <string>
 
+#include "base/error.hpp"
+#include "base/vector_clones.hpp"
 #include "model/cpu/gemm.hpp"
 
 namespace shardkit::model::cpu {
 
 namespace {
 
-// Row t of a (sequence, head)'s scaled scores q_t . k_u / sqrt(D), u <= t, into row; returns their
-// maximum. The forward and the backward pass both call it, so the backward's recomputed scores are
-// the forward's bit for bit.
-float scaled_scores(float* row, const float* qt, const float* kb, int64_t KW, int t, int D, float scale) {
-  float max = -INFINITY;
-  for (int u = 0; u <= t; ++u) {
-    const float* ku = kb + u * KW;
-    float dot = 0.0f;
-    for (int i = 0; i < D; ++i) dot += qt[i] * ku[i];
-    row[u] = dot * scale;
-    max = std::max(max, row[u]);
+// The attention takes this many query rows at a time: their scores against every key up to the
+// block's last row are one matrix product into a kAttentionRows x T buffer a thread (the backward
+// pass holds two), and so are the products that follow. The probabilities are never kept: each row's
+// largest score and 1 / sum go to the statistics, and the backward pass recomputes the block's
+// scores with the same call, hence the same bits.
+inline constexpr int kAttentionRows = 64;
+
+// One thread's share of the workspace: the scores and, in the backward pass, their gradients.
+int64_t workspace_floats_per_thread(int64_t seq) noexcept {
+  return 2 * static_cast<int64_t>(kAttentionRows) * seq;
+}
+
+// The threads a workspace serves at sequence length T; an internal error if it serves none.
+int workspace_threads(std::span<float> workspace, int T) {
+  const int64_t threads = static_cast<int64_t>(workspace.size()) / workspace_floats_per_thread(T);
+  if (threads < 1) {
+    fail(ErrorKind::kInternal, "attention workspace of " + std::to_string(workspace.size()) + " floats is below the " +
+                                   std::to_string(workspace_floats_per_thread(T)) + " one thread needs at " +
+                                   std::to_string(T) + " tokens");
   }
-  return max;
+  return static_cast<int>(std::min<int64_t>(threads, omp_get_max_threads()));
+}
+
+// A dot product in sixteen interleaved partial sums, added pairwise at the end: an order fixed by the
+// code, not by the vector width, so every clone gives the same bits while the sums run as vectors.
+inline constexpr int kDotLanes = 16;
+inline float dot(const float* a, const float* b, int n) {
+  float lane[kDotLanes] = {};
+  int i = 0;
+  for (; i + kDotLanes <= n; i += kDotLanes) {
+#pragma omp simd
+    for (int j = 0; j < kDotLanes; ++j) lane[j] += a[i + j] * b[i + j];
+  }
+  for (int j = 0; i < n; ++i, ++j) lane[j] += a[i] * b[i];
+  for (int width = kDotLanes / 2; width > 0; width /= 2) {
+    for (int j = 0; j < width; ++j) lane[j] += lane[j + width];
+  }
+  return lane[0];
+}
+
+// The rows [t0, t1) of one head: where its queries, keys and values start, and their row strides.
+struct HeadBlock {
+  const float* q;  // row 0 of the head's queries
+  const float* k;  // row 0 of its kv head's keys
+  const float* v;
+  int64_t q_stride, kv_stride;
+  int t0, t1, T, D;
+  float scale;  // 1 / sqrt(D)
+  int rows() const { return t1 - t0; }
+};
+
+// Scaled scores q_t . k_u / sqrt(D) of the block's rows t against keys u < t1 (row t - t0 of s,
+// stride T; the entries u > t are computed and then masked by the callers).
+void block_scores(float* s, const HeadBlock& h) {
+  sgemm_serial(false, true, h.rows(), h.t1, h.D, h.scale, h.q + h.t0 * h.q_stride, static_cast<int>(h.q_stride), h.k,
+               static_cast<int>(h.kv_stride), 0.0f, s, h.T);
+}
+
+// The block's scores into probabilities, in place: row t's exponentials of u <= t over their sum, the
+// causal future zeroed; each row's largest score and 1 / sum into st (rows t0..t1-1).
+SHARDKIT_VECTOR_CLONES void softmax_rows(float* s, float* st, const HeadBlock& h) {
+  for (int t = h.t0; t < h.t1; ++t) {
+    float* row = s + static_cast<int64_t>(t - h.t0) * h.T;
+    float max = -INFINITY;
+    for (int u = 0; u <= t; ++u) max = std::max(max, row[u]);
+    float sum = 0.0f;
+    for (int u = 0; u <= t; ++u) {
+      row[u] = std::exp(row[u] - max);
+      sum += row[u];
+    }
+    const float inv = 1.0f / sum;
+    for (int u = 0; u <= t; ++u) row[u] *= inv;
+    std::fill(row + t + 1, row + h.t1, 0.0f);
+    st[kAttentionStatsPerRow * t] = max;
+    st[kAttentionStatsPerRow * t + 1] = inv;
+  }
+}
+
+// The backward pass's elementwise part: p's scores into the forward's probabilities (from st), and dp
+// (d(probabilities) on entry) into the scaled scores' gradients p (dp - sum_u p dp) / sqrt(D), both with
+// the causal future zeroed.
+SHARDKIT_VECTOR_CLONES void softmax_backward_rows(float* __restrict p, float* __restrict dp, const float* st,
+                                                  const HeadBlock& h) {
+  for (int t = h.t0; t < h.t1; ++t) {
+    float* pt = p + static_cast<int64_t>(t - h.t0) * h.T;
+    float* dpt = dp + static_cast<int64_t>(t - h.t0) * h.T;
+    const float max = st[kAttentionStatsPerRow * t], inv = st[kAttentionStatsPerRow * t + 1];
+    for (int u = 0; u <= t; ++u) pt[u] = std::exp(pt[u] - max) * inv;
+    std::fill(pt + t + 1, pt + h.t1, 0.0f);
+    const float dot_sum = dot(pt, dpt, t + 1);
+#pragma omp simd
+    for (int u = 0; u <= t; ++u) dpt[u] = pt[u] * (dpt[u] - dot_sum) * h.scale;
+    std::fill(dpt + t + 1, dpt + h.t1, 0.0f);
+  }
 }
 
 }  // namespace
 
+int64_t attention_workspace_floats(int64_t seq) noexcept {
+  return workspace_floats_per_thread(seq) * omp_get_max_threads();
+}
+
 void attention_forward(float* out, float* stats, const float* q, const float* k, const float* v,
-                       const AttentionShape& shape) {
+                       const AttentionShape& shape, std::span<float> workspace) {
   // Plain locals, not a structured binding: OpenMP regions may not name bindings before C++20's
   // rule reached every compiler (Clang 14 refuses them).
   const int B = shape.B, T = shape.T, NH = shape.NH, NKV = shape.NKV, D = shape.D;
@@ -38,34 +125,32 @@ void attention_forward(float* out, float* stats, const float* q, const float* k,
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int group = NH / NKV;
   const int64_t OW = static_cast<int64_t>(NH) * D;
-#pragma omp parallel
+  const int threads = workspace_threads(workspace, T);
+#pragma omp parallel num_threads(threads)
   {
-    std::vector<float> row(static_cast<size_t>(T));
+    float* s = workspace.data() + omp_get_thread_num() * workspace_floats_per_thread(T);
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b) {
       for (int h = 0; h < NH; ++h) {
-        const int kvh = h / group;
-        const float* kb = k + static_cast<int64_t>(b) * T * KW + static_cast<int64_t>(kvh) * D;
-        const float* vb = v + static_cast<int64_t>(b) * T * KW + static_cast<int64_t>(kvh) * D;
+        const int64_t kv_at = static_cast<int64_t>(b) * T * KW + static_cast<int64_t>(h / group) * D;
         float* st = stats + attention_stats_floats(static_cast<int64_t>(b) * NH + h, 1, T);
-        for (int t = 0; t < T; ++t) {
-          const float* qt = q + (static_cast<int64_t>(b) * T + t) * QW + static_cast<int64_t>(h) * D;
-          const float max = scaled_scores(row.data(), qt, kb, KW, t, D, scale);
-          float sum = 0.0f;
-          for (int u = 0; u <= t; ++u) {
-            row[static_cast<size_t>(u)] = std::exp(row[static_cast<size_t>(u)] - max);
-            sum += row[static_cast<size_t>(u)];
-          }
-          const float inv = 1.0f / sum;
-          st[kAttentionStatsPerRow * t] = max;
-          st[kAttentionStatsPerRow * t + 1] = inv;
-          float* o = out + (static_cast<int64_t>(b) * T + t) * OW + static_cast<int64_t>(h) * D;
-          std::fill(o, o + D, 0.0f);
-          for (int u = 0; u <= t; ++u) {
-            const float* vu = vb + u * KW;
-            const float p = row[static_cast<size_t>(u)] * inv;
-            for (int i = 0; i < D; ++i) o[i] += p * vu[i];
-          }
+        float* o = out + static_cast<int64_t>(b) * T * OW + static_cast<int64_t>(h) * D;
+        for (int t0 = 0; t0 < T; t0 += kAttentionRows) {
+          const HeadBlock hb{q + static_cast<int64_t>(b) * T * QW + static_cast<int64_t>(h) * D,
+                             k + kv_at,
+                             v + kv_at,
+                             QW,
+                             KW,
+                             t0,
+                             std::min(t0 + kAttentionRows, T),
+                             T,
+                             D,
+                             scale};
+          block_scores(s, hb);
+          softmax_rows(s, st, hb);
+          // out_t = sum_u p_tu v_u
+          sgemm_serial(false, false, hb.rows(), D, hb.t1, 1.0f, s, T, hb.v, static_cast<int>(KW), 0.0f, o + t0 * OW,
+                       static_cast<int>(OW));
         }
       }
     }
@@ -73,7 +158,7 @@ void attention_forward(float* out, float* stats, const float* q, const float* k,
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                        const float* v, const float* stats, const AttentionShape& shape) {
+                        const float* v, const float* stats, const AttentionShape& shape, std::span<float> workspace) {
   const int B = shape.B, T = shape.T, NH = shape.NH, NKV = shape.NKV, D = shape.D;
   const int64_t QW = shape.q_stride, KW = shape.kv_stride;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -81,55 +166,40 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const int64_t OW = static_cast<int64_t>(NH) * D;
   // One thread per (sequence, kv head): the query heads that share a kv head add into its dk and dv,
   // so they run in one thread, in head order.
-#pragma omp parallel
+  const int threads = workspace_threads(workspace, T);
+#pragma omp parallel num_threads(threads)
   {
-    std::vector<float> row(static_cast<size_t>(T)), datt(static_cast<size_t>(T));
+    float* p = workspace.data() + omp_get_thread_num() * workspace_floats_per_thread(T);
+    float* dp = p + static_cast<int64_t>(kAttentionRows) * T;
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b) {
       for (int kvh = 0; kvh < NKV; ++kvh) {
-        const int64_t kv_base = static_cast<int64_t>(b) * T * KW + static_cast<int64_t>(kvh) * D;
+        const int64_t kv_at = static_cast<int64_t>(b) * T * KW + static_cast<int64_t>(kvh) * D;
         for (int t = 0; t < T; ++t) {
-          std::fill(dk + kv_base + t * KW, dk + kv_base + t * KW + D, 0.0f);
-          std::fill(dv + kv_base + t * KW, dv + kv_base + t * KW + D, 0.0f);
+          std::fill(dk + kv_at + t * KW, dk + kv_at + t * KW + D, 0.0f);
+          std::fill(dv + kv_at + t * KW, dv + kv_at + t * KW + D, 0.0f);
         }
         for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
           const float* st = stats + attention_stats_floats(static_cast<int64_t>(b) * NH + h, 1, T);
-          for (int t = 0; t < T; ++t) {
-            const int64_t q_at = (static_cast<int64_t>(b) * T + t) * QW + static_cast<int64_t>(h) * D;
-            const float* qt = q + q_at;
-            // The forward's probabilities again, from its scores and the row's maximum and 1 / sum.
-            scaled_scores(row.data(), qt, k + kv_base, KW, t, D, scale);
-            for (int u = 0; u <= t; ++u) {
-              row[static_cast<size_t>(u)] = std::exp(row[static_cast<size_t>(u)] - st[kAttentionStatsPerRow * t]) *
-                                            st[kAttentionStatsPerRow * t + 1];
-            }
-            const float* d = dout + (static_cast<int64_t>(b) * T + t) * OW + static_cast<int64_t>(h) * D;
-            // d(probabilities) and d(v)
-            float dot_sum = 0.0f;
-            for (int u = 0; u <= t; ++u) {
-              const float* vu = v + kv_base + u * KW;
-              float* dvu = dv + kv_base + u * KW;
-              const float p = row[static_cast<size_t>(u)];
-              float g = 0.0f;
-              for (int i = 0; i < D; ++i) {
-                g += d[i] * vu[i];
-                dvu[i] += p * d[i];
-              }
-              datt[static_cast<size_t>(u)] = g;
-              dot_sum += g * p;
-            }
-            // softmax backward, then d(q) and d(k) of the scaled scores
-            float* dqt = dq + q_at;
-            std::fill(dqt, dqt + D, 0.0f);
-            for (int u = 0; u <= t; ++u) {
-              const float dscore = row[static_cast<size_t>(u)] * (datt[static_cast<size_t>(u)] - dot_sum) * scale;
-              const float* ku = k + kv_base + u * KW;
-              float* dku = dk + kv_base + u * KW;
-              for (int i = 0; i < D; ++i) {
-                dqt[i] += dscore * ku[i];
-                dku[i] += dscore * qt[i];
-              }
-            }
+          const int64_t q_at = static_cast<int64_t>(b) * T * QW + static_cast<int64_t>(h) * D;
+          const float* d = dout + static_cast<int64_t>(b) * T * OW + static_cast<int64_t>(h) * D;
+          for (int t0 = 0; t0 < T; t0 += kAttentionRows) {
+            const HeadBlock hb{q + q_at, k + kv_at, v + kv_at, QW, KW, t0, std::min(t0 + kAttentionRows, T),
+                               T,        D,         scale};
+            const int rows = hb.rows(), keys = hb.t1;
+            const float* d_block = d + t0 * OW;
+            block_scores(p, hb);
+            // d(p_tu) = d(out_t) . v_u
+            sgemm_serial(false, true, rows, keys, D, 1.0f, d_block, static_cast<int>(OW), hb.v, static_cast<int>(KW),
+                         0.0f, dp, T);
+            softmax_backward_rows(p, dp, st, hb);
+            // d(q_t) = sum_u ds_tu k_u; d(k_u) += sum_t ds_tu q_t; d(v_u) += sum_t p_tu d(out_t)
+            sgemm_serial(false, false, rows, D, keys, 1.0f, dp, T, hb.k, static_cast<int>(KW), 0.0f,
+                         dq + q_at + t0 * QW, static_cast<int>(QW));
+            sgemm_serial(true, false, keys, D, rows, 1.0f, dp, T, hb.q + t0 * QW, static_cast<int>(QW), 1.0f,
+                         dk + kv_at, static_cast<int>(KW));
+            sgemm_serial(true, false, keys, D, rows, 1.0f, p, T, d_block, static_cast<int>(OW), 1.0f, dv + kv_at,
+                         static_cast<int>(KW));
           }
         }
       }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace shardkit::model::cpu {
 
@@ -24,11 +25,16 @@ inline constexpr int kAttentionStatsPerRow = 2;
 constexpr int64_t attention_stats_floats(int64_t batch, int64_t heads, int64_t seq) noexcept {
   return batch * heads * seq * kAttentionStatsPerRow;
 }
+// The scratch the attention works in, held by the caller beside the activations: two blocks of scores
+// a thread (a block of query rows against every key), for every thread the model's loops may use
+// (omp_get_max_threads() when asked). The attention runs on as many threads as the workspace it is
+// given holds, at most.
+int64_t attention_workspace_floats(int64_t seq) noexcept;
 void attention_forward(float* out, float* stats, const float* q, const float* k, const float* v,
-                       const AttentionShape& shape);
+                       const AttentionShape& shape, std::span<float> workspace);
 // dq, dk, dv overwritten at their rows' positions (the rest of a packed buffer untouched).
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                        const float* v, const float* stats, const AttentionShape& shape);
+                        const float* v, const float* stats, const AttentionShape& shape, std::span<float> workspace);
 
 // out = a + b
 void residual_forward(float* out, const float* a, const float* b, int64_t n);

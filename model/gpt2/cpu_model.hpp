@@ -61,6 +61,7 @@ class CpuGpt2 final : public CpuModel {
   std::vector<float> ln1_, ln1_mean_, ln1_rstd_;  // (L', N, C), (L', N), (L', N)
   std::vector<float> qkv_;                        // (L', N, 3C)
   std::vector<float> att_;                        // (L', B, NH, T, 2)  each attention row's maximum and 1 / sum
+  std::vector<float> attention_ws_;               // the attention's scratch (cpu::attention_workspace_floats)
   std::vector<float> atty_;                       // (L', N, C)  attention output before its projection
   std::vector<float> res2_;                       // (L', N, C)  residual after attention
   std::vector<float> ln2_, ln2_mean_, ln2_rstd_;

@@ -46,6 +46,7 @@ CpuLlama::CpuLlama(const LlamaConfig& config, const ActivationPlan& plan)
   k_.resize(L * N * KW);
   v_.resize(L * N * KW);
   att_.resize(L * att);
+  attention_ws_.resize(static_cast<size_t>(cpu::attention_workspace_floats(seq_len)));
   atty_.resize(L * N * QW);
   res2_.resize(L * N * H);
   xn2_.resize(L * N * H);
@@ -77,7 +78,8 @@ double CpuLlama::activation_bytes(const LlamaConfig& c, const ActivationPlan& pl
   // The buffers the constructor sizes: per layer the output res3 (N x H), and for every layer or only
   // one (checkpointing) 3 N x H (xn1, res2, xn2), 2 N x NH*D (q, atty), 2 N x NKV*D, 3 N x I,
   // 2 N statistics and the attention; outside the layers 5 N x H (encoded, xnf, dres, dxn, dtmp),
-  // 2 N x NH*D, 2 N x NKV*D, 3 N x I, N statistics, the rotation tables and a block of logits.
+  // 2 N x NH*D, 2 N x NKV*D, 3 N x I, N statistics, the rotation tables, a block of logits and the
+  // attention's workspace.
   const double n = static_cast<double>(plan.batch) * plan.seq_len;
   const double h = c.hidden_size, i = c.intermediate_size;
   const double qw = static_cast<double>(c.n_head) * c.head_dim, kw = static_cast<double>(c.n_kv_head) * c.head_dim;
@@ -85,7 +87,8 @@ double CpuLlama::activation_bytes(const LlamaConfig& c, const ActivationPlan& pl
   const double per_layer = n * (3 * h + 2 * qw + 2 * kw + 3 * i + 2) + attention;
   const double layers = plan.checkpointing ? 1 : c.n_layer;
   const double outside = n * (5 * h + 2 * qw + 2 * kw + 3 * i + 1) + static_cast<double>(plan.seq_len) * c.head_dim +
-                         static_cast<double>(cpu::kHeadBlockRows) * c.vocab_size;
+                         static_cast<double>(cpu::kHeadBlockRows) * c.vocab_size +
+                         static_cast<double>(cpu::attention_workspace_floats(plan.seq_len));
   return (c.n_layer * n * h + layers * per_layer + outside) * sizeof(float);
 }
 
@@ -148,7 +151,7 @@ void CpuLlama::forward_layer(ParameterStore& p, int l, int B, int T, bool with_o
   ops::rope_forward(q, cos_.data(), sin_.data(), B, T, c.n_head, D);
   ops::rope_forward(k, cos_.data(), sin_.data(), B, T, c.n_kv_head, D);
   cpu::attention_forward(atty, att_.data() + layer_slot(l) * att_stride, q, k, v,
-                         {B, T, c.n_head, c.n_kv_head, D, QW, KW});
+                         {B, T, c.n_head, c.n_kv_head, D, QW, KW}, attention_ws_);
   ops::linear_forward(tmp, atty, w(kO), N, QW, H);
   cpu::residual_forward(res2, x, tmp, int64_t{N} * H);
   ops::rmsnorm_forward(xn2, rstd2_.data() + at, res2, w(kPostNorm), N, H, eps);
@@ -234,7 +237,7 @@ void CpuLlama::backward_layers(ParameterStore& p, const int32_t* inputs, int B, 
     ops::linear_backward(datty_.data(), g(kO), dres, atty_.data() + at * QW, w(kO), N, QW, H, false);
     cpu::attention_backward(dq_.data(), dk_.data(), dv_.data(), datty_.data(), q_.data() + at * QW, k_.data() + at * KW,
                             v_.data() + at * KW, att_.data() + layer_slot(l) * att_stride,
-                            {B, T, c.n_head, c.n_kv_head, D, QW, KW});
+                            {B, T, c.n_head, c.n_kv_head, D, QW, KW}, attention_ws_);
     ops::rope_backward(dq_.data(), cos_.data(), sin_.data(), B, T, c.n_head, D);
     ops::rope_backward(dk_.data(), cos_.data(), sin_.data(), B, T, c.n_kv_head, D);
     const float* xn1 = xn1_.data() + at * H;

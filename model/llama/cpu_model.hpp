@@ -49,6 +49,7 @@ class CpuLlama final : public CpuModel {
   std::vector<float> xn1_, rstd1_;      // (L', N, H), (L', N)
   std::vector<float> q_, k_, v_;        // (L', N, NH*D), (L', N, NKV*D) x 2, after the rotation
   std::vector<float> att_;              // (L', B, NH, T, 2)  each attention row's maximum and 1 / sum
+  std::vector<float> attention_ws_;     // the attention's scratch (cpu::attention_workspace_floats)
   std::vector<float> atty_;             // (L', N, NH*D) attention output before o_proj
   std::vector<float> res2_;             // (L', N, H) residual after attention
   std::vector<float> xn2_, rstd2_;      // (L', N, H), (L', N)
