@@ -3,7 +3,10 @@
 
 A real DeepSpeed engine (Hugging Face's GPT2LMHeadModel at gpt2-xl's shape by default, bf16, ZeRO
 stage 1, one GPU, torch.optim.AdamW with Hugging Face Trainer's two parameter groups) trains one step
-and saves with `engine.save_checkpoint`. Then, each timed from start to exit, with the peak resident
+and saves with `engine.save_checkpoint`. With --device cpu the engine runs on the CPU (gloo, DeepSpeed's
+CPU accelerator) with the GPT-2 of tests/convert/write_deepspeed_fixtures.py, which has Hugging Face's
+parameter names and orientations, so that no GPU and no transformers are needed; the checkpoint's files
+are the same kind. Then, each timed from start to exit, with the peak resident
 memory of its whole process tree (sampled every 20 ms, worker processes included):
 
   ds_to_universal   DeepSpeed's route to another world size or stage (`load_universal`)
@@ -17,10 +20,12 @@ Outputs go to --out-root (default: the work folder), one at a time, removed afte
 --tools picks some of them; --baseline-shardkit OLD adds `import` by another shardkit binary (the
 previous release), and --rounds N runs the two imports N times each, alternately (the figure is the
 median). Prints one `RESULT {json}` line per run and a table. Needs torch, transformers, psutil and DeepSpeed
-importable (PYTHONPATH), and a GPU for the save.
+importable (PYTHONPATH), and a GPU for the save (or --device cpu: torch, psutil and DeepSpeed).
 
   PYTHONPATH=<deepspeed site> DS_ACCELERATOR=cuda TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 \\
       python3 bench/deepspeed_convert_bench.py --shardkit build-gpu/shardkit --work /tmp/dsbench
+  PYTHONPATH=<deepspeed site>:<its CPU-only shims> DS_ACCELERATOR=cpu python3 bench/deepspeed_convert_bench.py \\
+      --device cpu --model gpt2-medium --shardkit build/shardkit --work /tmp/dsbench
 """
 import argparse
 import json
@@ -32,6 +37,7 @@ import time
 
 SHAPES = {  # n_layer, n_embd, n_head
     "gpt2": (12, 768, 12),
+    "gpt2-medium": (24, 1024, 16),
     "gpt2-xl": (48, 1600, 25),
 }
 
@@ -90,36 +96,51 @@ def save(args):
     """One DeepSpeed training step and save_checkpoint, in this process (rank 0 of 1)."""
     import torch
     import deepspeed
-    from transformers import GPT2Config, GPT2LMHeadModel
 
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
-    deepspeed.init_distributed(dist_backend="nccl")
     layers, width, heads = SHAPES[args.model]
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=50257,
-                                       n_positions=1024)).cuda()
+    if args.device == "cpu":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "convert"))
+        import write_deepspeed_fixtures as fx
+
+        fx.init_distributed("cpu")
+        model = fx.build_model("gpt2", {"family": "gpt2", "n_layer": layers, "n_embd": width, "n_head": heads,
+                                        "vocab_size": 50257, "n_positions": 1024})
+        # A short sequence: the step is only there to give the optimizer states values.
+        ids = torch.randint(0, 50257, (1, 129))
+    else:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        deepspeed.init_distributed(dist_backend="nccl")
+        model = GPT2LMHeadModel(GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=50257,
+                                           n_positions=1024)).cuda()
+        ids = torch.randint(0, 50257, (2, 1024), device="cuda")
     no_decay = ("bias", "ln_")
     named = list(model.named_parameters())
     groups = [{"params": [p for n, p in named if not any(k in n for k in no_decay)], "weight_decay": 0.1},
               {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
-    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
-              "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}, "zero_allow_untested_optimizer": True,
-              "steps_per_print": 10**9}
+    config = {"train_micro_batch_size_per_gpu": ids.shape[0], "gradient_accumulation_steps": 1,
+              "gradient_clipping": 1.0, "bf16": {"enabled": True}, "zero_optimization": {"stage": 1},
+              "zero_allow_untested_optimizer": True, "steps_per_print": 10**9}
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
-    ids = torch.randint(0, 50257, (2, 1024), device="cuda")
-    loss = engine(input_ids=ids, labels=ids).loss
+    if args.device == "cpu":
+        logits = engine(ids[:, :-1]).float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    else:
+        loss = engine(input_ids=ids, labels=ids).loss
     engine.backward(loss)
     engine.step()
     start = time.perf_counter()
     engine.save_checkpoint(args.ckpt)
     seconds = time.perf_counter() - start
     params = sum(p.numel() for p in model.parameters())
-    result(tool="save_checkpoint", seconds=round(seconds, 2), params=params,
+    result(tool="save_checkpoint", seconds=round(seconds, 2), params=params, device=args.device,
            output_gb=round(tree_bytes(args.ckpt) / 1e9, 2), torch=torch.__version__, deepspeed=deepspeed.__version__)
 
 
@@ -129,6 +150,7 @@ def main():
     ap.add_argument("--work", required=True, help="folder for the DeepSpeed checkpoint")
     ap.add_argument("--out-root", default="", help="folder for the outputs (default: --work)")
     ap.add_argument("--model", default="gpt2-xl", choices=sorted(SHAPES))
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="where DeepSpeed trains and saves")
     ap.add_argument("--tools", default="ds_to_universal,reshard,zero_to_fp32,consolidate,import")
     ap.add_argument("--baseline-shardkit", default="", help="another shardkit binary whose import to time alike")
     ap.add_argument("--rounds", type=int, default=1, help="runs of each import, alternately")
@@ -144,7 +166,7 @@ def main():
     shutil.rmtree(ckpt, ignore_errors=True)
     # The save runs in a process of its own, so that its GPU and host memory is gone before the tools run.
     rc = subprocess.run([sys.executable, __file__, "--only-save", "--ckpt", ckpt, "--model", args.model,
-                         "--shardkit", args.shardkit, "--work", args.work]).returncode
+                         "--device", args.device, "--shardkit", args.shardkit, "--work", args.work]).returncode
     if rc != 0:
         sys.exit(rc)
     tag = open(os.path.join(ckpt, "latest")).read().strip()

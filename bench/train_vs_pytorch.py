@@ -2,8 +2,9 @@
 """Training speed of `shardkit train` on one CPU rank against PyTorch (Debian's python3-torch, CPU)
 training the same GPT-2 with the same batch, optimizer and thread count, measured in one run.
 
-Cases (issue 3): gpt2-tiny at batch 12 x sequence 64, and a 6-layer, 384-wide, 6-head model with a
-256-token vocabulary at batch 4 x sequence 256. Both sides run fp32 AdamW (weight decay on the matrices
+Cases: gpt2-tiny at batch 12 x sequence 64; a 6-layer, 384-wide, 6-head model with a 256-token
+vocabulary at batch 4 x sequence 256, and the same model at 2 x 1,024 (where the attention is most of
+the work; PyTorch's side forms the whole T x T score matrix). Both sides run fp32 AdamW (weight decay on the matrices
 and embeddings only: two parameter groups on PyTorch's side) with gradient clipping; the
 figure is the median tokens/s over the timed steps (after warm-up steps). Prints one JSON line per case
 and a table.
@@ -35,18 +36,19 @@ args = ap.parse_args()
 CASES = [
     ("gpt2-tiny", {"n_layer": 2, "n_head": 4, "n_embd": 128, "vocab_size": 256, "n_positions": 64}, 12),
     ("6L-384", {"n_layer": 6, "n_head": 6, "n_embd": 384, "vocab_size": 256, "n_positions": 256}, 4),
+    ("6L-384", {"n_layer": 6, "n_head": 6, "n_embd": 384, "vocab_size": 256, "n_positions": 1024}, 2),
 ]
 
 
 def shardkit_tokens_per_s(tmp, model, cfg, batch, data):
-    model_file = os.path.join(tmp, model + ".json")
+    model_file = os.path.join(tmp, f"{model}-{cfg['n_positions']}.json")
     with open(model_file, "w") as f:
         json.dump(cfg, f)
     config = os.path.join(tmp, "ds.json")
     with open(config, "w") as f:
         json.dump({"train_batch_size": batch, "gradient_clipping": 1.0,
                    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}}}, f)
-    metrics = os.path.join(tmp, model + ".jsonl")
+    metrics = os.path.join(tmp, f"{model}-{cfg['n_positions']}.jsonl")
     subprocess.run([args.shardkit, "train", "--config", config, "--model", model_file, "--data", data,
                     "--steps", str(args.warmup + args.steps), "--metrics", metrics, "--threads", str(args.threads),
                     "--quiet"], check=True, env=dict(os.environ, OMP_PROC_BIND="false"))

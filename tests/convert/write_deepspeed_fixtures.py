@@ -63,8 +63,9 @@ MODEL_FILES["llama-tied"] = dict(MODEL_FILES["llama"], name="ds-fixture-llama-ti
 NET_SHAPE = {"channels": 3, "kernel": 3, "patches": 4, "width": 8, "hidden": 12, "blocks": 2, "classes": 5}
 
 
-def build_model(name):
-    """The torch module of a model name (gpt2, llama, llama-tied, net), initialised from the current seed."""
+def build_model(name, config=None):
+    """The torch module of a model name (gpt2, llama, llama-tied, net), initialised from the current seed;
+    `config` replaces the name's MODEL_FILES entry (another shape of the same family)."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -293,7 +294,7 @@ def build_model(name):
 
     if name == "net":
         return PatchNet(NET_SHAPE)
-    c = MODEL_FILES[name]
+    c = config or MODEL_FILES[name]
     if c["family"] == "gpt2":
         model = GPT2LMHeadModel(c)
         for n, p in model.named_parameters():
