@@ -9,6 +9,7 @@
 #include "base/error.hpp"
 #include "base/vector_clones.hpp"
 #include "model/cpu/gemm.hpp"
+#include "model/cpu/vector_math.hpp"
 
 namespace shardkit::model::cpu {
 
@@ -37,21 +38,46 @@ int workspace_threads(std::span<float> workspace, int T) {
   return static_cast<int>(std::min<int64_t>(threads, omp_get_max_threads()));
 }
 
-// A dot product in sixteen interleaved partial sums, added pairwise at the end: an order fixed by the
-// code, not by the vector width, so every clone gives the same bits while the sums run as vectors.
-inline constexpr int kDotLanes = 16;
-inline float dot(const float* a, const float* b, int n) {
-  float lane[kDotLanes] = {};
-  int i = 0;
-  for (; i + kDotLanes <= n; i += kDotLanes) {
-#pragma omp simd
-    for (int j = 0; j < kDotLanes; ++j) lane[j] += a[i + j] * b[i + j];
-  }
-  for (int j = 0; i < n; ++i, ++j) lane[j] += a[i] * b[i];
-  for (int width = kDotLanes / 2; width > 0; width /= 2) {
+// Reductions in sixteen interleaved lanes, combined pairwise at the end: an order fixed by the code,
+// not by the vector width, so every clone gives the same bits while the lanes run as vectors.
+inline constexpr int kLanes = 16;
+inline float combine_lanes(float (&lane)[kLanes]) {
+  for (int width = kLanes / 2; width > 0; width /= 2) {
     for (int j = 0; j < width; ++j) lane[j] += lane[j + width];
   }
   return lane[0];
+}
+inline float dot(const float* a, const float* b, int n) {
+  float lane[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+#pragma omp simd
+    for (int j = 0; j < kLanes; ++j) lane[j] += a[i + j] * b[i + j];
+  }
+  for (int j = 0; i < n; ++i, ++j) lane[j] += a[i] * b[i];
+  return combine_lanes(lane);
+}
+inline float sum_of(const float* a, int n) {
+  float lane[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+#pragma omp simd
+    for (int j = 0; j < kLanes; ++j) lane[j] += a[i + j];
+  }
+  for (int j = 0; i < n; ++i, ++j) lane[j] += a[i];
+  return combine_lanes(lane);
+}
+// The largest of a[0..n) (n >= 1; the order cannot change a maximum).
+inline float max_of(const float* a, int n) {
+  float lane[kLanes];
+  std::fill(lane, lane + kLanes, a[0]);
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+#pragma omp simd
+    for (int j = 0; j < kLanes; ++j) lane[j] = std::max(lane[j], a[i + j]);
+  }
+  for (int j = 0; i < n; ++i, ++j) lane[j] = std::max(lane[j], a[i]);
+  return *std::max_element(lane, lane + kLanes);
 }
 
 // The rows [t0, t1) of one head: where its queries, keys and values start, and their row strides.
@@ -77,14 +103,11 @@ void block_scores(float* s, const HeadBlock& h) {
 SHARDKIT_VECTOR_CLONES void softmax_rows(float* s, float* st, const HeadBlock& h) {
   for (int t = h.t0; t < h.t1; ++t) {
     float* row = s + static_cast<int64_t>(t - h.t0) * h.T;
-    float max = -INFINITY;
-    for (int u = 0; u <= t; ++u) max = std::max(max, row[u]);
-    float sum = 0.0f;
-    for (int u = 0; u <= t; ++u) {
-      row[u] = std::exp(row[u] - max);
-      sum += row[u];
-    }
-    const float inv = 1.0f / sum;
+    const float max = max_of(row, t + 1);
+#pragma omp simd
+    for (int u = 0; u <= t; ++u) row[u] = exp_vec(row[u] - max);
+    const float inv = 1.0f / sum_of(row, t + 1);
+#pragma omp simd
     for (int u = 0; u <= t; ++u) row[u] *= inv;
     std::fill(row + t + 1, row + h.t1, 0.0f);
     st[kAttentionStatsPerRow * t] = max;
@@ -101,7 +124,8 @@ SHARDKIT_VECTOR_CLONES void softmax_backward_rows(float* __restrict p, float* __
     float* pt = p + static_cast<int64_t>(t - h.t0) * h.T;
     float* dpt = dp + static_cast<int64_t>(t - h.t0) * h.T;
     const float max = st[kAttentionStatsPerRow * t], inv = st[kAttentionStatsPerRow * t + 1];
-    for (int u = 0; u <= t; ++u) pt[u] = std::exp(pt[u] - max) * inv;
+#pragma omp simd
+    for (int u = 0; u <= t; ++u) pt[u] = exp_vec(pt[u] - max) * inv;
     std::fill(pt + t + 1, pt + h.t1, 0.0f);
     const float dot_sum = dot(pt, dpt, t + 1);
 #pragma omp simd
@@ -129,23 +153,20 @@ void attention_forward(float* out, float* stats, const float* q, const float* k,
 #pragma omp parallel num_threads(threads)
   {
     float* s = workspace.data() + omp_get_thread_num() * workspace_floats_per_thread(T);
-#pragma omp for collapse(2) schedule(static)
+    // Every block of every head on its own: the blocks are independent in the forward pass, so a
+    // sequence of few heads still spreads over many threads. Dynamic, longest (last) blocks first,
+    // as a causal block's work grows with its position.
+    const int blocks = (T + kAttentionRows - 1) / kAttentionRows;
+#pragma omp for collapse(3) schedule(dynamic)
     for (int b = 0; b < B; ++b) {
       for (int h = 0; h < NH; ++h) {
-        const int64_t kv_at = static_cast<int64_t>(b) * T * KW + static_cast<int64_t>(h / group) * D;
-        float* st = stats + attention_stats_floats(static_cast<int64_t>(b) * NH + h, 1, T);
-        float* o = out + static_cast<int64_t>(b) * T * OW + static_cast<int64_t>(h) * D;
-        for (int t0 = 0; t0 < T; t0 += kAttentionRows) {
-          const HeadBlock hb{q + static_cast<int64_t>(b) * T * QW + static_cast<int64_t>(h) * D,
-                             k + kv_at,
-                             v + kv_at,
-                             QW,
-                             KW,
-                             t0,
-                             std::min(t0 + kAttentionRows, T),
-                             T,
-                             D,
-                             scale};
+        for (int j = blocks - 1; j >= 0; --j) {
+          const int t0 = j * kAttentionRows, t1 = std::min(t0 + kAttentionRows, T);
+          const int64_t kv_at = static_cast<int64_t>(b) * T * KW + static_cast<int64_t>(h / group) * D;
+          const float* qh = q + static_cast<int64_t>(b) * T * QW + static_cast<int64_t>(h) * D;
+          float* st = stats + attention_stats_floats(static_cast<int64_t>(b) * NH + h, 1, T);
+          float* o = out + static_cast<int64_t>(b) * T * OW + static_cast<int64_t>(h) * D;
+          const HeadBlock hb{qh, k + kv_at, v + kv_at, QW, KW, t0, t1, T, D, scale};
           block_scores(s, hb);
           softmax_rows(s, st, hb);
           // out_t = sum_u p_tu v_u

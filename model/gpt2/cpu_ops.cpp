@@ -6,7 +6,9 @@
 #include <cmath>
 #include <vector>
 
+#include "base/vector_clones.hpp"
 #include "model/cpu/gemm.hpp"
+#include "model/cpu/vector_math.hpp"
 
 namespace shardkit::model::gpt2::ops {
 
@@ -130,20 +132,22 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   }
 }
 
-void gelu_forward(float* out, const float* inp, int64_t n) {
-#pragma omp parallel for schedule(static)
+// The GELU passes at the machine's vector width (tanh_vec is branch-free; this file is compiled
+// without fused multiply-adds, so every clone gives the same bits: model/CMakeLists.txt).
+SHARDKIT_VECTOR_CLONES void gelu_forward(float* out, const float* inp, int64_t n) {
+#pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + kGeluCubic * x * x * x)));
+    out[i] = 0.5f * x * (1.0f + cpu::tanh_vec(kGeluScale * (x + kGeluCubic * x * x * x)));
   }
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-#pragma omp parallel for schedule(static)
+SHARDKIT_VECTOR_CLONES void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+#pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    const float th = std::tanh(u);
+    const float th = cpu::tanh_vec(u);
     const float sech2 = 1.0f - th * th;
     const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
     dinp[i] = grad * dout[i];

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <vector>
 
+#include "base/vector_clones.hpp"
 #include "model/cpu/gemm.hpp"
+#include "model/cpu/vector_math.hpp"
 
 namespace shardkit::model::llama::ops {
 
@@ -121,19 +123,22 @@ void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, 
   rotate(dx, cos, sin, B, T, heads, D, -1.0f);
 }
 
-void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
-#pragma omp parallel for schedule(static)
+// The SwiGLU passes at the machine's vector width (exp_vec is branch-free; this file is compiled
+// without fused multiply-adds, so every clone gives the same bits: model/CMakeLists.txt).
+SHARDKIT_VECTOR_CLONES void swiglu_forward(float* out, const float* gate, const float* up, int64_t n) {
+#pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    out[i] = g / (1.0f + cpu::exp_vec(-g)) * up[i];
   }
 }
 
-void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, int64_t n) {
-#pragma omp parallel for schedule(static)
+SHARDKIT_VECTOR_CLONES void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
+                                            const float* up, int64_t n) {
+#pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
-    const float s = 1.0f / (1.0f + std::exp(-g));
+    const float s = 1.0f / (1.0f + cpu::exp_vec(-g));
     const float silu = g * s;
     dup[i] = dout[i] * silu;
     dgate[i] = dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
