@@ -134,6 +134,38 @@ SHARDKIT_VECTOR_CLONES void softmax_backward_rows(float* __restrict p, float* __
   }
 }
 
+// One row of logits: its cross-entropy, log(sum_v e^(x_v)) - x_target in double; the row is left
+// holding e^(x_v - max) (it is scratch), and with `grad` d(loss)/d(logit) = (softmax - onehot) * dscale.
+// The exponentials in float, vectorised; their sum in eight double lanes.
+SHARDKIT_VECTOR_CLONES double row_cross_entropy(float* row, int V, int target, float dscale, bool grad) {
+  constexpr int kSumLanes = 8;
+  const float max = max_of(row, V);
+  const float logit = row[target];
+  double lane[kSumLanes] = {};
+  int v = 0;
+  for (; v + kSumLanes <= V; v += kSumLanes) {
+#pragma omp simd
+    for (int j = 0; j < kSumLanes; ++j) {
+      row[v + j] = exp_vec(row[v + j] - max);
+      lane[j] += static_cast<double>(row[v + j]);
+    }
+  }
+  for (int j = 0; v < V; ++v, ++j) {
+    row[v] = exp_vec(row[v] - max);
+    lane[j] += static_cast<double>(row[v]);
+  }
+  for (int width = kSumLanes / 2; width > 0; width /= 2) {
+    for (int j = 0; j < width; ++j) lane[j] += lane[j + width];
+  }
+  if (grad) {
+    const auto scale = static_cast<float>(static_cast<double>(dscale) / lane[0]);
+#pragma omp simd
+    for (int u = 0; u < V; ++u) row[u] *= scale;
+    row[target] -= dscale;
+  }
+  return static_cast<double>(max) + std::log(lane[0]) - static_cast<double>(logit);
+}
+
 }  // namespace
 
 int64_t attention_workspace_floats(int64_t seq) noexcept {
@@ -249,19 +281,8 @@ double head_forward_backward(float* dinp, float* dw, float* logits, const float*
     double block_loss = 0.0;
 #pragma omp parallel for schedule(static) reduction(+ : block_loss)
     for (int r = 0; r < rows; ++r) {
-      float* row = logits + static_cast<int64_t>(r) * V;
-      const int target = targets[r0 + r];
-      float max = -INFINITY;
-      for (int v = 0; v < V; ++v) max = std::max(max, row[v]);
-      double sum = 0.0;
-      for (int v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v] - max));
-      const double lse = static_cast<double>(max) + std::log(sum);
-      block_loss += lse - static_cast<double>(row[target]);
-      if (dinp) {
-        // d(loss)/d(logit) = softmax - onehot, times grad_scale / n_total.
-        for (int v = 0; v < V; ++v) row[v] = static_cast<float>(std::exp(static_cast<double>(row[v]) - lse)) * dscale;
-        row[target] -= dscale;
-      }
+      block_loss +=
+          row_cross_entropy(logits + static_cast<int64_t>(r) * V, V, targets[r0 + r], dscale, dinp != nullptr);
     }
     loss += block_loss;
     if (dinp) {
