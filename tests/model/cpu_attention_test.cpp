@@ -10,11 +10,11 @@
 #include <cmath>
 #include <cstdint>
 #include <ostream>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "model/cpu/ops.hpp"
+#include "tests/support/numeric_checks.hpp"
 
 namespace shardkit::model::cpu {
 namespace {
@@ -89,45 +89,27 @@ Reference reference(const Packed& p, const std::vector<float>& qkv_f, const std:
   return r;
 }
 
-std::vector<float> random_values(size_t n, float spread, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, spread);
-  std::vector<float> x(n);
-  for (float& v : x) v = dist(gen);
-  return x;
-}
-
 // A workspace for every thread, filled with NaN: what was in it before must not matter.
 std::vector<float> workspace(int T) {
   return std::vector<float>(static_cast<size_t>(attention_workspace_floats(T)), std::nanf(""));
 }
 
-// Largest |a - b| over the largest |b|: one tolerance for every tensor's scale.
-double relative_error(const std::vector<float>& a, const std::vector<double>& b) {
-  double err = 0.0, ref = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
-    ref = std::max(ref, std::abs(b[i]));
-  }
-  return err / std::max(ref, 1e-30);
-}
-
-class CpuAttention : public testing::TestWithParam<Case> {};
+class CpuAttention : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CpuAttention, FollowsTheDefinitionInDoublePrecision) {
   const Packed p{GetParam()};
   const Case c = p.c;
   const int64_t OW = static_cast<int64_t>(c.NH) * c.D;
   // Spread 2 gives scores of several units, so the softmax is far from uniform.
-  const std::vector<float> qkv = random_values(static_cast<size_t>(p.rows() * p.width()), 2.0f, 7);
-  const std::vector<float> dout = random_values(static_cast<size_t>(p.rows() * OW), 1.0f, 8);
+  const std::vector<float> qkv = testing::normal_values(static_cast<size_t>(p.rows() * p.width()), 2.0f, 7);
+  const std::vector<float> dout = testing::normal_values(static_cast<size_t>(p.rows() * OW), 1.0f, 8);
   const Reference ref = reference(p, qkv, dout);
   std::vector<float> ws = workspace(c.T);
 
   std::vector<float> out(static_cast<size_t>(p.rows() * OW)), stats(attention_stats_floats(c.B, c.NH, c.T));
   attention_forward(out.data(), stats.data(), qkv.data(), qkv.data() + c.NH * c.D, qkv.data() + (c.NH + c.NKV) * c.D,
                     p.shape(), ws);
-  EXPECT_LT(relative_error(out, ref.out), 1e-5);
+  EXPECT_LT(testing::relative_error(out, ref.out), 1e-5);
 
   // A sentinel in every element: the q|k|v columns must all be written, nothing else is there to touch.
   constexpr float kSentinel = 12345.0f;
@@ -135,7 +117,7 @@ TEST_P(CpuAttention, FollowsTheDefinitionInDoublePrecision) {
   attention_backward(dqkv.data(), dqkv.data() + c.NH * c.D, dqkv.data() + (c.NH + c.NKV) * c.D, dout.data(), qkv.data(),
                      qkv.data() + c.NH * c.D, qkv.data() + (c.NH + c.NKV) * c.D, stats.data(), p.shape(), ws);
   EXPECT_EQ(std::count(dqkv.begin(), dqkv.end(), kSentinel), 0);
-  EXPECT_LT(relative_error(dqkv, ref.dqkv), 1e-5);
+  EXPECT_LT(testing::relative_error(dqkv, ref.dqkv), 1e-5);
 
   // Again, into a buffer of other contents: the same bits (nothing accumulates into stale values, no
   // order depends on the threads).
@@ -151,7 +133,7 @@ TEST_P(CpuAttention, FollowsTheDefinitionInDoublePrecision) {
 TEST(CpuAttention, StatisticsAreEachRowsMaximumAndInverseSum) {
   const Packed p{{1, 70, 2, 2, 16}};
   const Case c = p.c;
-  const std::vector<float> qkv = random_values(static_cast<size_t>(p.rows() * p.width()), 1.5f, 9);
+  const std::vector<float> qkv = testing::normal_values(static_cast<size_t>(p.rows() * p.width()), 1.5f, 9);
   std::vector<float> out(static_cast<size_t>(p.rows() * c.NH * c.D)), stats(attention_stats_floats(c.B, c.NH, c.T));
   std::vector<float> ws = workspace(c.T);
   attention_forward(out.data(), stats.data(), qkv.data(), qkv.data() + c.NH * c.D, qkv.data() + (c.NH + c.NKV) * c.D,
@@ -175,13 +157,13 @@ TEST(CpuAttention, StatisticsAreEachRowsMaximumAndInverseSum) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CpuAttention,
-                         testing::Values(Case{1, 1, 1, 1, 8},      // one token
-                                         Case{2, 5, 4, 4, 20},     // shorter than a block; D off the lanes
-                                         Case{1, 65, 4, 2, 16},    // a block and one row; grouped heads
-                                         Case{2, 130, 6, 2, 24},   // two blocks and a partial one
-                                         Case{1, 200, 2, 1, 64},   // one kv head for all
-                                         Case{1, 128, 3, 3, 33}),  // whole blocks; an odd head size
-                         [](const testing::TestParamInfo<Case>& shape) {
+                         ::testing::Values(Case{1, 1, 1, 1, 8},      // one token
+                                           Case{2, 5, 4, 4, 20},     // shorter than a block; D off the lanes
+                                           Case{1, 65, 4, 2, 16},    // a block and one row; grouped heads
+                                           Case{2, 130, 6, 2, 24},   // two blocks and a partial one
+                                           Case{1, 200, 2, 1, 64},   // one kv head for all
+                                           Case{1, 128, 3, 3, 33}),  // whole blocks; an odd head size
+                         [](const ::testing::TestParamInfo<Case>& shape) {
                            const Case c = shape.param;
                            return "B" + std::to_string(c.B) + "_T" + std::to_string(c.T) + "_H" + std::to_string(c.NH) +
                                   "_KV" + std::to_string(c.NKV) + "_D" + std::to_string(c.D);

@@ -7,11 +7,11 @@
 #include <cmath>
 #include <cstdint>
 #include <ostream>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "model/cpu/ops.hpp"
+#include "tests/support/numeric_checks.hpp"
 
 namespace shardkit::model::cpu {
 namespace {
@@ -23,29 +23,13 @@ void PrintTo(const Case& c, std::ostream* os) {
   *os << "N " << c.N << ", C " << c.C << ", V " << c.V;
 }
 
-std::vector<float> random_values(size_t n, float spread, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, spread);
-  std::vector<float> x(n);
-  for (float& v : x) v = dist(gen);
-  return x;
-}
-
-double relative_error(const std::vector<float>& a, const std::vector<double>& b) {
-  double err = 0.0, ref = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
-    ref = std::max(ref, std::abs(b[i]));
-  }
-  return err / std::max(ref, 1e-30);
-}
-
-class CpuHead : public testing::TestWithParam<Case> {};
+class CpuHead : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CpuHead, FollowsTheDefinitionInDoublePrecision) {
   const Case c = GetParam();
-  const std::vector<float> x = random_values(static_cast<size_t>(c.N) * c.C, 1.0f, 3);
-  const std::vector<float> w = random_values(static_cast<size_t>(c.V) * c.C, 0.5f, 4);  // logits of a few units
+  const std::vector<float> x = testing::normal_values(static_cast<size_t>(c.N) * c.C, 1.0f, 3);
+  const std::vector<float> w =
+      testing::normal_values(static_cast<size_t>(c.V) * c.C, 0.5f, 4);  // logits of a few units
   std::vector<int32_t> targets(static_cast<size_t>(c.N));
   for (int r = 0; r < c.N; ++r) targets[r] = (r * 7919) % c.V;
   constexpr float kGradScale = 2.0f;
@@ -78,8 +62,8 @@ TEST_P(CpuHead, FollowsTheDefinitionInDoublePrecision) {
   const double got = head_forward_backward(got_dx.data(), got_dw.data(), logits.data(), x.data(), w.data(),
                                            targets.data(), c.N, c.C, c.V, kGradScale, n_total);
   EXPECT_NEAR(got, loss, 1e-6 * loss);
-  EXPECT_LT(relative_error(got_dx, dx), 1e-5);
-  EXPECT_LT(relative_error(got_dw, dw), 1e-5);
+  EXPECT_LT(testing::relative_error(got_dx, dx), 1e-5);
+  EXPECT_LT(testing::relative_error(got_dw, dw), 1e-5);
   // Without the gradient (evaluation): the same loss.
   const double scored = head_forward_backward(nullptr, nullptr, logits.data(), x.data(), w.data(), targets.data(), c.N,
                                               c.C, c.V, kGradScale, n_total);
@@ -87,11 +71,11 @@ TEST_P(CpuHead, FollowsTheDefinitionInDoublePrecision) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CpuHead,
-                         testing::Values(Case{1, 8, 3},       // a vocabulary below one lane group
-                                         Case{5, 16, 37},     // one partial block of rows
-                                         Case{70, 12, 1003},  // a block and a partial one; V off the lanes
-                                         Case{64, 24, 256}),  // whole blocks and lanes
-                         [](const testing::TestParamInfo<Case>& shape) {
+                         ::testing::Values(Case{1, 8, 3},       // a vocabulary below one lane group
+                                           Case{5, 16, 37},     // one partial block of rows
+                                           Case{70, 12, 1003},  // a block and a partial one; V off the lanes
+                                           Case{64, 24, 256}),  // whole blocks and lanes
+                         [](const ::testing::TestParamInfo<Case>& shape) {
                            return "N" + std::to_string(shape.param.N) + "_C" + std::to_string(shape.param.C) + "_V" +
                                   std::to_string(shape.param.V);
                          });
