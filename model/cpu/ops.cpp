@@ -41,8 +41,9 @@ int workspace_threads(std::span<float> workspace, int T) {
 // Reductions in sixteen interleaved lanes, combined pairwise at the end: an order fixed by the code,
 // not by the vector width, so every clone gives the same bits while the lanes run as vectors.
 inline constexpr int kLanes = 16;
-inline float combine_lanes(float (&lane)[kLanes]) {
-  for (int width = kLanes / 2; width > 0; width /= 2) {
+template <class T, int N>
+T combine_lanes(T (&lane)[N]) {
+  for (int width = N / 2; width > 0; width /= 2) {
     for (int j = 0; j < width; ++j) lane[j] += lane[j + width];
   }
   return lane[0];
@@ -154,16 +155,14 @@ SHARDKIT_VECTOR_CLONES double row_cross_entropy(float* row, int V, int target, f
     row[v] = exp_vec(row[v] - max);
     lane[j] += static_cast<double>(row[v]);
   }
-  for (int width = kSumLanes / 2; width > 0; width /= 2) {
-    for (int j = 0; j < width; ++j) lane[j] += lane[j + width];
-  }
+  const double sum = combine_lanes(lane);
   if (grad) {
-    const auto scale = static_cast<float>(static_cast<double>(dscale) / lane[0]);
+    const auto scale = static_cast<float>(static_cast<double>(dscale) / sum);
 #pragma omp simd
     for (int u = 0; u < V; ++u) row[u] *= scale;
     row[target] -= dscale;
   }
-  return static_cast<double>(max) + std::log(lane[0]) - static_cast<double>(logit);
+  return static_cast<double>(max) + std::log(sum) - static_cast<double>(logit);
 }
 
 }  // namespace
