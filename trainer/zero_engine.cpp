@@ -276,24 +276,13 @@ void ZeroEngine::close_grads(int group) {
 }
 
 void ZeroEngine::flush_pending_grads() {
-  std::vector<model::TensorGroup> closed;
-  for (int g : pending_groups_) closed.push_back(groups_[static_cast<size_t>(g)]);
-  std::sort(closed.begin(), closed.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
-  // Contiguous runs of tensors are reduced with one collective each.
-  size_t i = 0;
-  while (i < closed.size()) {
-    size_t j = i + 1;
-    while (j < closed.size() && closed[j].first == closed[j - 1].last) ++j;
+  for (const model::TensorGroup& run : consecutive_runs(groups_, pending_groups_)) {
     if (!plan_.partitions_params()) {
-      reduce_stage2(closed[i].first, closed[j - 1].last);
+      reduce_stage2(run.first, run.last);
     } else {
-      reduce_stage3(closed[i].first, closed[j - 1].last);
+      reduce_stage3(run.first, run.last);
     }
-    for (size_t k = i; k < j; ++k) {
-      for (int t = closed[k].first; t < closed[k].last; ++t)
-        LargeVector<float>().swap(grad_buffers_[static_cast<size_t>(t)]);
-    }
-    i = j;
+    for (int t = run.first; t < run.last; ++t) LargeVector<float>().swap(grad_buffers_[static_cast<size_t>(t)]);
   }
   pending_groups_.clear();
   pending_elems_ = 0;

@@ -97,4 +97,21 @@ int likely_next_group(int group, int previous, int count) noexcept {
   return next >= 0 && next < count ? next : -1;
 }
 
+std::vector<model::TensorGroup> consecutive_runs(std::span<const model::TensorGroup> groups,
+                                                 std::span<const int> closed) {
+  std::vector<model::TensorGroup> sorted;
+  sorted.reserve(closed.size());
+  for (int g : closed) sorted.push_back(groups[static_cast<size_t>(g)]);
+  std::sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  std::vector<model::TensorGroup> runs;
+  for (const model::TensorGroup& g : sorted) {
+    if (!runs.empty() && runs.back().last == g.first) {
+      runs.back().last = g.last;
+    } else {
+      runs.push_back(g);
+    }
+  }
+  return runs;
+}
+
 }  // namespace shardkit::trainer

@@ -20,6 +20,7 @@
 
 #include "ckpt/layout.hpp"
 #include "ckpt/tensor_table.hpp"
+#include "model/param_store.hpp"
 
 namespace shardkit::trainer {
 
@@ -113,5 +114,11 @@ std::vector<ckpt::Fragment> fragments_within(std::span<const ckpt::Fragment> fra
 // pass, so the next one in the same direction; -1 when there is no guess or it would leave the model.
 // What the engines gather or read ahead while the model computes.
 int likely_next_group(int group, int previous, int count) noexcept;
+
+// The tensors of the groups `closed` (indices into `groups`, in the order they closed) as runs of
+// consecutive tensors [first, last), by increasing first: the backward pass closes a bucket's groups
+// from the last one down, and the engines reduce each run with one collective.
+std::vector<model::TensorGroup> consecutive_runs(std::span<const model::TensorGroup> groups,
+                                                 std::span<const int> closed);
 
 }  // namespace shardkit::trainer

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include "base/error.hpp"
 #include "tests/support/test_support.hpp"
@@ -207,6 +209,23 @@ TEST(ZeroPlan, TheLikelyNextGroupFollowsTheWalk) {
   EXPECT_EQ(likely_next_group(4, 4, 5), 3);    // the backward pass starts where the forward ended
   EXPECT_EQ(likely_next_group(2, 3, 5), 1);
   EXPECT_EQ(likely_next_group(0, 1, 5), -1);  // past the first group
+}
+
+// A bucket's groups, closed in the backward pass's order, reduce as runs of consecutive tensors: a gap
+// (a group still open) splits them, and a run covers exactly its groups' tensors.
+TEST(ZeroPlan, ClosedGroupsReduceAsConsecutiveRuns) {
+  const std::vector<model::TensorGroup> groups = {{0, 2}, {2, 5}, {5, 6}, {6, 9}, {9, 10}};
+  auto runs = [&](std::vector<int> closed) {
+    std::vector<std::pair<int, int>> out;
+    for (const model::TensorGroup& r : consecutive_runs(groups, closed)) out.emplace_back(r.first, r.last);
+    return out;
+  };
+  using Runs = std::vector<std::pair<int, int>>;
+  EXPECT_EQ(runs({4, 3, 2}), (Runs{{5, 10}}));
+  EXPECT_EQ(runs({4, 2, 1}), (Runs{{2, 6}, {9, 10}}));
+  EXPECT_EQ(runs({0}), (Runs{{0, 2}}));
+  EXPECT_EQ(runs({3, 0, 4, 1}), (Runs{{0, 5}, {6, 10}}));
+  EXPECT_TRUE(runs({}).empty());
 }
 
 }  // namespace
