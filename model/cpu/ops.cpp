@@ -27,11 +27,18 @@ int64_t workspace_floats_per_thread(int64_t seq) noexcept {
   return 2 * static_cast<int64_t>(kAttentionRows) * seq;
 }
 
-// The threads a workspace serves at sequence length T; an internal error if it serves none.
-int workspace_threads(std::span<float> workspace, int T) {
-  const int64_t threads = static_cast<int64_t>(workspace.size()) / workspace_floats_per_thread(T);
+// The backward pass's partial dk and dv: T x D floats each for every query head that is not the first
+// of its group.
+int64_t grad_partials_floats(const AttentionShape& a) noexcept {
+  return 2 * static_cast<int64_t>(a.B) * (a.NH - a.NKV) * a.T * a.D;
+}
+
+// The threads `blocks` (the workspace's share for the score blocks) serves at sequence length T; an
+// internal error if it serves none.
+int workspace_threads(std::span<float> blocks, int T) {
+  const int64_t threads = static_cast<int64_t>(blocks.size()) / workspace_floats_per_thread(T);
   if (threads < 1) {
-    fail(ErrorKind::kInternal, "attention workspace of " + std::to_string(workspace.size()) + " floats is below the " +
+    fail(ErrorKind::kInternal, "attention workspace of " + std::to_string(blocks.size()) + " floats is below the " +
                                    std::to_string(workspace_floats_per_thread(T)) + " one thread needs at " +
                                    std::to_string(T) + " tokens");
   }
@@ -167,8 +174,8 @@ SHARDKIT_VECTOR_CLONES double row_cross_entropy(float* row, int V, int target, f
 
 }  // namespace
 
-int64_t attention_workspace_floats(int64_t seq) noexcept {
-  return workspace_floats_per_thread(seq) * omp_get_max_threads();
+int64_t attention_workspace_floats(const AttentionShape& shape) noexcept {
+  return grad_partials_floats(shape) + workspace_floats_per_thread(shape.T) * omp_get_max_threads();
 }
 
 void attention_forward(float* out, float* stats, const float* q, const float* k, const float* v,
@@ -216,42 +223,73 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int group = NH / NKV;
   const int64_t OW = static_cast<int64_t>(NH) * D;
-  // One thread per (sequence, kv head): the query heads that share a kv head add into its dk and dv,
-  // so they run in one thread, in head order.
-  const int threads = workspace_threads(workspace, T);
+  // One task per (sequence, query head). A group's first head writes dk and dv; the others write
+  // partials of their own, added to them afterwards in head order, so the bits do not depend on how
+  // many threads ran.
+  const int64_t head_floats = static_cast<int64_t>(T) * D;
+  float* partials = workspace.data();
+  const std::span<float> blocks = workspace.subspan(static_cast<size_t>(grad_partials_floats(shape)));
+  const int threads = workspace_threads(blocks, T);
 #pragma omp parallel num_threads(threads)
   {
-    float* p = workspace.data() + omp_get_thread_num() * workspace_floats_per_thread(T);
+    float* p = blocks.data() + omp_get_thread_num() * workspace_floats_per_thread(T);
     float* dp = p + static_cast<int64_t>(kAttentionRows) * T;
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; ++b) {
-      for (int kvh = 0; kvh < NKV; ++kvh) {
+      for (int h = 0; h < NH; ++h) {
+        const int kvh = h / group, member = h % group;
         const int64_t kv_at = static_cast<int64_t>(b) * T * KW + static_cast<int64_t>(kvh) * D;
-        for (int t = 0; t < T; ++t) {
-          std::fill(dk + kv_at + t * KW, dk + kv_at + t * KW + D, 0.0f);
-          std::fill(dv + kv_at + t * KW, dv + kv_at + t * KW + D, 0.0f);
+        float* hk = dk + kv_at;
+        float* hv = dv + kv_at;
+        int64_t ld = KW;
+        if (member > 0) {
+          const int64_t slot = (static_cast<int64_t>(b) * NKV + kvh) * (group - 1) + member - 1;
+          hk = partials + 2 * slot * head_floats;
+          hv = hk + head_floats;
+          ld = D;
         }
-        for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-          const float* st = stats + attention_stats_floats(static_cast<int64_t>(b) * NH + h, 1, T);
-          const int64_t q_at = static_cast<int64_t>(b) * T * QW + static_cast<int64_t>(h) * D;
-          const float* d = dout + static_cast<int64_t>(b) * T * OW + static_cast<int64_t>(h) * D;
-          for (int t0 = 0; t0 < T; t0 += kAttentionRows) {
-            const HeadBlock hb{q + q_at, k + kv_at, v + kv_at, QW, KW, t0, std::min(t0 + kAttentionRows, T),
-                               T,        D,         scale};
-            const int rows = hb.rows(), keys = hb.t1;
-            const float* d_block = d + t0 * OW;
-            block_scores(p, hb);
-            // d(p_tu) = d(out_t) . v_u
-            sgemm_serial(false, true, rows, keys, D, 1.0f, d_block, static_cast<int>(OW), hb.v, static_cast<int>(KW),
-                         0.0f, dp, T);
-            softmax_backward_rows(p, dp, st, hb);
-            // d(q_t) = sum_u ds_tu k_u; d(k_u) += sum_t ds_tu q_t; d(v_u) += sum_t p_tu d(out_t)
-            sgemm_serial(false, false, rows, D, keys, 1.0f, dp, T, hb.k, static_cast<int>(KW), 0.0f,
-                         dq + q_at + t0 * QW, static_cast<int>(QW));
-            sgemm_serial(true, false, keys, D, rows, 1.0f, dp, T, hb.q + t0 * QW, static_cast<int>(QW), 1.0f,
-                         dk + kv_at, static_cast<int>(KW));
-            sgemm_serial(true, false, keys, D, rows, 1.0f, p, T, d_block, static_cast<int>(OW), 1.0f, dv + kv_at,
-                         static_cast<int>(KW));
+        for (int t = 0; t < T; ++t) {
+          std::fill(hk + t * ld, hk + t * ld + D, 0.0f);
+          std::fill(hv + t * ld, hv + t * ld + D, 0.0f);
+        }
+        const float* st = stats + attention_stats_floats(static_cast<int64_t>(b) * NH + h, 1, T);
+        const int64_t q_at = static_cast<int64_t>(b) * T * QW + static_cast<int64_t>(h) * D;
+        const float* d = dout + static_cast<int64_t>(b) * T * OW + static_cast<int64_t>(h) * D;
+        for (int t0 = 0; t0 < T; t0 += kAttentionRows) {
+          const HeadBlock hb{q + q_at, k + kv_at, v + kv_at, QW, KW, t0, std::min(t0 + kAttentionRows, T), T, D, scale};
+          const int rows = hb.rows(), keys = hb.t1;
+          const float* d_block = d + t0 * OW;
+          block_scores(p, hb);
+          // d(p_tu) = d(out_t) . v_u
+          sgemm_serial(false, true, rows, keys, D, 1.0f, d_block, static_cast<int>(OW), hb.v, static_cast<int>(KW),
+                       0.0f, dp, T);
+          softmax_backward_rows(p, dp, st, hb);
+          // d(q_t) = sum_u ds_tu k_u; d(k_u) += sum_t ds_tu q_t; d(v_u) += sum_t p_tu d(out_t)
+          sgemm_serial(false, false, rows, D, keys, 1.0f, dp, T, hb.k, static_cast<int>(KW), 0.0f, dq + q_at + t0 * QW,
+                       static_cast<int>(QW));
+          sgemm_serial(true, false, keys, D, rows, 1.0f, dp, T, hb.q + t0 * QW, static_cast<int>(QW), 1.0f, hk,
+                       static_cast<int>(ld));
+          sgemm_serial(true, false, keys, D, rows, 1.0f, p, T, d_block, static_cast<int>(OW), 1.0f, hv,
+                       static_cast<int>(ld));
+        }
+      }
+    }
+    if (group > 1) {
+#pragma omp for collapse(3) schedule(static)
+      for (int b = 0; b < B; ++b) {
+        for (int kvh = 0; kvh < NKV; ++kvh) {
+          for (int t = 0; t < T; ++t) {
+            const int64_t row = (static_cast<int64_t>(b) * T + t) * KW + static_cast<int64_t>(kvh) * D;
+            const float* first = partials + 2 * (static_cast<int64_t>(b) * NKV + kvh) * (group - 1) * head_floats;
+            for (int member = 1; member < group; ++member) {
+              const float* pk = first + 2 * (member - 1) * head_floats + static_cast<int64_t>(t) * D;
+              const float* pv = pk + head_floats;
+#pragma omp simd
+              for (int e = 0; e < D; ++e) {
+                dk[row + e] += pk[e];
+                dv[row + e] += pv[e];
+              }
+            }
           }
         }
       }

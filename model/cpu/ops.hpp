@@ -27,9 +27,11 @@ constexpr int64_t attention_stats_floats(int64_t batch, int64_t heads, int64_t s
 }
 // The scratch the attention works in, held by the caller beside the activations: two blocks of scores
 // a thread (a block of query rows against every key), for every thread the model's loops may use
-// (omp_get_max_threads() when asked). The attention runs on as many threads as the workspace it is
-// given holds, at most.
-int64_t attention_workspace_floats(int64_t seq) noexcept;
+// (omp_get_max_threads() when asked), and where query heads share a kv head, the dk and dv of every
+// query head but a group's first (the backward pass runs every query head on its own and adds them up
+// in head order). The attention runs on as many threads as the workspace it is given holds, at most;
+// a workspace for a shape serves every shape of no more sequences, tokens and heads.
+int64_t attention_workspace_floats(const AttentionShape& shape) noexcept;
 void attention_forward(float* out, float* stats, const float* q, const float* k, const float* v,
                        const AttentionShape& shape, std::span<float> workspace);
 // dq, dk, dv overwritten at their rows' positions (the rest of a packed buffer untouched).

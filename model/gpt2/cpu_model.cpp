@@ -35,7 +35,7 @@ CpuGpt2::CpuGpt2(const GptConfig& config, const ActivationPlan& plan)
   ln1_rstd_.resize(Ls * N);
   qkv_.resize(Ls * N * 3 * C);
   att_.resize(Ls * att);
-  attention_ws_.resize(static_cast<size_t>(cpu::attention_workspace_floats(seq_len)));
+  attention_ws_.resize(static_cast<size_t>(cpu::attention_workspace_floats(attention_shape(config, batch, seq_len))));
   atty_.resize(Ls * N * C);
   res2_.resize(Ls * N * C);
   ln2_.resize(Ls * N * C);
@@ -70,9 +70,10 @@ double CpuGpt2::activation_bytes(const GptConfig& config, const ActivationPlan& 
   const double attention = static_cast<double>(cpu::attention_stats_floats(plan.batch, config.n_head, plan.seq_len));
   const double per_layer = 15 * n * c + 4 * n + attention;
   const double layers = plan.checkpointing ? 1 : config.n_layer;
-  const double floats = config.n_layer * n * c + layers * per_layer + 16 * n * c + 2 * n +
-                        static_cast<double>(cpu::kHeadBlockRows) * config.vocab_size +
-                        static_cast<double>(cpu::attention_workspace_floats(plan.seq_len));
+  const double floats =
+      config.n_layer * n * c + layers * per_layer + 16 * n * c + 2 * n +
+      static_cast<double>(cpu::kHeadBlockRows) * config.vocab_size +
+      static_cast<double>(cpu::attention_workspace_floats(attention_shape(config, plan.batch, plan.seq_len)));
   return floats * sizeof(float);
 }
 
@@ -131,7 +132,7 @@ void CpuGpt2::forward_block(ParameterStore& p, int l, int B, int T, bool with_ou
 
   ops::layernorm_forward(ln1, ln1_mean_.data() + ln, ln1_rstd_.data() + ln, residual, w(kLn1W), w(kLn1B), N, C);
   ops::matmul_forward(qkv, ln1, w(kQkvW), w(kQkvB), N, C, 3 * C);
-  cpu::attention_forward(atty, att, qkv, qkv + C, qkv + 2 * C, attention_shape(B, T), attention_ws_);
+  cpu::attention_forward(atty, att, qkv, qkv + C, qkv + 2 * C, attention_shape(config_, B, T), attention_ws_);
   ops::matmul_forward(tmp, atty, w(kAttProjW), w(kAttProjB), N, C, C);
   cpu::residual_forward(res2, residual, tmp, NC);
   ops::layernorm_forward(ln2, ln2_mean_.data() + ln, ln2_rstd_.data() + ln, res2, w(kLn2W), w(kLn2B), N, C);
@@ -212,7 +213,7 @@ void CpuGpt2::backward_blocks(ParameterStore& p, const int32_t* inputs, int B, i
     const float* qkv = qkv_.data() + 3 * lc;
     float* dqkv = dbuf_3c_.data();
     cpu::attention_backward(dqkv, dqkv + C, dqkv + 2 * C, dbuf_c_.data(), qkv, qkv + C, qkv + 2 * C,
-                            att_.data() + layer_slot(l) * att_stride, attention_shape(B, T), attention_ws_);
+                            att_.data() + layer_slot(l) * att_stride, attention_shape(config_, B, T), attention_ws_);
     ops::matmul_backward(dbuf_c2_.data(), g(kQkvW), g(kQkvB), dbuf_3c_.data(), ln1_.data() + lc, w(kQkvW), N, C, 3 * C);
     ops::layernorm_backward(dres, g(kLn1W), g(kLn1B), dbuf_c2_.data(), block_input(l), w(kLn1W), ln1_mean_.data() + ln,
                             ln1_rstd_.data() + ln, N, C);

@@ -44,8 +44,8 @@ class CpuGpt2 final : public CpuModel {
   const float* block_input(int l) const noexcept;
   void backward_blocks(ParameterStore& params, const int32_t* inputs, int B, int T);
   // Multi-head attention over the packed q, k, v of rows of 3C.
-  cpu::AttentionShape attention_shape(int B, int T) const noexcept {
-    const int NH = config_.n_head, C = config_.n_embd;
+  static cpu::AttentionShape attention_shape(const GptConfig& config, int B, int T) noexcept {
+    const int NH = config.n_head, C = config.n_embd;
     return {B, T, NH, NH, C / NH, 3 * int64_t{C}, 3 * int64_t{C}};
   }
 

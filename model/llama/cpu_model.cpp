@@ -46,7 +46,7 @@ CpuLlama::CpuLlama(const LlamaConfig& config, const ActivationPlan& plan)
   k_.resize(L * N * KW);
   v_.resize(L * N * KW);
   att_.resize(L * att);
-  attention_ws_.resize(static_cast<size_t>(cpu::attention_workspace_floats(seq_len)));
+  attention_ws_.resize(static_cast<size_t>(cpu::attention_workspace_floats(attention_shape(config, batch, seq_len))));
   atty_.resize(L * N * QW);
   res2_.resize(L * N * H);
   xn2_.resize(L * N * H);
@@ -86,9 +86,10 @@ double CpuLlama::activation_bytes(const LlamaConfig& c, const ActivationPlan& pl
   const double attention = static_cast<double>(cpu::attention_stats_floats(plan.batch, c.n_head, plan.seq_len));
   const double per_layer = n * (3 * h + 2 * qw + 2 * kw + 3 * i + 2) + attention;
   const double layers = plan.checkpointing ? 1 : c.n_layer;
-  const double outside = n * (5 * h + 2 * qw + 2 * kw + 3 * i + 1) + static_cast<double>(plan.seq_len) * c.head_dim +
-                         static_cast<double>(cpu::kHeadBlockRows) * c.vocab_size +
-                         static_cast<double>(cpu::attention_workspace_floats(plan.seq_len));
+  const double outside =
+      n * (5 * h + 2 * qw + 2 * kw + 3 * i + 1) + static_cast<double>(plan.seq_len) * c.head_dim +
+      static_cast<double>(cpu::kHeadBlockRows) * c.vocab_size +
+      static_cast<double>(cpu::attention_workspace_floats(attention_shape(c, plan.batch, plan.seq_len)));
   return (c.n_layer * n * h + layers * per_layer + outside) * sizeof(float);
 }
 
@@ -150,8 +151,8 @@ void CpuLlama::forward_layer(ParameterStore& p, int l, int B, int T, bool with_o
   ops::linear_forward(v, xn1, w(kV), N, H, KW);
   ops::rope_forward(q, cos_.data(), sin_.data(), B, T, c.n_head, D);
   ops::rope_forward(k, cos_.data(), sin_.data(), B, T, c.n_kv_head, D);
-  cpu::attention_forward(atty, att_.data() + layer_slot(l) * att_stride, q, k, v,
-                         {B, T, c.n_head, c.n_kv_head, D, QW, KW}, attention_ws_);
+  cpu::attention_forward(atty, att_.data() + layer_slot(l) * att_stride, q, k, v, attention_shape(c, B, T),
+                         attention_ws_);
   ops::linear_forward(tmp, atty, w(kO), N, QW, H);
   cpu::residual_forward(res2, x, tmp, int64_t{N} * H);
   ops::rmsnorm_forward(xn2, rstd2_.data() + at, res2, w(kPostNorm), N, H, eps);
@@ -236,8 +237,8 @@ void CpuLlama::backward_layers(ParameterStore& p, const int32_t* inputs, int B, 
     // res2 = input + o(attention(rope(q(xn1)), rope(k(xn1)), v(xn1))), xn1 = norm(input)
     ops::linear_backward(datty_.data(), g(kO), dres, atty_.data() + at * QW, w(kO), N, QW, H, false);
     cpu::attention_backward(dq_.data(), dk_.data(), dv_.data(), datty_.data(), q_.data() + at * QW, k_.data() + at * KW,
-                            v_.data() + at * KW, att_.data() + layer_slot(l) * att_stride,
-                            {B, T, c.n_head, c.n_kv_head, D, QW, KW}, attention_ws_);
+                            v_.data() + at * KW, att_.data() + layer_slot(l) * att_stride, attention_shape(c, B, T),
+                            attention_ws_);
     ops::rope_backward(dq_.data(), cos_.data(), sin_.data(), B, T, c.n_head, D);
     ops::rope_backward(dk_.data(), cos_.data(), sin_.data(), B, T, c.n_kv_head, D);
     const float* xn1 = xn1_.data() + at * H;

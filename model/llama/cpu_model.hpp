@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/cpu/ops.hpp"
 #include "model/llama/config.hpp"
 #include "model/model.hpp"
 
@@ -24,6 +25,11 @@ class CpuLlama final : public CpuModel {
   static double activation_bytes(const LlamaConfig& config, const ActivationPlan& plan) noexcept;
 
  private:
+  // Grouped-query attention over q, k and v in buffers of their own (rows of NH * D and NKV * D).
+  static cpu::AttentionShape attention_shape(const LlamaConfig& c, int B, int T) noexcept {
+    const int64_t D = c.head_dim;
+    return {B, T, c.n_head, c.n_kv_head, c.head_dim, c.n_head * D, c.n_kv_head * D};
+  }
   void forward_layers(ParameterStore& p, const int32_t* inputs, int B, int T);
   // Layer l's forward pass from its input into its layer's buffers (layer_slot(l)), the layer's
   // parameters acquired; its output res3 only `with_output` (a recomputation has it already).

@@ -225,7 +225,7 @@ void check_attention(const AttentionCase& c, bool packed) {
   const cpu::AttentionShape cpu_shape{c.B, c.S, c.NH, c.NKV, c.HS, QW, KW};
   std::vector<float> out(q.f.size()), stats(static_cast<size_t>(cpu::attention_stats_floats(c.B, c.NH, c.S))),
       dq(q.f.size()), dk(k.f.size()), dv(v.f.size()),
-      workspace(static_cast<size_t>(cpu::attention_workspace_floats(c.S)));
+      workspace(static_cast<size_t>(cpu::attention_workspace_floats(cpu_shape)));
   cpu::attention_forward(out.data(), stats.data(), q.f.data(), k.f.data(), v.f.data(), cpu_shape, workspace);
   cpu::attention_backward(dq.data(), dk.data(), dv.data(), dout.f.data(), q.f.data(), k.f.data(), v.f.data(),
                           stats.data(), cpu_shape, workspace);

@@ -5,6 +5,7 @@
 // and the packed q|k|v rows GPT-2 uses. Also: the backward pass leaves the rest of a packed gradient
 // buffer alone, and the same inputs give the same bits.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -89,9 +90,14 @@ Reference reference(const Packed& p, const std::vector<float>& qkv_f, const std:
   return r;
 }
 
-// A workspace for every thread, filled with NaN: what was in it before must not matter.
-std::vector<float> workspace(int T) {
-  return std::vector<float>(static_cast<size_t>(attention_workspace_floats(T)), std::nanf(""));
+// A workspace for `threads` threads (0: every thread) at `shape`, filled with NaN: what was in it before
+// must not matter.
+std::vector<float> workspace(const AttentionShape& shape, int threads = 0) {
+  const int all = omp_get_max_threads();
+  if (threads > 0) omp_set_num_threads(threads);
+  const int64_t floats = attention_workspace_floats(shape);
+  omp_set_num_threads(all);
+  return std::vector<float>(static_cast<size_t>(floats), std::nanf(""));
 }
 
 class CpuAttention : public ::testing::TestWithParam<Case> {};
@@ -104,7 +110,7 @@ TEST_P(CpuAttention, FollowsTheDefinitionInDoublePrecision) {
   const std::vector<float> qkv = testing::normal_values(static_cast<size_t>(p.rows() * p.width()), 2.0f, 7);
   const std::vector<float> dout = testing::normal_values(static_cast<size_t>(p.rows() * OW), 1.0f, 8);
   const Reference ref = reference(p, qkv, dout);
-  std::vector<float> ws = workspace(c.T);
+  std::vector<float> ws = workspace(p.shape());
 
   std::vector<float> out(static_cast<size_t>(p.rows() * OW)), stats(attention_stats_floats(c.B, c.NH, c.T));
   attention_forward(out.data(), stats.data(), qkv.data(), qkv.data() + c.NH * c.D, qkv.data() + (c.NH + c.NKV) * c.D,
@@ -119,10 +125,21 @@ TEST_P(CpuAttention, FollowsTheDefinitionInDoublePrecision) {
   EXPECT_EQ(std::count(dqkv.begin(), dqkv.end(), kSentinel), 0);
   EXPECT_LT(testing::relative_error(dqkv, ref.dqkv), 1e-5);
 
-  // Again, into a buffer of other contents: the same bits (nothing accumulates into stale values, no
-  // order depends on the threads).
+  // Again, into a buffer of other contents, on one thread: the same bits (nothing accumulates into
+  // stale values, no order depends on the threads).
   std::vector<float> again(qkv.size(), -1.0f);
-  ws = workspace(c.T);
+  ws = workspace(p.shape(), 1);
+  attention_backward(again.data(), again.data() + c.NH * c.D, again.data() + (c.NH + c.NKV) * c.D, dout.data(),
+                     qkv.data(), qkv.data() + c.NH * c.D, qkv.data() + (c.NH + c.NKV) * c.D, stats.data(), p.shape(),
+                     ws);
+  EXPECT_EQ(again, dqkv);
+
+  // And in a workspace sized for more sequences and tokens, as a model holds one for its largest batch.
+  AttentionShape larger = p.shape();
+  larger.B += 1;
+  larger.T += 3;
+  ws = workspace(larger);
+  std::fill(again.begin(), again.end(), -1.0f);
   attention_backward(again.data(), again.data() + c.NH * c.D, again.data() + (c.NH + c.NKV) * c.D, dout.data(),
                      qkv.data(), qkv.data() + c.NH * c.D, qkv.data() + (c.NH + c.NKV) * c.D, stats.data(), p.shape(),
                      ws);
@@ -135,7 +152,7 @@ TEST(CpuAttention, StatisticsAreEachRowsMaximumAndInverseSum) {
   const Case c = p.c;
   const std::vector<float> qkv = testing::normal_values(static_cast<size_t>(p.rows() * p.width()), 1.5f, 9);
   std::vector<float> out(static_cast<size_t>(p.rows() * c.NH * c.D)), stats(attention_stats_floats(c.B, c.NH, c.T));
-  std::vector<float> ws = workspace(c.T);
+  std::vector<float> ws = workspace(p.shape());
   attention_forward(out.data(), stats.data(), qkv.data(), qkv.data() + c.NH * c.D, qkv.data() + (c.NH + c.NKV) * c.D,
                     p.shape(), ws);
   for (int h = 0; h < c.NH; ++h) {
