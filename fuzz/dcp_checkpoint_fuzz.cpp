@@ -19,6 +19,7 @@
 #include "base/error.hpp"
 #include "convert/dcp/dcp_checkpoint.hpp"
 #include "fuzz/folder_input.hpp"
+#include "fuzz/scratch.hpp"
 
 namespace {
 
@@ -30,8 +31,8 @@ using shardkit::fuzz::write_file;
 constexpr int kMaxRanks = 4;
 
 const std::filesystem::path& scratch() {
-  static const std::filesystem::path p = shardkit::fuzz::scratch_dir("dcp");
-  return p;
+  static const shardkit::fuzz::Scratch s("dcp");
+  return s.path();
 }
 
 std::string file_name(int rank) {

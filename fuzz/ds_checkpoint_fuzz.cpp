@@ -20,6 +20,7 @@
 #include "base/error.hpp"
 #include "convert/deepspeed/ds_checkpoint.hpp"
 #include "fuzz/folder_input.hpp"
+#include "fuzz/scratch.hpp"
 
 namespace {
 
@@ -32,8 +33,8 @@ using namespace shardkit::convert::deepspeed;
 constexpr int kMaxRanks = 8;
 
 const std::filesystem::path& scratch() {
-  static const std::filesystem::path p = shardkit::fuzz::scratch_dir("ds");
-  return p;
+  static const shardkit::fuzz::Scratch s("ds");
+  return s.path();
 }
 
 // A real checkpoint's tag folder packed as a fuzz input.

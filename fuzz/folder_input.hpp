@@ -3,8 +3,6 @@
 // real checkpoints are packed the same way as seeds.
 #pragma once
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -17,12 +15,6 @@
 #include "base/error.hpp"
 
 namespace shardkit::fuzz {
-
-// A folder of this process's own under the temporary directory.
-inline std::filesystem::path scratch_dir(std::string_view name) {
-  return std::filesystem::temp_directory_path() /
-         ("shardkit-fuzz-" + std::string(name) + "-" + std::to_string(::getpid()));
-}
 
 inline void write_file(const std::filesystem::path& path, std::string_view bytes) {
   std::ofstream(path, std::ios::binary | std::ios::trunc)

@@ -20,6 +20,7 @@
 #include "ckpt/shard_format.hpp"
 #include "ckpt/shard_reader.hpp"
 #include "ckpt/shard_writer.hpp"
+#include "fuzz/scratch.hpp"
 
 namespace {
 
@@ -33,21 +34,12 @@ constexpr int64_t kChunkElems = 64;
 struct Target {
   ckpt::TensorTable table{{{"emb", {40, 8}, ckpt::DType::kF32}, {"bias", {8}, ckpt::DType::kF32}}};
   ckpt::Layout layout{table, {2, 3, 16}};
-  std::filesystem::path input;
+  fuzz::Scratch input{"shard", ".h5"};
   uint64_t digest = 0;
-
-  ~Target() {
-    std::error_code ec;
-    std::filesystem::remove(input, ec);
-  }
 };
 
 Target& target() {
-  static Target t = [] {
-    Target made;
-    made.input = std::filesystem::temp_directory_path() / ("shardkit-fuzz-shard-" + std::to_string(::getpid()) + ".h5");
-    return made;
-  }();
+  static Target t;
   return t;
 }
 
@@ -74,7 +66,7 @@ extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
   // A damaged shard's parse may loop: one second of CPU time each, not a minute.
   ckpt::isolated::restart_for_testing(1.0 / 60);
   Target& t = target();
-  const std::filesystem::path scratch = t.input.string() + ".seed";
+  const std::filesystem::path scratch = t.input.path().string() + ".seed";
   std::filesystem::create_directories(scratch);
   t.digest = write_seed(scratch / "raw.h5", 0).digest;
   if (write_seed(scratch / "zstd.h5", 3).digest != t.digest) std::abort();
@@ -91,7 +83,7 @@ extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Target& t = target();
   {
-    const int fd = ::open(t.input.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const int fd = ::open(t.input.path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) std::abort();
     for (size_t done = 0; done < size;) {
       const ssize_t n = ::write(fd, data + done, size - done);
@@ -111,7 +103,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   expect.bytes = static_cast<int64_t>(size);  // the size check would stop most mutations before HDF5
   expect.digest = t.digest;
   try {
-    ckpt::ShardReader reader(t.input, expect);
+    ckpt::ShardReader reader(t.input.path(), expect);
     ckpt::ShardReader::Scratch scratch;
     for (size_t s = 0; s < reader.num_states(); ++s) {
       for (int64_t c = 0; c < reader.num_chunks(); ++c) reader.check_chunk(s, c, scratch);

@@ -6,8 +6,6 @@
 // Every input must give a result or an Error, never a crash, hang, leak, out-of-bounds access or an
 // allocation beyond the bounds. The seeds in fuzz/corpus/torch_file/ are small torch.save files of
 // DeepSpeed-shaped dicts (tests/convert/make_deepspeed_fixture.py's stand-ins) and their pickles.
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -20,15 +18,15 @@
 #include "base/error.hpp"
 #include "convert/torch/torch_file.hpp"
 #include "convert/torch/unpickler.hpp"
+#include "fuzz/scratch.hpp"
 
 namespace {
 
 using namespace shardkit::convert::torch;
 
 const std::filesystem::path& scratch() {
-  static const std::filesystem::path p =
-      std::filesystem::temp_directory_path() / ("shardkit-fuzz-torch-" + std::to_string(::getpid()) + ".pt");
-  return p;
+  static const shardkit::fuzz::Scratch s("torch", ".pt");
+  return s.path();
 }
 
 // Reads a few elements of every tensor reachable from the root (the graph may have cycles).
