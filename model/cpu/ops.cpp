@@ -227,8 +227,13 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   // partials of their own, added to them afterwards in head order, so the bits do not depend on how
   // many threads ran.
   const int64_t head_floats = static_cast<int64_t>(T) * D;
+  const auto partial_floats = static_cast<size_t>(grad_partials_floats(shape));
+  if (workspace.size() < partial_floats) {
+    fail(ErrorKind::kInternal, "attention workspace of " + std::to_string(workspace.size()) +
+                                   " floats is below the grouped heads' " + std::to_string(partial_floats));
+  }
   float* partials = workspace.data();
-  const std::span<float> blocks = workspace.subspan(static_cast<size_t>(grad_partials_floats(shape)));
+  const std::span<float> blocks = workspace.subspan(partial_floats);
   const int threads = workspace_threads(blocks, T);
 #pragma omp parallel num_threads(threads)
   {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "base/error.hpp"
 #include "model/cpu/ops.hpp"
 #include "tests/support/numeric_checks.hpp"
 
@@ -144,6 +145,23 @@ TEST_P(CpuAttention, FollowsTheDefinitionInDoublePrecision) {
                      qkv.data(), qkv.data() + c.NH * c.D, qkv.data() + (c.NH + c.NKV) * c.D, stats.data(), p.shape(),
                      ws);
   EXPECT_EQ(again, dqkv);
+}
+
+// A workspace sized for multi-head attention lacks the grouped heads' partials: an internal error, not
+// a write past its end (the sanitizer build would see one).
+TEST(CpuAttention, AWorkspaceWithoutRoomForTheGroupedHeadsIsRefused) {
+  const Packed p{{2, 64, 4, 1, 16}};
+  const Case c = p.c;
+  const std::vector<float> qkv = testing::normal_values(static_cast<size_t>(p.rows() * p.width()), 1.0f, 3);
+  const std::vector<float> dout = testing::normal_values(static_cast<size_t>(p.rows() * c.NH * c.D), 1.0f, 4);
+  std::vector<float> stats(attention_stats_floats(c.B, c.NH, c.T)), dqkv(qkv.size());
+  AttentionShape multi_head = p.shape();
+  multi_head.NKV = multi_head.NH;
+  std::vector<float> ws = workspace(multi_head, 1);
+  EXPECT_THROW(attention_backward(dqkv.data(), dqkv.data() + c.NH * c.D, dqkv.data() + (c.NH + c.NKV) * c.D,
+                                  dout.data(), qkv.data(), qkv.data() + c.NH * c.D, qkv.data() + (c.NH + c.NKV) * c.D,
+                                  stats.data(), p.shape(), ws),
+               Error);
 }
 
 // The statistics hold each row's largest scaled score and 1 / its sum of exponentials.
