@@ -55,25 +55,23 @@ T combine_lanes(T (&lane)[N]) {
   }
   return lane[0];
 }
-inline float dot(const float* a, const float* b, int n) {
+// The sum of term(0) ... term(n - 1) in those lanes.
+template <class Term>
+inline float lane_sum(int n, Term term) {
   float lane[kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
 #pragma omp simd
-    for (int j = 0; j < kLanes; ++j) lane[j] += a[i + j] * b[i + j];
+    for (int j = 0; j < kLanes; ++j) lane[j] += term(i + j);
   }
-  for (int j = 0; i < n; ++i, ++j) lane[j] += a[i] * b[i];
+  for (int j = 0; i < n; ++i, ++j) lane[j] += term(i);
   return combine_lanes(lane);
 }
+inline float dot(const float* a, const float* b, int n) {
+  return lane_sum(n, [=](int i) { return a[i] * b[i]; });
+}
 inline float sum_of(const float* a, int n) {
-  float lane[kLanes] = {};
-  int i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-#pragma omp simd
-    for (int j = 0; j < kLanes; ++j) lane[j] += a[i + j];
-  }
-  for (int j = 0; i < n; ++i, ++j) lane[j] += a[i];
-  return combine_lanes(lane);
+  return lane_sum(n, [=](int i) { return a[i]; });
 }
 // The largest of a[0..n) (n >= 1; the order cannot change a maximum).
 inline float max_of(const float* a, int n) {
@@ -232,7 +230,11 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     fail(ErrorKind::kInternal, "attention workspace of " + std::to_string(workspace.size()) +
                                    " floats is below the grouped heads' " + std::to_string(partial_floats));
   }
-  float* partials = workspace.data();
+  // Member m > 0 of kv head kvh's group in sequence b: its dk (T x D) and then its dv.
+  auto partial_dk = [&](int b, int kvh, int member) {
+    const int64_t slot = (static_cast<int64_t>(b) * NKV + kvh) * (group - 1) + member - 1;
+    return workspace.data() + 2 * slot * head_floats;
+  };
   const std::span<float> blocks = workspace.subspan(partial_floats);
   const int threads = workspace_threads(blocks, T);
 #pragma omp parallel num_threads(threads)
@@ -248,8 +250,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         float* hv = dv + kv_at;
         int64_t ld = KW;
         if (member > 0) {
-          const int64_t slot = (static_cast<int64_t>(b) * NKV + kvh) * (group - 1) + member - 1;
-          hk = partials + 2 * slot * head_floats;
+          hk = partial_dk(b, kvh, member);
           hv = hk + head_floats;
           ld = D;
         }
@@ -285,9 +286,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
         for (int kvh = 0; kvh < NKV; ++kvh) {
           for (int t = 0; t < T; ++t) {
             const int64_t row = (static_cast<int64_t>(b) * T + t) * KW + static_cast<int64_t>(kvh) * D;
-            const float* first = partials + 2 * (static_cast<int64_t>(b) * NKV + kvh) * (group - 1) * head_floats;
             for (int member = 1; member < group; ++member) {
-              const float* pk = first + 2 * (member - 1) * head_floats + static_cast<int64_t>(t) * D;
+              const float* pk = partial_dk(b, kvh, member) + static_cast<int64_t>(t) * D;
               const float* pv = pk + head_floats;
 #pragma omp simd
               for (int e = 0; e < D; ++e) {
